@@ -1,0 +1,136 @@
+"""Pieces shared by the supervised baselines: config fields, local SGD, evaluation."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from algorithms.models import MODELS
+from jaxfednas.config import Validated, param
+from jaxfednas.data.augment import Augment, augment_batch
+from jaxfednas.data.federated import ClientData, DataInfo, run_local_epochs
+from jaxfednas.evaluation import client_accuracy_summary, evaluate_examples
+from jaxfednas.runtime import Placement, map_clients
+
+AUGMENTS = ("auto", "none", "crop_flip", "crop_flip_cutout")
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisedConfig(Validated):
+    """Local training of a fixed network (shared by FedAvg and local-only training)."""
+
+    SECTION = "algo"
+    model: str = param("auto", "network (auto: cnn for digits/synthetic, resnet18 for CIFAR)", choices=MODELS)
+    local_epochs: int = param(1, "local epochs E per round", range=(1, 10_000))
+    batch_size: int = param(32, "local minibatch size B", range=(1, 1_000_000))
+    client_lr: float = param(0.05, "client SGD learning rate", range=(0.0, 100.0))
+    momentum: float = param(0.9, "client SGD momentum", range=(0.0, 1.0))
+    weight_decay: float = param(5e-4, "client weight decay (added to the gradient)", range=(0.0, 1.0))
+    grad_clip: float = param(0.0, "global-norm gradient clipping (0: off)", range=(0.0, None))
+    augment: str = param("auto", "on-device augmentation (auto: none for digits, crop+flip for CIFAR)", choices=AUGMENTS)
+    eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+
+
+def make_augment(name: str, dataset: str) -> Augment:
+    if name == "auto":
+        name = "none" if dataset in ("digits", "synthetic") else "crop_flip"
+    return {
+        "none": Augment(),
+        "crop_flip": Augment(crop_padding=4, flip=True),
+        "crop_flip_cutout": Augment(crop_padding=4, flip=True, cutout=16),
+    }[name]
+
+
+def make_client_optimizer(cfg: SupervisedConfig) -> optax.GradientTransformation:
+    parts = []
+    if cfg.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(cfg.grad_clip))
+    parts += [optax.add_decayed_weights(cfg.weight_decay), optax.sgd(cfg.client_lr, momentum=cfg.momentum or None)]
+    return optax.chain(*parts)
+
+
+def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig) -> Callable:
+    """``local_train(variables, client, key) -> (variables, metrics)``: E epochs of
+    minibatch SGD from ``variables`` on one client's data, with a fresh optimizer
+    (as FedAvg's clients do every round)."""
+    opt = make_client_optimizer(cfg)
+    aug = make_augment(cfg.augment, info.name)
+
+    def step(carry, batch, key):
+        params, stats, opt_state = carry
+        x = augment_batch(key, info.normalize(batch["x"]), aug)
+        mask = batch["mask"]
+        n = jnp.maximum(mask.sum(), 1)
+
+        def loss_fn(p):
+            logits, new_vars = model.apply(
+                {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"]
+            )
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
+            correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
+            return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
+
+        (_, (stats, loss_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, stats, opt_state), {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+
+    def local_train(variables: dict, client: ClientData, key: jax.Array):
+        params, stats = variables["params"], variables["batch_stats"]
+        carry = (params, stats, opt.init(params))
+        (params, stats, _), metrics = run_local_epochs(
+            step, carry, client, key, epochs=cfg.local_epochs, batch_size=cfg.batch_size
+        )
+        return {"params": params, "batch_stats": stats}, metrics
+
+    return local_train
+
+
+def train_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Example-weighted training loss/accuracy over the clients of a round."""
+    n = jnp.maximum(metrics["examples"].sum(), 1)
+    return {
+        "train_loss": metrics["loss_sum"].sum() / n,
+        "train_acc": metrics["correct"].sum() / n,
+        "train_examples": metrics["examples"].sum(),
+        "local_steps": metrics["steps"].sum(),
+    }
+
+
+def make_logits_fn(model: nn.Module, info: DataInfo) -> Callable:
+    def logits_fn(variables):
+        return lambda x: model.apply(variables, info.normalize(x), train=False)
+
+    return logits_fn
+
+
+def evaluate_global(model, info, variables, data, batch_size) -> dict[str, jax.Array]:
+    """Accuracy of one model on the server's global test set."""
+    r = evaluate_examples(
+        make_logits_fn(model, info)(variables), data.server_x, data.server_y, data.server_y.shape[0],
+        batch_size=batch_size,
+    )
+    return {"global_test_acc": r["correct"] / r["count"], "global_test_loss": r["loss_sum"] / r["count"]}
+
+
+def evaluate_clients(model, info, variables, data, batch_size, *, placement: Placement, personal: bool):
+    """Each client's accuracy on its own test split, with the shared model
+    (``personal=False``) or each client's row of ``variables`` (``personal=True``)."""
+    logits_fn = make_logits_fn(model, info)
+
+    def one(args, shared):
+        client, v = args if personal else (args, shared)
+        return evaluate_examples(logits_fn(v), client.x, client.y, client.count, batch_size=batch_size)
+
+    clients = data.all_clients("test")
+    per_client = (clients, variables) if personal else clients
+    r = map_clients(one, per_client, None if personal else variables, placement=placement)
+    return client_accuracy_summary(r["correct"], r["count"])
+
+
+def count_params(tree: Any) -> int:
+    return int(sum(x.size for x in jax.tree.leaves(tree)))

@@ -1,0 +1,111 @@
+"""FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data" (AISTATS 2017, arXiv:1602.05629), Algorithm 1.
+
+Each round t: sample m = max(C·K, 1) clients S_t; every k in S_t runs E local
+epochs of minibatch SGD (batch B) from the global weights w_t; the server sets
+
+    w_{t+1} = w_t + η_s · Σ_{k∈S_t} (n_k / n_S) (w^k_{t+1} − w_t),   n_S = Σ_{k∈S_t} n_k,
+
+which is plain FedAvg for the server learning rate η_s = 1 (the default).
+BatchNorm running statistics are averaged with the same weights n_k / n_S.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from algorithms.common import (
+    SupervisedConfig,
+    evaluate_clients,
+    evaluate_global,
+    make_local_train,
+    train_metrics,
+)
+from algorithms.models import init_variables, make_model
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.data.federated import DataInfo, FederatedData
+from jaxfednas.runtime import (
+    SAMPLE_TAG,
+    Placement,
+    client_keys,
+    map_clients,
+    resolve_clients_per_round,
+    sample_clients,
+    weighted_mean,
+)
+
+DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgConfig(SupervisedConfig):
+    server_lr: float = param(1.0, "server learning rate η_s applied to the averaged update (1 = FedAvg)", range=(0.0, 100.0))
+
+
+CONFIG = FedAvgConfig
+
+PRESETS = {
+    # CPU minutes on the embedded digits data.
+    "smoke": {"run.rounds": 5, "algo.local_epochs": 1, "algo.batch_size": 32},
+    # FedNAS paper's FedAvg baseline setting (Table 2): CIFAR-10, 16 Dirichlet(0.5)
+    # clients, 100 rounds, 20 local epochs, batch 64. The paper does not state the
+    # learning rate (it tunes over {0.1, 0.3, 0.01, 0.03, 0.001, 0.003}).
+    "paper": {
+        "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
+        "data.split": (1.0, 0.0, 0.0), "run.rounds": 100, "algo.model": "resnet18",
+        "algo.local_epochs": 20, "algo.batch_size": 64, "algo.client_lr": 0.01,
+    },
+}
+
+
+@flax.struct.dataclass
+class FedAvgState:
+    variables: dict  # global model: {"params": ..., "batch_stats": ...}
+    round: jax.Array  # int32, rounds completed
+
+
+def fedavg(
+    cfg: FedAvgConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+) -> FederatedAlgorithm:
+    """Build FedAvg for data described by ``info``."""
+    model = make_model(cfg.model, info.num_classes, info.name)
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    local_train = make_local_train(model, info, cfg)
+
+    def init(key):
+        return FedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
+
+    def round_fn(state: FedAvgState, data: FederatedData, key: jax.Array):
+        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        clients = data.clients("train", idx)
+        new_vars, metrics = map_clients(
+            lambda c, v: local_train(v, c[0], c[1]),
+            (clients, client_keys(key, idx)),
+            state.variables,
+            placement=placement,
+        )
+        avg = weighted_mean(new_vars, clients.count)
+        old = state.variables["params"]
+        params = jax.tree.map(lambda w, a: w + cfg.server_lr * (a - w), old, avg["params"])
+        variables = {"params": params, "batch_stats": avg["batch_stats"]}
+        return state.replace(variables=variables, round=state.round + 1), train_metrics(metrics)
+
+    def evaluate(state: FedAvgState, data: FederatedData):
+        out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
+        out.update(
+            evaluate_clients(model, info, state.variables, data, cfg.eval_batch_size, placement=placement, personal=False)
+        )
+        return out
+
+    return FederatedAlgorithm(name="fedavg", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return fedavg(
+        config.algo, info, clients_per_round=config.run.clients_per_round,
+        placement=Placement(config.run.placement, config.run.client_chunk_size),
+    )

@@ -1,0 +1,94 @@
+"""Local-only training: every client trains its own model on its own data, no
+communication. The lower baseline for personalization (FedNAS paper §4, and the
+"local" rows of Ditto/perFedAvg comparisons).
+
+Each client's model is a persistent row of the state (leading client axis); a
+round gathers the sampled clients' rows, runs E local epochs on each and
+scatters them back. Every client starts from the same initial weights, so the
+only difference from FedAvg is the missing averaging step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from algorithms.common import SupervisedConfig, evaluate_clients, make_local_train, train_metrics
+from algorithms.models import init_variables, make_model
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig
+from jaxfednas.data.federated import DataInfo, FederatedData
+from jaxfednas.runtime import (
+    SAMPLE_TAG,
+    Placement,
+    client_keys,
+    gather_rows,
+    map_clients,
+    resolve_clients_per_round,
+    sample_clients,
+    scatter_rows,
+)
+
+DESCRIPTION = "Local-only training: each client trains a personal model on its own data"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalOnlyConfig(SupervisedConfig):
+    pass
+
+
+CONFIG = LocalOnlyConfig
+PRESETS = {
+    "smoke": {"run.rounds": 5, "algo.local_epochs": 1, "algo.batch_size": 32},
+    "paper": {
+        "data.dataset": "cifar10", "data.num_clients": 20, "data.partition": "label_skew",
+        "data.classes_per_client": 5, "data.split": (0.75, 0.0, 0.25), "run.clients_per_round": 4,
+        "run.rounds": 100, "algo.model": "resnet18", "algo.local_epochs": 5, "algo.batch_size": 32,
+        "algo.client_lr": 0.01,
+    },
+}
+
+
+@flax.struct.dataclass
+class LocalOnlyState:
+    clients: dict  # per-client models, every leaf with leading axis K
+    round: jax.Array
+
+
+def local_only(
+    cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+) -> FederatedAlgorithm:
+    model = make_model(cfg.model, info.num_classes, info.name)
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    local_train = make_local_train(model, info, cfg)
+
+    def init(key):
+        v = init_variables(model, key, info.image_shape)
+        rows = jax.tree.map(lambda a: jnp.broadcast_to(a, (info.num_clients,) + a.shape), v)
+        return LocalOnlyState(clients=rows, round=jnp.int32(0))
+
+    def round_fn(state: LocalOnlyState, data: FederatedData, key: jax.Array):
+        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        rows = gather_rows(state.clients, idx)
+        new_rows, metrics = map_clients(
+            lambda c, _: local_train(c[2], c[0], c[1]),
+            (data.clients("train", idx), client_keys(key, idx), rows),
+            None,
+            placement=placement,
+        )
+        state = state.replace(clients=scatter_rows(state.clients, idx, new_rows), round=state.round + 1)
+        return state, train_metrics(metrics)
+
+    def evaluate(state: LocalOnlyState, data: FederatedData):
+        return evaluate_clients(model, info, state.clients, data, cfg.eval_batch_size, placement=placement, personal=True)
+
+    return FederatedAlgorithm(name="local_only", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return local_only(
+        config.algo, info, clients_per_round=config.run.clients_per_round,
+        placement=Placement(config.run.placement, config.run.client_chunk_size),
+    )

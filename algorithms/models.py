@@ -1,0 +1,93 @@
+"""Fixed (non-searched) networks for the baselines: a small CNN and a CIFAR ResNet-18.
+
+Both take ``train`` and an optional example ``mask`` ([B] booleans) so that the
+padded rows of a partial batch never enter BatchNorm statistics.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxfednas.nn import Conv
+
+
+class CNN(nn.Module):
+    """Two 3x3 convolutions, max-pool, two dense layers (for 8x8 digits and tiny tests)."""
+
+    num_classes: int
+    features: Sequence[int] = (32, 64)
+    hidden: int = 128
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        for f in self.features:
+            x = nn.relu(Conv(f, (3, 3))(x))
+        x = nn.max_pool(x, (2, 2), (2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(self.hidden)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+class BasicBlock(nn.Module):
+    features: int
+    stride: int = 1
+
+    @nn.compact
+    def __call__(self, x, train: bool, mask):
+        bn = lambda: nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)  # noqa: E731
+        m = None if mask is None else mask[:, None, None, None]
+        y = Conv(self.features, (3, 3), (self.stride, self.stride), use_bias=False)(x)
+        y = nn.relu(bn()(y, mask=m))
+        y = Conv(self.features, (3, 3), use_bias=False)(y)
+        y = bn()(y, mask=m)
+        if self.stride != 1 or x.shape[-1] != self.features:
+            x = Conv(self.features, (1, 1), (self.stride, self.stride), use_bias=False)(x)
+            x = bn()(x, mask=m)
+        return nn.relu(x + y)
+
+
+class ResNet(nn.Module):
+    """CIFAR ResNet (3x3 stem, no max-pool). ``stage_sizes=(2,2,2,2), width=64`` is ResNet-18."""
+
+    num_classes: int
+    stage_sizes: Sequence[int] = (2, 2, 2, 2)
+    width: int = 64
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        m = None if mask is None else mask[:, None, None, None]
+        x = Conv(self.width, (3, 3), use_bias=False)(x)
+        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)(x, mask=m))
+        for i, n in enumerate(self.stage_sizes):
+            for j in range(n):
+                x = BasicBlock(self.width * 2**i, stride=2 if i > 0 and j == 0 else 1)(x, train, mask)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes)(x)
+
+
+MODELS = ("auto", "cnn", "resnet18", "resnet_tiny")
+
+
+def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
+    """``auto`` picks the CNN for digits/synthetic and ResNet-18 for CIFAR-like data.
+    ``resnet_tiny`` (one block per stage, width 8) is for tests."""
+    if name == "auto":
+        name = "cnn" if dataset in ("digits", "synthetic") else "resnet18"
+    if name == "cnn":
+        return CNN(num_classes)
+    if name == "resnet18":
+        return ResNet(num_classes)
+    if name == "resnet_tiny":
+        return ResNet(num_classes, stage_sizes=(1, 1), width=8)
+    raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+
+
+def init_variables(model: nn.Module, key: jax.Array, image_shape) -> dict:
+    """``{"params": ..., "batch_stats": ...}`` (``batch_stats`` empty for models without BN)."""
+    variables = model.init(key, jnp.zeros((1,) + tuple(image_shape), jnp.float32), train=False)
+    variables = dict(variables)
+    variables.setdefault("batch_stats", {})
+    return variables

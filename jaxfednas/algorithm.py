@@ -1,0 +1,31 @@
+"""The contract every federated algorithm fulfils: a frozen record of pure functions."""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+from jaxfednas.data.federated import FederatedData
+
+
+class FederatedAlgorithm(NamedTuple):
+    """A federated algorithm as pure functions over an explicit state.
+
+    Attributes:
+      name: registry name (``"fedavg"``, ``"local_only"``, ...).
+      init: ``init(key) -> state``; the state is a pytree (a ``flax.struct``
+        dataclass) holding everything a checkpoint must restore, including
+        per-client rows with a leading client axis.
+      round: ``round(state, data, key) -> (state, metrics)``, one jit-compiled
+        federated round. ``key`` is the round key (the runner derives it from
+        ``(seed, round)``); metrics are scalars.
+      evaluate: ``evaluate(state, data) -> metrics``, jit-compiled; scalars
+        plus per-client arrays (e.g. ``client_test_acc`` of shape ``[K]``).
+      export: ``export(state) -> architecture`` for NAS algorithms, else None.
+    """
+
+    name: str
+    init: Callable[[jax.Array], Any]
+    round: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]]
+    evaluate: Callable[[Any, FederatedData], dict[str, jax.Array]]
+    export: Callable[[Any], Any] | None = None

@@ -1,0 +1,230 @@
+"""Configuration: small frozen dataclasses with validated fields, presets, overrides.
+
+An experiment is ``ExperimentConfig(algorithm, data, run, algo)``: the data and
+run sections are shared by every algorithm; ``algo`` is the algorithm's own
+dataclass (``FedAvgConfig``, ...). Each field carries its help text and its
+allowed range in ``dataclasses.field(metadata=...)``; a value outside it raises
+:class:`ConfigError` naming the field and the range. Presets and the command
+line are flat ``{"section.field": value}`` overrides applied in order
+defaults < preset < flags < ``--set``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or out of range."""
+
+
+def param(default: Any, help: str, *, range: tuple[Any, Any] | None = None, choices: tuple | None = None):
+    """A config field with its help text and allowed range (inclusive) or choices."""
+    meta = {"help": help, "range": range, "choices": choices}
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for sequence defaults")
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "None")
+
+
+def _check_type(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_check_type(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_check_type(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_check_type(v, a) for v, a in zip(value, args))
+    if tp is typing.Any:
+        return True
+    return isinstance(value, tp)
+
+
+def check_fields(cfg: Any, section: str) -> None:
+    """Validate every field of dataclass ``cfg`` against its type and metadata."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        name = f"{section}.{f.name}"
+        if not _check_type(v, hints[f.name]):
+            raise ConfigError(f"{name}={v!r} has the wrong type: expected {_type_name(hints[f.name])}")
+        choices = f.metadata.get("choices")
+        if choices is not None and v not in choices:
+            raise ConfigError(f"{name}={v!r} is not allowed: choose one of {list(choices)}")
+        rng = f.metadata.get("range")
+        if rng is not None and v is not None:
+            lo, hi = rng
+            vals = v if isinstance(v, tuple) else (v,)
+            for x in vals:
+                if (lo is not None and x < lo) or (hi is not None and x > hi):
+                    lo_s = "-inf" if lo is None else lo
+                    hi_s = "inf" if hi is None else hi
+                    raise ConfigError(f"{name}={v!r} is out of range: must be in [{lo_s}, {hi_s}]")
+
+
+class Validated:
+    """Mixin: validate on construction; ``SECTION`` names the config section."""
+
+    SECTION = "config"
+
+    def __post_init__(self):
+        check_fields(self, self.SECTION)
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field checks (override)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Validated):
+    """Dataset and partition (shared by every algorithm)."""
+
+    SECTION = "data"
+    dataset: str = param("digits", "dataset name", choices=("digits", "synthetic", "cifar10", "cifar100", "cinic10"))
+    data_dir: str | None = param(None, "directory with prepared data (tfds data_dir or CINIC-10 root)")
+    num_clients: int = param(8, "number of clients K", range=(1, 100_000))
+    partition: str = param("dirichlet", "partition method", choices=("iid", "dirichlet", "label_skew"))
+    alpha: float = param(0.5, "Dirichlet concentration (partition=dirichlet)", range=(1e-6, None))
+    classes_per_client: int = param(2, "classes per client (partition=label_skew)", range=(1, 1000))
+    min_size: int = param(10, "minimum examples per client (partition=dirichlet)", range=(0, None))
+    split: tuple[float, float, float] = param(
+        (0.75, 0.0, 0.25), "each client's train/val/test fractions", range=(0.0, 1.0)
+    )
+    partition_seed: int | None = param(None, "seed of the partition (None: run.seed)", range=(0, 2**31 - 1))
+
+    def check(self):
+        if abs(sum(self.split) - 1.0) > 1e-6 or self.split[0] <= 0:
+            raise ConfigError(f"data.split={self.split} must sum to 1 with a train fraction > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Validated):
+    """Rounds, sampling, placement, checkpointing (shared by every algorithm)."""
+
+    SECTION = "run"
+    rounds: int = param(10, "federated rounds T", range=(1, 1_000_000))
+    clients_per_round: int | float = param(
+        1.0, "clients sampled per round: an integer count, or a float fraction in (0, 1]", range=(1e-9, None)
+    )
+    seed: int = param(0, "seed of initialisation, client sampling and local randomness", range=(0, 2**31 - 1))
+    placement: str = param("auto", "how clients are laid on devices", choices=("auto", "vmap", "map", "shard_map"))
+    client_chunk_size: int | None = param(None, "clients per lax.map chunk (placement=map)", range=(1, None))
+    eval_every: int = param(1, "evaluate every N rounds (and after the last)", range=(1, None))
+    checkpoint_every: int = param(1, "checkpoint every N rounds (and after the last)", range=(1, None))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole experiment: which algorithm, on what data, for how long."""
+
+    algorithm: str
+    data: DataConfig
+    run: RunConfig
+    algo: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm,
+            "data": dataclasses.asdict(self.data),
+            "run": dataclasses.asdict(self.run),
+            "algo": dataclasses.asdict(self.algo),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Turn a command-line string (or JSON value) into a value of type ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            if type(None) in args:
+                return None
+        # int before float so that "4" is a count and "0.5" a fraction.
+        for a in sorted((a for a in args if a is not type(None)), key=lambda a: a is float):
+            try:
+                return _coerce(value, a, name)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{name}={value!r}: expected {_type_name(tp)}")
+    if not isinstance(value, str):
+        if origin is tuple and isinstance(value, list):
+            return tuple(value)
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+    try:
+        if tp is bool:
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            return int(value)
+        if tp is float:
+            return float(value)
+        if origin is tuple:
+            args = typing.get_args(tp)
+            return tuple(_coerce(v.strip(), args[0], name) for v in value.split(","))
+        return value
+    except ValueError:
+        raise ConfigError(f"{name}={value!r}: expected {_type_name(tp)}") from None
+
+
+def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any]) -> Any:
+    """``dataclasses.replace`` with string coercion and unknown-name errors."""
+    hints = typing.get_type_hints(type(cfg))
+    known = {f.name for f in dataclasses.fields(cfg)}
+    for k in updates:
+        if k not in known:
+            raise ConfigError(f"unknown setting {section}.{k}; known: {sorted(known)}")
+    vals = {k: _coerce(v, hints[k], f"{section}.{k}") for k, v in updates.items()}
+    return dataclasses.replace(cfg, **vals)
+
+
+def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> ExperimentConfig:
+    """Apply ``{"data.alpha": "0.1", "algo.client_lr": 0.05, ...}`` to ``cfg``."""
+    by_section: dict[str, dict[str, Any]] = {"data": {}, "run": {}, "algo": {}}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in by_section or not name:
+            raise ConfigError(f"unknown setting {key!r}: use data.<field>, run.<field> or algo.<field>")
+        by_section[section][name] = value
+    return dataclasses.replace(
+        cfg,
+        data=replace_fields(cfg.data, "data", by_section["data"]),
+        run=replace_fields(cfg.run, "run", by_section["run"]),
+        algo=replace_fields(cfg.algo, "algo", by_section["algo"]),
+    )
+
+
+def describe(cfg_cls: type) -> list[tuple[str, Any, str]]:
+    """``(name, default, help with range)`` rows for ``--help`` and docs."""
+    rows = []
+    for f in dataclasses.fields(cfg_cls):
+        extra = ""
+        if f.metadata.get("choices"):
+            extra = f" {{{', '.join(map(str, f.metadata['choices']))}}}"
+        elif f.metadata.get("range"):
+            lo, hi = f.metadata["range"]
+            extra = f" [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        rows.append((f.name, f.default, f.metadata.get("help", "") + extra))
+    return rows

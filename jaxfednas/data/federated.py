@@ -1,0 +1,207 @@
+"""Federated data on device: every client's examples stacked into padded arrays.
+
+A split (train, val or test) of ``K`` clients becomes ``x: [K, M, H, W, C]``,
+``y: [K, M]`` and ``counts: [K]``, where ``M`` is the largest client's size; rows
+past a client's count are padding and never reach a loss, a gradient or a
+BatchNorm statistic. Minibatches are drawn on device from per-client
+permutations (:func:`epoch_permutation`), so a whole local epoch, and a whole
+round, stays inside one compiled function.
+
+A client's local epoch is ``ceil(n_k / B)`` steps; the last batch may be partial
+and is masked. Clients of different sizes run in lock-step under ``vmap``: the
+steps a small client does not have are skipped with ``lax.cond`` (a select under
+``vmap``), so they leave its state untouched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfednas.data.datasets import Dataset
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataInfo:
+    """Static facts about a federated dataset (hashable: safe as jit-static metadata)."""
+
+    name: str
+    num_clients: int
+    num_classes: int
+    image_shape: tuple[int, ...]
+    scale: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def normalize(self, x: jax.Array) -> jax.Array:
+        """Raw pixels (any dtype) -> float32 ``(x / scale - mean) / std``."""
+        mean = jnp.asarray(self.mean, jnp.float32)
+        std = jnp.asarray(self.std, jnp.float32)
+        return (x.astype(jnp.float32) / self.scale - mean) / std
+
+
+@flax.struct.dataclass
+class ClientSplit:
+    """One split of every client, padded to a common length ``M``."""
+
+    x: jax.Array  # [K, M, H, W, C], raw pixel dtype
+    y: jax.Array  # [K, M] int32
+    counts: jax.Array  # [K] int32, valid rows per client
+
+    @property
+    def max_examples(self) -> int:
+        return self.y.shape[-1]
+
+
+@flax.struct.dataclass
+class ClientData:
+    """One client's view of a split (what a per-client function receives)."""
+
+    x: jax.Array  # [M, H, W, C]
+    y: jax.Array  # [M]
+    count: jax.Array  # [] int32
+
+
+@flax.struct.dataclass
+class FederatedData:
+    """All clients' train/val/test splits plus the server's global test set."""
+
+    train: ClientSplit
+    val: ClientSplit
+    test: ClientSplit
+    server_x: jax.Array  # [N_test, H, W, C] global test set
+    server_y: jax.Array  # [N_test]
+    info: DataInfo = flax.struct.field(pytree_node=False)
+
+    def clients(self, split: str, idx: jax.Array) -> ClientData:
+        """Rows ``idx`` of ``split`` as a batch of :class:`ClientData` (leading axis)."""
+        s = getattr(self, split)
+        return ClientData(x=s.x[idx], y=s.y[idx], count=s.counts[idx])
+
+    def all_clients(self, split: str) -> ClientData:
+        s = getattr(self, split)
+        return ClientData(x=s.x, y=s.y, count=s.counts)
+
+
+def stack_clients(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray]) -> ClientSplit:
+    """Stack per-client index lists into one padded :class:`ClientSplit` (host arrays).
+
+    Padding rows repeat the client's first example (or zeros for an empty client)
+    so they hold finite values; they are masked by ``counts`` everywhere.
+    """
+    counts = np.array([len(p) for p in parts], np.int32)
+    m = max(1, int(counts.max(initial=0)))
+    xs = np.zeros((len(parts), m) + x.shape[1:], x.dtype)
+    ys = np.zeros((len(parts), m), np.int32)
+    for k, p in enumerate(parts):
+        p = np.asarray(p, np.int64)
+        if len(p):
+            xs[k, : len(p)] = x[p]
+            ys[k, : len(p)] = y[p]
+            xs[k, len(p):] = x[p[0]]
+    return ClientSplit(x=xs, y=ys, counts=counts)
+
+
+def make_federated_data(dataset: Dataset, splits: Mapping[str, Sequence[np.ndarray]]) -> FederatedData:
+    """Place a partition (``{"train": [...], "val": [...], "test": [...]}`` of
+    indices into ``dataset.x_train``) on device as :class:`FederatedData`."""
+    missing = [s for s in SPLITS if s not in splits]
+    if missing:
+        raise ValueError(f"splits is missing {missing}; expected keys {SPLITS}")
+    sizes = {len(splits[s]) for s in SPLITS}
+    if len(sizes) != 1:
+        raise ValueError(f"splits must list the same number of clients, got {sizes}")
+    num_clients = sizes.pop()
+    stacked = {s: stack_clients(dataset.x_train, dataset.y_train, splits[s]) for s in SPLITS}
+    info = DataInfo(
+        name=dataset.name,
+        num_clients=num_clients,
+        num_classes=int(dataset.num_classes),
+        image_shape=tuple(int(d) for d in dataset.x_train.shape[1:]),
+        scale=float(dataset.scale),
+        mean=tuple(float(v) for v in dataset.mean),
+        std=tuple(float(v) for v in dataset.std),
+    )
+    data = FederatedData(
+        server_x=dataset.x_test, server_y=dataset.y_test.astype(np.int32), info=info, **stacked
+    )
+    return jax.device_put(data)
+
+
+# --- On-device minibatches ----------------------------------------------------------
+
+
+def epoch_permutation(key: jax.Array, count: jax.Array, max_examples: int) -> jax.Array:
+    """A permutation of ``range(max_examples)`` whose first ``count`` entries are a
+    uniformly random order of the valid rows ``0..count-1``."""
+    r = jax.random.uniform(key, (max_examples,))
+    r = jnp.where(jnp.arange(max_examples) < count, r, 2.0)
+    return jnp.argsort(r)
+
+
+def num_steps(count: jax.Array, batch_size: int) -> jax.Array:
+    """Steps in one local epoch: ``ceil(count / batch_size)``."""
+    return (count + batch_size - 1) // batch_size
+
+
+def get_batch(client: ClientData, perm: jax.Array, step: jax.Array, batch_size: int) -> dict[str, jax.Array]:
+    """Batch ``step`` of an epoch: ``{"x", "y", "mask"}``; ``mask`` marks real examples."""
+    pos = step * batch_size + jnp.arange(batch_size)
+    idx = jnp.take(perm, pos, mode="clip")
+    return {"x": client.x[idx], "y": client.y[idx], "mask": pos < client.count}
+
+
+def tree_where(pred: jax.Array, a: Any, b: Any) -> Any:
+    return jax.tree.map(lambda u, v: jnp.where(pred, u, v), a, b)
+
+
+def run_local_epochs(
+    step_fn: Callable[[Any, dict[str, jax.Array], jax.Array], tuple[Any, dict[str, jax.Array]]],
+    carry: Any,
+    client: ClientData,
+    key: jax.Array,
+    *,
+    epochs: int,
+    batch_size: int,
+) -> tuple[Any, dict[str, jax.Array]]:
+    """Run ``epochs`` local epochs of ``step_fn(carry, batch, key) -> (carry, metrics)``.
+
+    Scans over ``epochs * ceil(M / B)`` slots; a slot past this client's
+    ``ceil(n_k / B)`` steps leaves ``carry`` unchanged and contributes zero
+    metrics. Returns the final carry and the metrics summed over real steps plus
+    ``"steps"``, the number of real steps taken.
+    """
+    m = client.y.shape[0]
+    slots = math.ceil(m / batch_size)
+    perms = jax.vmap(lambda e: epoch_permutation(jax.random.fold_in(key, e), client.count, m))(
+        jnp.arange(epochs)
+    )
+    n_steps = num_steps(client.count, batch_size)
+
+    def body(carry, t):
+        epoch, step = t // slots, t % slots
+        batch = get_batch(client, perms[epoch], step, batch_size)
+        step_key = jax.random.fold_in(jax.random.fold_in(key, 1_000_003), t)
+        active = step < n_steps
+
+        def run(c):
+            return step_fn(c, batch, step_key)
+
+        def skip(c):
+            _, zeros = jax.eval_shape(run, c)
+            return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+
+        carry, metrics = jax.lax.cond(active, run, skip, carry)
+        return carry, metrics
+
+    carry, metrics = jax.lax.scan(body, carry, jnp.arange(epochs * slots))
+    summed = jax.tree.map(lambda v: v.sum(0), metrics)
+    summed["steps"] = jnp.minimum(n_steps * epochs, epochs * slots).astype(jnp.int32)
+    return carry, summed

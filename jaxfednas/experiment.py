@@ -1,0 +1,278 @@
+"""Running an experiment into a run directory, resumably.
+
+Layout of ``out_dir``::
+
+    config.json                 the full ExperimentConfig
+    partition/manifest.json     client -> example indices (+ sha256)
+    partition/label_counts.txt  per-client label counts
+    partition/label_heatmap.png
+    metrics.jsonl               one line per round (train metrics; eval metrics on eval rounds)
+    checkpoint.msgpack          whole algorithm state after the last saved round (atomic)
+    clients.csv                 final per-client accuracies
+    plots/curves.png, plots/client_accuracy.png
+    summary.json                final metrics, wall time, device info
+
+Everything except the ``timing`` and ``device`` entries of ``summary.json`` is
+a function of the configuration alone: equal seeds give equal bytes, and a
+resumed run ends with the bytes of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxfednas import plots
+from jaxfednas.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, sha256_text
+from jaxfednas.config import ExperimentConfig
+from jaxfednas.data.datasets import Dataset, load_dataset
+from jaxfednas.data.federated import FederatedData, make_federated_data
+from jaxfednas.data import partition as part
+from jaxfednas.progress import Progress
+from jaxfednas.registry import algorithm_module, config_from_dict
+
+CHECKPOINT = "checkpoint.msgpack"
+INIT_TAG = 0x7FFFFFFF
+
+
+class NonFiniteError(RuntimeError):
+    """A round produced a NaN/inf loss; the run stopped before saving it."""
+
+
+class RunExistsError(RuntimeError):
+    """``out_dir`` already holds a run and ``resume`` was not requested."""
+
+
+def init_key(seed: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
+
+
+def round_key(seed: int, r: int) -> jax.Array:
+    """The key of round ``r`` (0-based): a function of ``(seed, r)`` only."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), 1), r)
+
+
+def config_hash(cfg: ExperimentConfig) -> str:
+    """Hash of everything that determines the trajectory (``run.rounds`` and the
+    eval/checkpoint cadence excluded, so a finished run can be extended)."""
+    d = cfg.to_dict()
+    for k in ("rounds", "eval_every", "checkpoint_every"):
+        d["run"].pop(k)
+    return sha256_text(json.dumps(d, sort_keys=True))
+
+
+def make_partition(cfg: ExperimentConfig, dataset: Dataset) -> dict:
+    """The partition manifest (client -> train/val/test indices) for ``cfg.data``."""
+    d = cfg.data
+    seed = cfg.run.seed if d.partition_seed is None else d.partition_seed
+    parts = part.partition(
+        dataset.y_train, d.partition, d.num_clients, seed=seed, alpha=d.alpha,
+        classes_per_client=d.classes_per_client, min_size=d.min_size,
+    )
+    splits = part.split_client_indices(parts, d.split, seed=seed)
+    params = {"alpha": d.alpha, "classes_per_client": d.classes_per_client, "min_size": d.min_size, "split": list(d.split)}
+    return part.build_manifest(dataset=dataset.name, method=d.partition, params=params, seed=seed, splits=splits)
+
+
+def write_partition_report(manifest: dict, dataset: Dataset, out_dir: Path) -> str:
+    """Manifest, label-count table and heatmap under ``out_dir``; returns the table."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    part.save_manifest(manifest, out_dir / "manifest.json")
+    splits = part.manifest_splits(manifest)
+    owned = [np.concatenate([splits[s][k] for s in ("train", "val", "test")]) for k in range(len(splits["train"]))]
+    counts = part.label_counts(dataset.y_train, owned, dataset.num_classes)
+    table = part.format_label_table(counts)
+    atomic_write_text(out_dir / "label_counts.txt", table + "\n")
+    part.plot_label_heatmap(
+        counts, out_dir / "label_heatmap.png",
+        title=f"{dataset.name}: {manifest['method']} partition, {len(owned)} clients",
+    )
+    return table
+
+
+def _scalars(metrics: dict) -> dict[str, float | int]:
+    out = {}
+    for k, v in metrics.items():
+        a = np.asarray(v)
+        if a.ndim == 0:
+            out[k] = a.item()
+    return out
+
+
+def _read_metrics(path: Path, upto: int) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["round"] <= upto]
+
+
+def _write_metrics(path: Path, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def device_info() -> dict[str, Any]:
+    d = jax.devices()
+    return {
+        "platform": d[0].platform,
+        "device_kind": d[0].device_kind,
+        "device_count": len(d),
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def client_table(final: dict, manifest: dict) -> tuple[str, str]:
+    """(CSV text, printable table) of per-client sizes and test accuracy."""
+    acc = np.asarray(final["client_test_acc"])
+    rows = []
+    for k, c in enumerate(manifest["clients"]):
+        rows.append((k, len(c["train"]), len(c["val"]), len(c["test"]), float(acc[k])))
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["client", "n_train", "n_val", "n_test", "test_acc"])
+    for r in rows:
+        w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.6f}"])
+    lines = [f"{'client':>6} {'n_train':>8} {'n_val':>6} {'n_test':>7} {'test_acc':>9}"]
+    lines += [f"{r[0]:>6} {r[1]:>8} {r[2]:>6} {r[3]:>7} {r[4]:>9.4f}" for r in rows]
+    return buf.getvalue(), "\n".join(lines)
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    out_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    progress: bool | None = None,
+    on_round_end: Callable[[int, dict], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run ``cfg`` into ``out_dir`` (resuming from its checkpoint if ``resume``).
+
+    ``on_round_end(round, metrics)`` is called after each completed round (a
+    hook for tests and notebooks). Ctrl-C saves a checkpoint of the last
+    completed round and re-raises ``KeyboardInterrupt``. A non-finite training
+    loss raises :class:`NonFiniteError` without overwriting the checkpoint.
+    Returns the summary dict (also written to ``summary.json``).
+    """
+    out = Path(out_dir)
+    cfg_path = out / "config.json"
+    ckpt_path = out / CHECKPOINT
+    if resume:
+        if not cfg_path.exists():
+            raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
+        stored = config_from_dict(json.loads(cfg_path.read_text()))
+        if config_hash(stored) != config_hash(cfg):
+            raise ValueError(
+                f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
+                "run.eval_every and run.checkpoint_every may change when resuming"
+            )
+    elif cfg_path.exists() or ckpt_path.exists():
+        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(cfg_path, cfg.to_json())
+    chash = config_hash(cfg)
+
+    t_start = time.perf_counter()
+    dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    manifest = make_partition(cfg, dataset)
+    mpath = out / "partition" / "manifest.json"
+    if resume and mpath.exists() and part.load_manifest(mpath)["sha256"] != manifest["sha256"]:
+        raise ValueError(f"--resume: the partition recomputed now differs from {mpath}")
+    table = write_partition_report(manifest, dataset, out / "partition")
+    data = make_federated_data(dataset, part.manifest_splits(manifest))
+
+    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
+    state = algo.init(init_key(cfg.run.seed))
+    start = 0
+    if resume and ckpt_path.exists():
+        state, start = load_checkpoint(ckpt_path, state, config_sha256=chash)
+        log(f"resumed {out} at round {start}")
+    rows = _read_metrics(out / "metrics.jsonl", start)
+    if len(rows) != start:
+        raise ValueError(f"{out}/metrics.jsonl has {len(rows)} rounds up to the checkpoint at round {start}")
+
+    total = cfg.run.rounds
+    bar = Progress(total, start, enabled=progress)
+    saved_round = start
+    completed = start
+    final: dict = {}
+    t_first = None
+
+    def save(r):
+        nonlocal saved_round
+        save_checkpoint(ckpt_path, state, round=r, config_sha256=chash)
+        _write_metrics(out / "metrics.jsonl", rows)
+        saved_round = r
+
+    try:
+        for r in range(start, total):
+            t0 = time.perf_counter()
+            new_state, metrics = algo.round(state, data, round_key(cfg.run.seed, r))
+            row = {"round": r + 1, **_scalars(jax.device_get(metrics))}
+            bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+            if bad:
+                raise NonFiniteError(
+                    f"round {r + 1}: {', '.join(f'{k}={row[k]}' for k in bad)}; stopped without saving this round. "
+                    f"The last good checkpoint (round {saved_round}) stays in {ckpt_path}. Try a smaller "
+                    "algo.client_lr or algo.grad_clip > 0."
+                )
+            state = new_state
+            completed = r + 1
+            if completed % cfg.run.eval_every == 0 or completed == total:
+                final = jax.device_get(algo.evaluate(state, data))
+                row.update(_scalars(final))
+            rows.append(row)
+            if t_first is None:
+                t_first = time.perf_counter() - t0
+            if completed % cfg.run.checkpoint_every == 0 or completed == total:
+                save(completed)
+            bar.update(completed, row)
+            if on_round_end is not None:
+                on_round_end(completed, row)
+    except KeyboardInterrupt:
+        bar.close()
+        if completed > saved_round:
+            save(completed)
+        log(f"interrupted: checkpoint of round {completed} saved in {ckpt_path}; continue with --resume")
+        raise
+    finally:
+        bar.close()
+
+    if not final:  # nothing ran (already finished): evaluate the restored state
+        final = jax.device_get(algo.evaluate(state, data))
+    wall = time.perf_counter() - t_start
+    plots.plot_curves(rows, out / "plots" / "curves.png", title=f"{cfg.algorithm} on {cfg.data.dataset}")
+    summary: dict[str, Any] = {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed}
+    summary["final"] = _scalars(final)
+    if "global_test_acc" in summary["final"]:
+        summary["best_global_test_acc"] = max(r.get("global_test_acc", 0.0) for r in rows)
+    if "client_test_acc" in final:
+        csv_text, printable = client_table(final, manifest)
+        atomic_write_text(out / "clients.csv", csv_text)
+        counts = np.array([len(c["test"]) for c in manifest["clients"]])
+        plots.plot_client_accuracy(
+            np.asarray(final["client_test_acc"]), counts, out / "plots" / "client_accuracy.png",
+            title=f"{cfg.algorithm}: per-client test accuracy after round {completed}",
+        )
+    summary["timing"] = {
+        "wall_time_s": round(wall, 3),
+        "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),
+    }
+    summary["device"] = device_info()
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    summary["_partition_table"] = table
+    if "client_test_acc" in final:
+        summary["_client_table"] = printable
+    return summary

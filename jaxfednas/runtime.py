@@ -1,0 +1,211 @@
+"""The federated runtime: which clients run, where they run, how results combine.
+
+* :func:`sample_clients` — uniform sampling without replacement, keyed by the
+  round key so that a resumed run samples the same clients.
+* :func:`map_clients` — run a pure per-client function over a leading client
+  axis. One call site, three placements: ``vmap`` (all clients batched),
+  ``map`` (``lax.map`` in chunks of ``client_chunk_size`` to bound memory;
+  chunk 1 runs clients one after another, so single-path methods pay for one
+  path) and ``shard_map`` over a mesh axis named ``clients`` spanning every
+  visible device (clients padded to a multiple of the device count with copies
+  that are dropped before anything is aggregated; within a device, clients are
+  vmapped or chunk-mapped).
+* :func:`weighted_mean`, :func:`masked_weighted_mean` — aggregation of pytrees
+  over the client axis (BatchNorm statistics included: they are just leaves).
+* :func:`gather_rows`, :func:`scatter_rows` — persistent per-client state
+  (personal models, policies, masks) stored with a leading client axis.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+PLACEMENTS = ("auto", "vmap", "map", "shard_map")
+CLIENT_AXIS = "clients"
+
+# Tags folded into a round key so that independent draws never share randomness.
+SAMPLE_TAG = 0
+CLIENT_TAG = 1
+SERVER_TAG = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How clients are laid on devices.
+
+    Attributes:
+      mode: ``"vmap"``, ``"map"``, ``"shard_map"`` or ``"auto"`` (``shard_map``
+        when more than one device is visible, else ``vmap``).
+      client_chunk_size: for ``map`` (and inside each device for ``shard_map``
+        with ``within="map"``): clients vmapped together per ``lax.map`` step;
+        ``None`` means 1 (strictly sequential).
+      within: how clients are run inside one device under ``shard_map``:
+        ``"vmap"`` or ``"map"``.
+    """
+
+    mode: str = "auto"
+    client_chunk_size: int | None = None
+    within: str = "vmap"
+
+    def __post_init__(self):
+        if self.mode not in PLACEMENTS:
+            raise ValueError(f"placement mode must be one of {PLACEMENTS}, got {self.mode!r}")
+        if self.within not in ("vmap", "map"):
+            raise ValueError(f"placement within must be 'vmap' or 'map', got {self.within!r}")
+        if self.client_chunk_size is not None and (
+            not isinstance(self.client_chunk_size, int) or self.client_chunk_size < 1
+        ):
+            raise ValueError(
+                f"client_chunk_size must be an integer >= 1 or None, got {self.client_chunk_size!r}"
+            )
+
+    def resolved(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "shard_map" if jax.device_count() > 1 else "vmap"
+
+
+def resolve_clients_per_round(value: int | float, num_clients: int) -> int:
+    """Clients per round from an integer count in ``[1, num_clients]`` or a float
+    fraction in ``(0, 1]`` of ``num_clients`` (rounded, at least 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"clients_per_round must be an int or a float fraction, got {value!r}")
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"clients_per_round as a fraction must be in (0, 1], got {value}")
+        return max(1, int(round(value * num_clients)))
+    if not 1 <= value <= num_clients:
+        raise ValueError(f"clients_per_round must be in [1, {num_clients}] (num_clients), got {value}")
+    return value
+
+
+def sample_clients(key: jax.Array, num_clients: int, clients_per_round: int) -> jax.Array:
+    """Sorted indices of ``clients_per_round`` clients drawn uniformly without replacement."""
+    if clients_per_round == num_clients:
+        return jnp.arange(num_clients, dtype=jnp.int32)
+    idx = jax.random.choice(key, num_clients, (clients_per_round,), replace=False)
+    return jnp.sort(idx).astype(jnp.int32)
+
+
+def client_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
+    """One key per client, derived from ``(round key, client id)`` only."""
+    client_base = jax.random.fold_in(round_key, CLIENT_TAG)
+    return jax.vmap(lambda c: jax.random.fold_in(client_base, c))(client_ids)
+
+
+# --- Placement --------------------------------------------------------------------
+
+
+def _leading_size(tree: Any) -> int:
+    sizes = {x.shape[0] for x in jax.tree.leaves(tree)}
+    if len(sizes) != 1:
+        raise ValueError(f"per-client inputs must share one leading client axis, got sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _pad_clients(tree: Any, target: int) -> Any:
+    """Pad the client axis to ``target`` rows with copies of row 0 (finite, real data)."""
+    def pad(x):
+        extra = target - x.shape[0]
+        if extra == 0:
+            return x
+        return jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)], axis=0)
+
+    return jax.tree.map(pad, tree)
+
+
+def _run_local(fn, per_client, shared, mode: str, chunk: int | None):
+    if mode == "vmap":
+        return jax.vmap(fn, in_axes=(0, None))(per_client, shared)
+    return jax.lax.map(lambda pc: fn(pc, shared), per_client, batch_size=chunk if chunk and chunk > 1 else None)
+
+
+def client_mesh() -> Mesh:
+    """A 1-D mesh named ``clients`` over every visible device."""
+    return Mesh(np.array(jax.devices()), (CLIENT_AXIS,))
+
+
+def map_clients(
+    fn: Callable[[Any, Any], Any],
+    per_client: Any,
+    shared: Any = None,
+    *,
+    placement: Placement = Placement(),
+) -> Any:
+    """``[fn(c, shared) for c in per_client]`` stacked on a leading client axis.
+
+    ``per_client`` is a pytree whose leaves share a leading axis (one row per
+    client); ``shared`` is broadcast to every client. The result does not depend
+    on the placement (up to float reassociation inside batched kernels).
+    """
+    mode = placement.resolved()
+    if mode in ("vmap", "map"):
+        return _run_local(fn, per_client, shared, mode, placement.client_chunk_size)
+    mesh = client_mesh()
+    n_dev = mesh.devices.size
+    m = _leading_size(per_client)
+    padded = _pad_clients(per_client, math.ceil(m / n_dev) * n_dev)
+
+    def on_device(pc, sh):
+        return _run_local(fn, pc, sh, placement.within, placement.client_chunk_size)
+
+    out = jax.shard_map(
+        on_device,
+        mesh=mesh,
+        in_specs=(P(CLIENT_AXIS), P()),
+        out_specs=P(CLIENT_AXIS),
+        check_vma=False,
+    )(padded, shared)
+    return jax.tree.map(lambda x: x[:m], out)
+
+
+# --- Aggregation ------------------------------------------------------------------
+
+
+def normalized_weights(weights: jax.Array) -> jax.Array:
+    w = jnp.asarray(weights, jnp.float32)
+    return w / jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny)
+
+
+def weighted_mean(tree: Any, weights: jax.Array) -> Any:
+    """``sum_k w_k x_k / sum_k w_k`` over the leading client axis of every leaf."""
+    w = normalized_weights(weights)
+    return jax.tree.map(lambda x: jnp.tensordot(w, x.astype(jnp.float32), axes=1).astype(x.dtype), tree)
+
+
+def masked_weighted_mean(tree: Any, masks: Any, weights: jax.Array, fallback: Any) -> Any:
+    """Element-wise ``sum_k w_k m_k x_k / sum_k w_k m_k``; ``fallback`` where no client
+    covers an element (e.g. a supernet weight no sampled subnet used).
+
+    ``masks`` has the structure of ``tree`` (leaves broadcastable to it, with
+    the same leading client axis), values in ``{0, 1}``.
+    """
+    w = jnp.asarray(weights, jnp.float32)
+
+    def agg(x, m, fb):
+        m = jnp.broadcast_to(m, x.shape).astype(jnp.float32)
+        wm = m * w.reshape((-1,) + (1,) * (x.ndim - 1))
+        num = (wm * x.astype(jnp.float32)).sum(0)
+        den = wm.sum(0)
+        return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), fb).astype(x.dtype)
+
+    return jax.tree.map(agg, tree, masks, fallback)
+
+
+# --- Persistent per-client rows ---------------------------------------------------
+
+
+def gather_rows(tree: Any, idx: jax.Array) -> Any:
+    """Rows ``idx`` of every leaf (leading axis = all clients)."""
+    return jax.tree.map(lambda a: a[idx], tree)
+
+
+def scatter_rows(tree: Any, idx: jax.Array, rows: Any) -> Any:
+    """Write ``rows`` back at ``idx``; all other clients' rows are untouched."""
+    return jax.tree.map(lambda a, r: a.at[idx].set(r), tree, rows)
