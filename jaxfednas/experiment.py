@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxfednas import plots
 from jaxfednas.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, sha256_text
-from jaxfednas.config import ExperimentConfig
+from jaxfednas.config import ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import FederatedData, make_federated_data
 from jaxfednas.data import partition as part
@@ -75,11 +75,14 @@ def make_partition(cfg: ExperimentConfig, dataset: Dataset) -> dict:
     """The partition manifest (client -> train/val/test indices) for ``cfg.data``."""
     d = cfg.data
     seed = cfg.run.seed if d.partition_seed is None else d.partition_seed
-    parts = part.partition(
-        dataset.y_train, d.partition, d.num_clients, seed=seed, alpha=d.alpha,
-        classes_per_client=d.classes_per_client, min_size=d.min_size,
-    )
-    splits = part.split_client_indices(parts, d.split, seed=seed)
+    try:
+        parts = part.partition(
+            dataset.y_train, d.partition, d.num_clients, seed=seed, alpha=d.alpha,
+            classes_per_client=d.classes_per_client, min_size=d.min_size,
+        )
+        splits = part.split_client_indices(parts, d.split, seed=seed)
+    except ValueError as e:  # name the config section in partition errors
+        raise ConfigError(f"data: {e}") from None
     params = {"alpha": d.alpha, "classes_per_client": d.classes_per_client, "min_size": d.min_size, "split": list(d.split)}
     return part.build_manifest(dataset=dataset.name, method=d.partition, params=params, seed=seed, splits=splits)
 
@@ -174,19 +177,18 @@ def run_experiment(
             raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
         stored = config_from_dict(json.loads(cfg_path.read_text()))
         if config_hash(stored) != config_hash(cfg):
-            raise ValueError(
+            raise ConfigError(
                 f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
                 "run.eval_every and run.checkpoint_every may change when resuming"
             )
     elif cfg_path.exists() or ckpt_path.exists():
         raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(cfg_path, cfg.to_json())
-    chash = config_hash(cfg)
-
     t_start = time.perf_counter()
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     manifest = make_partition(cfg, dataset)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(cfg_path, cfg.to_json())
+    chash = config_hash(cfg)
     mpath = out / "partition" / "manifest.json"
     if resume and mpath.exists() and part.load_manifest(mpath)["sha256"] != manifest["sha256"]:
         raise ValueError(f"--resume: the partition recomputed now differs from {mpath}")

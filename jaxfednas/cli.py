@@ -1,0 +1,176 @@
+"""The ``jaxfednas`` command line.
+
+    jaxfednas run ALGO [--dataset digits] [--clients 8] [--rounds 10] [--seed 0] [--out DIR]
+                       [--preset smoke|paper] [--resume] [--set section.field=value ...]
+    jaxfednas partition --dataset digits --method dirichlet --clients 16 --alpha 0.5 --seed 0 --out DIR
+    jaxfednas list
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jaxfednas.config import ConfigError, DataConfig, RunConfig, describe
+
+EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPT = 2, 3, 130
+
+
+def _fields_help() -> str:
+    from jaxfednas.registry import ALGORITHMS, algorithm_module
+
+    lines = ["settings for --set (section.field=value):"]
+    for section, cls in (("data", DataConfig), ("run", RunConfig)):
+        for name, default, help_ in describe(cls):
+            lines.append(f"  {section}.{name} (default {default!r}): {help_}")
+    for algo in ALGORITHMS:
+        mod = algorithm_module(algo)
+        lines.append(f"algo.* for {algo} (presets: {', '.join(sorted(mod.PRESETS))}):")
+        for name, default, help_ in describe(mod.CONFIG):
+            lines.append(f"  algo.{name} (default {default!r}): {help_}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from jaxfednas.registry import ALGORITHMS
+
+    p = argparse.ArgumentParser(prog="jaxfednas", description="Federated (neural architecture search) experiments in JAX.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser(
+        "run", help="run an algorithm into a run directory", epilog=_fields_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run ALGO; writes config, partition manifest, metrics.jsonl, checkpoints, plots and summary.json to --out.",
+    )
+    r.add_argument("algorithm", choices=sorted(ALGORITHMS), help="algorithm to run")
+    r.add_argument("--preset", help="named preset: smoke (CPU minutes) or paper (the paper's settings)")
+    r.add_argument("--dataset", help="dataset (data.dataset): digits, synthetic, cifar10, cifar100, cinic10")
+    r.add_argument("--data-dir", help="prepared data directory (data.data_dir)")
+    r.add_argument("--clients", type=int, help="number of clients K (data.num_clients)")
+    r.add_argument("--partition", help="iid, dirichlet or label_skew (data.partition)")
+    r.add_argument("--alpha", type=float, help="Dirichlet concentration (data.alpha)")
+    r.add_argument("--rounds", type=int, help="federated rounds (run.rounds)")
+    r.add_argument("--clients-per-round", help="count or fraction of clients per round (run.clients_per_round)")
+    r.add_argument("--seed", type=int, help="seed (run.seed)")
+    r.add_argument("--placement", help="auto, vmap, map or shard_map (run.placement)")
+    r.add_argument("--out", help="run directory (default runs/ALGO-DATASET-sSEED)")
+    r.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any setting (see below); repeatable")
+    r.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+
+    q = sub.add_parser("partition", help="partition a dataset, print the label table, write manifest and heatmap")
+    q.add_argument("--dataset", default="digits")
+    q.add_argument("--data-dir")
+    q.add_argument("--method", default="dirichlet", help="iid, dirichlet or label_skew")
+    q.add_argument("--clients", type=int, default=8)
+    q.add_argument("--alpha", type=float, default=0.5)
+    q.add_argument("--classes-per-client", type=int, default=2)
+    q.add_argument("--min-size", type=int, default=10)
+    q.add_argument("--split", default="0.75,0,0.25", help="train,val,test fractions of each client")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--out", required=True, help="output directory")
+
+    sub.add_parser("list", help="list algorithms and their presets")
+    return p
+
+
+def _run(args) -> int:
+    from jaxfednas.experiment import NonFiniteError, run_experiment
+    from jaxfednas.registry import config_from_dict, make_config
+
+    flags = {
+        "data.dataset": args.dataset, "data.data_dir": args.data_dir, "data.num_clients": args.clients,
+        "data.partition": args.partition, "data.alpha": args.alpha, "run.rounds": args.rounds,
+        "run.clients_per_round": args.clients_per_round, "run.seed": args.seed, "run.placement": args.placement,
+    }
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE")
+        overrides[key.strip()] = value.strip()
+    if args.resume:
+        if not args.out:
+            raise ConfigError("--resume needs --out DIR (the run directory to continue)")
+        cfg_path = Path(args.out) / "config.json"
+        if not cfg_path.exists():
+            raise ConfigError(f"--resume: {args.out} holds no run (no config.json)")
+        from jaxfednas.config import apply_overrides
+
+        cfg = apply_overrides(config_from_dict(json.loads(cfg_path.read_text())), overrides)
+    else:
+        cfg = make_config(args.algorithm, preset=args.preset, overrides=overrides)
+    if cfg.algorithm != args.algorithm:
+        raise ConfigError(f"--resume: {args.out} holds a {cfg.algorithm} run, not {args.algorithm}")
+    out = args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-s{cfg.run.seed}"
+    try:
+        summary = run_experiment(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NONFINITE
+    print(f"partition ({cfg.data.partition}, {cfg.data.num_clients} clients):")
+    print(summary["_partition_table"])
+    if "_client_table" in summary:
+        print("\nper-client test accuracy (final model):")
+        print(summary["_client_table"])
+    print()
+    for k, v in summary["final"].items():
+        print(f"{k:>36}: {v:.4f}")
+    print(f"{'rounds':>36}: {summary['rounds']}")
+    print(f"{'wall time (s)':>36}: {summary['timing']['wall_time_s']}")
+    print(f"run directory: {out}")
+    return 0
+
+
+def _partition(args) -> int:
+    from jaxfednas.config import ExperimentConfig, replace_fields
+    from jaxfednas.data.datasets import load_dataset
+    from jaxfednas.experiment import make_partition, write_partition_report
+
+    d = replace_fields(DataConfig(), "data", {
+        "dataset": args.dataset, "data_dir": args.data_dir, "num_clients": args.clients, "partition": args.method,
+        "alpha": args.alpha, "classes_per_client": args.classes_per_client, "min_size": args.min_size,
+        "split": args.split, "partition_seed": args.seed,
+    })
+    dataset = load_dataset(d.dataset, d.data_dir)
+    manifest = make_partition(ExperimentConfig("partition", d, RunConfig(seed=args.seed), None), dataset)
+    print(write_partition_report(manifest, dataset, Path(args.out)))
+    print(f"manifest sha256 {manifest['sha256']}; wrote {args.out}/manifest.json, label_counts.txt, label_heatmap.png")
+    return 0
+
+
+def _list() -> int:
+    from jaxfednas.registry import ALGORITHMS, algorithm_module
+
+    for name in sorted(ALGORITHMS):
+        mod = algorithm_module(name)
+        print(f"{name:12} presets: {', '.join(sorted(mod.PRESETS)):14} {mod.DESCRIPTION}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from jaxfednas.data.datasets import DatasetUnavailableError
+
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "partition":
+            return _partition(args)
+        return _list()
+    except (ConfigError, DatasetUnavailableError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPT
+    except RuntimeError as e:
+        from jaxfednas.experiment import RunExistsError
+
+        if isinstance(e, RunExistsError):
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Test set-up: 8 fake CPU devices (for shard_map) and JAX's persistent compilation cache.
+
+XLA_FLAGS must be set before jax is imported, hence here at the top.
+"""
+import os
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax")
+jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXFEDNAS_TEST_CACHE", _CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+@pytest.fixture(scope="session")
+def tiny_data():
+    """4 clients of a synthetic 8x8x1, 10-class dataset (Dirichlet 0.5, 0.75/0/0.25 splits)."""
+    from jaxfednas.data import make_federated_data
+    from jaxfednas.data import partition as part
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.data.datasets import load_dataset
+    from jaxfednas.registry import make_config
+
+    cfg = make_config("fedavg", overrides={"data.dataset": "synthetic", "data.num_clients": 4})
+    ds = load_dataset("synthetic", num_train=256, num_test=64)
+    manifest = make_partition(cfg, ds)
+    return make_federated_data(ds, part.manifest_splits(manifest))
