@@ -137,6 +137,13 @@ class ExperimentConfig:
     run: RunConfig
     algo: Any
 
+    def __post_init__(self):
+        cpr, k = self.run.clients_per_round, self.data.num_clients
+        if isinstance(cpr, float) and cpr > 1.0:
+            raise ConfigError(f"run.clients_per_round={cpr} as a fraction must be in (0, 1]")
+        if isinstance(cpr, int) and cpr > k:
+            raise ConfigError(f"run.clients_per_round={cpr} is out of range: must be in [1, {k}] (data.num_clients)")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "algorithm": self.algorithm,

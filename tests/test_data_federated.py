@@ -1,0 +1,83 @@
+"""On-device federated data: permutations, masked batches, skipped steps, augmentation,
+the CPU conv kernel gradient, masked BatchNorm."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algorithms.models import ResNet
+from jaxfednas.data.augment import Augment, augment_batch
+from jaxfednas.data.federated import ClientData, epoch_permutation, run_local_epochs, stack_clients
+from jaxfednas.nn import _native, conv_patch_grad
+
+
+def test_epoch_permutation_puts_valid_rows_first():
+    perm = np.asarray(epoch_permutation(jax.random.PRNGKey(0), 5, 9))
+    assert sorted(perm[:5].tolist()) == [0, 1, 2, 3, 4]
+    assert sorted(perm.tolist()) == list(range(9))
+
+
+def test_stack_clients_pads_and_counts():
+    x = np.arange(10, dtype=np.uint8).reshape(10, 1, 1, 1)
+    y = np.arange(10, dtype=np.int32)
+    s = stack_clients(x, y, [np.array([3, 4, 5]), np.array([7]), np.array([], np.int64)])
+    assert s.x.shape == (3, 3, 1, 1, 1) and s.counts.tolist() == [3, 1, 0]
+    assert s.y[0].tolist() == [3, 4, 5] and s.y[1, 0] == 7
+
+
+@pytest.mark.parametrize("count, batch, epochs", [(5, 2, 1), (8, 4, 2), (1, 3, 3), (0, 2, 1)])
+def test_local_epochs_visit_each_example_once_and_skip_padded_steps(count, batch, epochs):
+    m = 8
+    values = jnp.where(jnp.arange(m) < count, 2.0 ** jnp.arange(m), 1e6)  # padding would show
+    client = ClientData(x=values, y=jnp.zeros(m, jnp.int32), count=jnp.int32(count))
+
+    def step(carry, b, key):
+        total, calls = carry
+        s = (b["x"] * b["mask"]).sum()
+        return (total + s, calls + 1), {"seen": b["mask"].sum()}
+
+    (total, calls), metrics = jax.jit(
+        lambda c: run_local_epochs(step, (0.0, 0), c, jax.random.PRNGKey(1), epochs=epochs, batch_size=batch)
+    )(client)
+    assert float(total) == epochs * float(sum(2.0**i for i in range(count)))
+    assert int(calls) == epochs * -(-count // batch)  # ceil(n / B) real steps per epoch
+    assert int(metrics["seen"]) == epochs * count
+    assert int(metrics["steps"]) == epochs * -(-count // batch)
+
+
+def test_augment_off_is_identity_and_on_keeps_shape():
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 8, 8, 3))
+    assert augment_batch(jax.random.PRNGKey(1), x, Augment()) is x
+    y = augment_batch(jax.random.PRNGKey(1), x, Augment(crop_padding=2, flip=True, cutout=4))
+    assert y.shape == x.shape and not np.allclose(x, y)
+    flipped = augment_batch(jax.random.PRNGKey(2), x, Augment(flip=True))
+    for i in range(4):
+        assert np.allclose(flipped[i], x[i]) or np.allclose(flipped[i], x[i, :, ::-1])
+    with pytest.raises(ValueError, match="crop_padding"):
+        Augment(crop_padding=-1)
+
+
+@pytest.mark.parametrize("strides, padding, dilation", [((1, 1), "SAME", (1, 1)), ((2, 2), "SAME", (1, 1)),
+                                                        ((1, 1), ((2, 2), (2, 2)), (2, 2))])
+def test_patch_kernel_gradient_equals_native(strides, padding, dilation):
+    kx, kw, kg = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(kx, (2, 9, 9, 3))
+    w = jax.random.normal(kw, (3, 3, 3, 5))
+    y, vjp_native = jax.vjp(lambda x, w: _native(x, w, strides, padding, dilation), x, w)
+    g = jax.random.normal(kg, y.shape)  # random cotangent, not a sum of squares
+    y2, vjp_patch = jax.vjp(lambda x, w: conv_patch_grad(x, w, strides, padding, dilation), x, w)
+    np.testing.assert_allclose(y, y2, rtol=1e-5)
+    for a, b in zip(vjp_native(g), vjp_patch(g)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_masked_batchnorm_ignores_padded_examples():
+    model = ResNet(num_classes=3, stage_sizes=(1,), width=4)
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 8, 8, 3))
+    v = model.init(jax.random.PRNGKey(1), x, train=False)
+    mask = jnp.array([1, 1, 1, 1, 0, 0], bool)
+    garbage = x.at[4:].set(100.0)
+    _, s_masked = model.apply(v, garbage, train=True, mask=mask, mutable=["batch_stats"])
+    _, s_real = model.apply(v, x[:4], train=True, mutable=["batch_stats"])
+    for a, b in zip(jax.tree.leaves(s_masked), jax.tree.leaves(s_real)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

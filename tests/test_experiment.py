@@ -1,0 +1,139 @@
+"""Run management: exact resume, determinism, interruption, NaN stop, CLI errors."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxfednas import cli
+from jaxfednas.config import ConfigError
+from jaxfednas.experiment import NonFiniteError, RunExistsError, run_experiment
+from jaxfednas.registry import make_config
+
+SMALL = {
+    "data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2,
+    "run.placement": "vmap", "algo.batch_size": 32,
+}
+
+
+def _cfg(rounds, **extra):
+    return make_config("fedavg", overrides={**SMALL, "run.rounds": rounds, **extra})
+
+
+def _files(d):
+    return {name: (d / name).read_bytes() for name in
+            ("metrics.jsonl", "checkpoint.msgpack", "partition/manifest.json", "clients.csv",
+             "partition/label_heatmap.png", "plots/curves.png")}
+
+
+def test_interrupt_then_resume_equals_uninterrupted(tmp_path):
+    straight = tmp_path / "straight"
+    run_experiment(_cfg(4), straight, progress=False, log=lambda s: None)
+
+    resumed = tmp_path / "resumed"
+
+    def interrupt(r, metrics):
+        if r == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(_cfg(4), resumed, progress=False, on_round_end=interrupt, log=lambda s: None)
+    assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(RunExistsError):
+        run_experiment(_cfg(4), resumed, progress=False)
+    run_experiment(_cfg(4), resumed, resume=True, progress=False, log=lambda s: None)
+
+    a, b = _files(straight), _files(resumed)
+    for name in a:
+        assert a[name] == b[name], name
+    rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    summary = json.loads((straight / "summary.json").read_text())
+    assert summary["rounds"] == 4 and 0.0 <= summary["final"]["global_test_acc"] <= 1.0
+
+
+def test_extend_finished_run_and_reject_changed_config(tmp_path):
+    d = tmp_path / "run"
+    run_experiment(_cfg(2), d, progress=False)
+    with pytest.raises(ConfigError, match="configuration differs"):
+        run_experiment(_cfg(3, **{"algo.client_lr": 0.5}), d, resume=True, progress=False)
+    run_experiment(_cfg(3), d, resume=True, progress=False, log=lambda s: None)
+    assert len((d / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    import jaxfednas.experiment as exp
+
+    real = exp.algorithm_module
+
+    class Poisoned:
+        def __init__(self, mod):
+            self.mod = mod
+
+        def build(self, cfg, info):
+            algo = self.mod.build(cfg, info)
+
+            def round_fn(state, data, key):
+                state, m = algo.round(state, data, key)
+                m["train_loss"] = jnp.where(state.round >= 3, jnp.nan, m["train_loss"])
+                return state, m
+
+            return algo._replace(round=round_fn)
+
+    monkeypatch.setattr(exp, "algorithm_module", lambda name: Poisoned(real(name)))
+    d = tmp_path / "nan"
+    with pytest.raises(NonFiniteError, match="round 3: train_loss=nan.*round 2"):
+        run_experiment(_cfg(5), d, progress=False)
+    raw = (d / "checkpoint.msgpack").read_bytes()
+    import flax.serialization
+
+    assert flax.serialization.msgpack_restore(raw)["round"] == 2
+    assert len((d / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_cli_run_and_partition(tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = cli.main(["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "1", "--seed", "1",
+                   "--out", str(out), "--set", "algo.batch_size=64", "--set", "run.placement=vmap"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "global_test_acc" in text and "per-client test accuracy" in text
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["algo"]["batch_size"] == 64 and cfg["run"]["seed"] == 1
+    assert (out / "plots" / "client_accuracy.png").stat().st_size > 0
+
+    rc = cli.main(["partition", "--dataset", "digits", "--method", "dirichlet", "--clients", "16",
+                   "--alpha", "0.5", "--seed", "0", "--out", str(tmp_path / "part")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "total" in text and "sha256" in text
+    assert (tmp_path / "part" / "label_heatmap.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "run.rounds=0 is out of range"),
+    (["--set", "algo.lr=1"], "unknown setting algo.lr"),
+    (["--set", "algo.batch_size=abc"], "algo.batch_size='abc': expected int"),
+    (["--clients-per-round", "9", "--clients", "4"], "run.clients_per_round=9 is out of range: must be in \\[1, 4\\]"),
+    (["--set", "data.split=0.5,0.1,0.1"], "data.split"),
+    (["--set", "data.alpha=0"], "data.alpha=0.0 is out of range"),
+    (["--dataset", "cifar10"], "jaxfednas\\[tfds\\]"),
+    (["--set", "nope"], "SECTION.FIELD=VALUE"),
+    (["--resume"], "--resume"),
+])
+def test_cli_bad_arguments(tmp_path, capsys, argv, message):
+    rc = cli.main(["run", "fedavg", "--out", str(tmp_path / "bad"), *argv])
+    assert rc == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "bad" / "config.json").exists()
+
+
+def test_help_lists_every_setting(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = capsys.readouterr().out
+    for key in ("data.alpha", "run.clients_per_round", "algo.client_lr", "algo.server_lr", "--resume", "--preset"):
+        assert key in text
