@@ -5,24 +5,41 @@ devices and aggregates them (:mod:`jaxfednas.runtime`), evaluation, run
 management (:mod:`jaxfednas.experiment`) and the algorithm contract
 (:class:`FederatedAlgorithm`). Algorithms live in the top-level ``algorithms``
 package, search spaces in ``search_spaces``.
+
+Names are resolved lazily, so ``import jaxfednas.privacy`` (host-side
+accounting) does not import JAX.
 """
-from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, DataConfig, ExperimentConfig, RunConfig
-from jaxfednas.data import DataInfo, FederatedData, load_dataset, make_federated_data
-from jaxfednas.runtime import (
-    Placement,
-    gather_rows,
-    map_clients,
-    masked_weighted_mean,
-    sample_clients,
-    scatter_rows,
-    weighted_mean,
-)
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FederatedAlgorithm", "ConfigError", "DataConfig", "ExperimentConfig", "RunConfig", "DataInfo",
-    "FederatedData", "load_dataset", "make_federated_data", "Placement", "gather_rows", "map_clients",
-    "masked_weighted_mean", "sample_clients", "scatter_rows", "weighted_mean",
-]
+_EXPORTS = {
+    "FederatedAlgorithm": "jaxfednas.algorithm",
+    "ConfigError": "jaxfednas.config",
+    "DataConfig": "jaxfednas.config",
+    "ExperimentConfig": "jaxfednas.config",
+    "RunConfig": "jaxfednas.config",
+    "DataInfo": "jaxfednas.data.federated",
+    "FederatedData": "jaxfednas.data.federated",
+    "make_federated_data": "jaxfednas.data.federated",
+    "load_dataset": "jaxfednas.data.datasets",
+    "Placement": "jaxfednas.runtime",
+    "gather_rows": "jaxfednas.runtime",
+    "map_clients": "jaxfednas.runtime",
+    "masked_weighted_mean": "jaxfednas.runtime",
+    "sample_clients": "jaxfednas.runtime",
+    "scatter_rows": "jaxfednas.runtime",
+    "weighted_mean": "jaxfednas.runtime",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'jaxfednas' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -60,8 +60,10 @@ def client_accuracy_summary(correct: jax.Array, counts: jax.Array, prefix: str =
     w = counts / jnp.maximum(counts.sum(), 1.0)
     mean_w = (w * acc).sum()
     std_w = jnp.sqrt((w * (acc - mean_w) ** 2).sum())
+    if_any = lambda v: jnp.where(valid.any(), v, jnp.nan)  # noqa: E731 — no client has test data
+    mean_u, std_u, mean_w, std_w = map(if_any, (mean_u, std_u, mean_w, std_w))
     return {
-        f"{prefix}_acc": acc,
+        f"{prefix}_acc": jnp.where(valid, acc, jnp.nan),
         f"{prefix}_acc_mean_unweighted": mean_u,
         f"{prefix}_acc_std_unweighted": std_u,
         f"{prefix}_acc_mean_weighted": mean_w,

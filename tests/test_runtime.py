@@ -152,3 +152,15 @@ def test_fedavg_learns_and_local_only_keeps_unsampled_rows(tiny_data):
     for k in range(4):
         same = np.array_equal(leaf0[k], leaf1[k])
         assert same == (k not in idx)
+
+
+def test_client_accuracy_summary_by_hand():
+    from jaxfednas.evaluation import client_accuracy_summary
+
+    out = client_accuracy_summary(jnp.array([3.0, 1.0, 0.0]), jnp.array([4, 1, 0]))
+    np.testing.assert_allclose(out["client_test_acc_mean_unweighted"], (0.75 + 1.0) / 2)
+    np.testing.assert_allclose(out["client_test_acc_mean_weighted"], 4 / 5)
+    np.testing.assert_allclose(out["client_test_acc_std_unweighted"], 0.125)
+    assert np.isnan(out["client_test_acc"][2])
+    none = client_accuracy_summary(jnp.zeros(2), jnp.zeros(2, jnp.int32))
+    assert np.isnan(none["client_test_acc_mean_weighted"])
