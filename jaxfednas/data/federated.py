@@ -173,6 +173,7 @@ def run_local_epochs(
 ) -> tuple[Any, dict[str, jax.Array]]:
     """Run ``epochs`` local epochs of ``step_fn(carry, batch, key) -> (carry, metrics)``.
 
+    ``batch`` holds ``x``, ``y``, ``mask`` and ``epoch`` (the local epoch index).
     Scans over ``epochs * ceil(M / B)`` slots; a slot past this client's
     ``ceil(n_k / B)`` steps leaves ``carry`` unchanged and contributes zero
     metrics. Returns the final carry and the metrics summed over real steps plus
@@ -188,6 +189,7 @@ def run_local_epochs(
     def body(carry, t):
         epoch, step = t // slots, t % slots
         batch = get_batch(client, perms[epoch], step, batch_size)
+        batch["epoch"] = epoch  # for per-epoch schedules (e.g. cosine over local epochs)
         step_key = jax.random.fold_in(jax.random.fold_in(key, 1_000_003), t)
         active = step < n_steps
 
