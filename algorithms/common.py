@@ -101,6 +101,11 @@ def train_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     }
 
 
+def evaluate_examples_with(logits_fn, x, y, count, batch_size) -> dict[str, jax.Array]:
+    """:func:`jaxfednas.evaluation.evaluate_examples` with a positional batch size."""
+    return evaluate_examples(logits_fn, x, y, count, batch_size=batch_size)
+
+
 def make_logits_fn(model: nn.Module, info: DataInfo) -> Callable:
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)

@@ -10,6 +10,7 @@ Layout of ``out_dir``::
     checkpoint.msgpack          whole algorithm state after the last saved round (atomic)
     clients.csv                 final per-client accuracies
     plots/curves.png, plots/client_accuracy.png
+    architecture.json           (NAS algorithms) the exported architecture; cell diagrams in plots/
     summary.json                final metrics, wall time, device info
 
 Everything except the ``timing`` and ``device`` entries of ``summary.json`` is
@@ -235,6 +236,8 @@ def run_experiment(
             if completed % cfg.run.eval_every == 0 or completed == total:
                 final = jax.device_get(algo.evaluate(state, data))
                 row.update(_scalars(final))
+                if algo.export is not None:  # NAS: the architecture derived at this round
+                    row["architecture"] = json.loads(algo.export(state).to_json())
             rows.append(row)
             if t_first is None:
                 t_first = time.perf_counter() - t0
@@ -268,6 +271,13 @@ def run_experiment(
             np.asarray(final["client_test_acc"]), counts, out / "plots" / "client_accuracy.png",
             title=f"{cfg.algorithm}: per-client test accuracy after round {completed}",
         )
+    if algo.export is not None:
+        architecture = algo.export(state)
+        atomic_write_text(out / "architecture.json", architecture.to_json() + "\n")
+        summary["architecture"] = json.loads(architecture.to_json())
+        mod = algorithm_module(cfg.algorithm)
+        if hasattr(mod, "write_architecture_plots"):
+            mod.write_architecture_plots(architecture, out / "plots")
     summary["timing"] = {
         "wall_time_s": round(wall, 3),
         "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),

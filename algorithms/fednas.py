@@ -1,0 +1,242 @@
+"""FedNAS — He, Annavaram, Avestimehr, "FedNAS: Federated Deep Learning via Neural
+Architecture Search" (arXiv:2004.08546), Algorithm 1 with Eq. 4 and Eq. 5.
+
+Every round t the sampled clients run ``ClientLocalSearch`` (Alg. 1, lines 9-15):
+E local epochs of MiLeNAS mixed-level search on a DARTS supernet, per minibatch
+
+    w ← w − η_w ∇_w L_tr(w, α)                                   (Eq. 4)
+    α ← α − η_α (∇_α L_tr(w, α) + λ ∇_α L_val(w, α))
+
+with both gradients taken at the same (w, α) ("optimizes α and w simultaneously"),
+the training batch from the client's train split and the validation batch drawn at
+random from the client's *own* validation split. The server then averages weights,
+BatchNorm statistics and architecture with N_k / N (Eq. 5).
+
+Deviations of the authors' code that are available as options for parity
+(reference §2.2-2.3, §7 rows 5-7), all off by default:
+  * ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
+  * ``order="alpha_first"`` — the code steps α first, then w at the new α;
+  * ``w_clip=0`` — the code clips α's gradients and never the weights'.
+Kept from the code because the paper is silent: optimizers and the cosine
+schedule (0.025 → 0.001 over the local epochs) are re-created every round.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from algorithms.common import evaluate_examples_with, make_augment
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig, Validated, param
+from jaxfednas.data.augment import augment_batch
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, epoch_permutation, num_steps, run_local_epochs
+from jaxfednas.evaluation import client_accuracy_summary
+from jaxfednas.optim import cosine_epoch_lr, milenas_grads, nas_optimizer
+from jaxfednas.runtime import (
+    SAMPLE_TAG,
+    Placement,
+    client_keys,
+    map_clients,
+    resolve_clients_per_round,
+    sample_clients,
+    weighted_mean,
+)
+from search_spaces.darts import PRIMITIVES, PRIMITIVES_S2, DartsSearchNetwork, derive
+
+DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
+
+PRIMITIVE_SETS = {
+    "darts": PRIMITIVES,
+    "s2": PRIMITIVES_S2,
+    "tiny": ("skip_connect", "avg_pool_3x3", "sep_conv_3x3"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FedNASConfig(Validated):
+    SECTION = "algo"
+    C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
+    layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
+    primitives: str = param("darts", "candidate operations", choices=tuple(PRIMITIVE_SETS))
+    local_epochs: int = param(1, "local epochs E per round (paper 5)", range=(1, 10_000))
+    batch_size: int = param(32, "local minibatch size (paper 64)", range=(1, 1_000_000))
+    w_lr: float = param(0.025, "weight learning rate at the first local epoch", range=(0.0, 100.0))
+    w_lr_min: float = param(0.001, "cosine floor of the weight learning rate", range=(0.0, 100.0))
+    w_momentum: float = param(0.9, "weight SGD momentum", range=(0.0, 1.0))
+    w_weight_decay: float = param(3e-4, "weight decay", range=(0.0, 1.0))
+    w_clip: float = param(5.0, "weight gradient global-norm clip (0: off, as the authors' code)", range=(0.0, None))
+    arch_lr: float = param(3e-4, "architecture Adam learning rate", range=(0.0, 10.0))
+    arch_weight_decay: float = param(1e-3, "architecture weight decay", range=(0.0, 1.0))
+    lam: float = param(1.0, "λ: weight of ∇α L_val in Eq. 4", range=(0.0, None))
+    order: str = param("simultaneous", "simultaneous (Eq. 4) or alpha_first (authors' code)",
+                       choices=("simultaneous", "alpha_first"))
+    alpha_aggregation: str = param("mean", "mean (Eq. 5) or client0 (the FedML bug, for parity)",
+                                   choices=("mean", "client0"))
+    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+
+
+CONFIG = FedNASConfig
+PRESETS = {
+    "smoke": {"run.rounds": 3, "data.split": (0.5, 0.25, 0.25), "algo.C": 4, "algo.layers": 3},
+    # Paper Table 2 / reference §2.4: CIFAR-10, 16 clients Dir(0.5), all participating,
+    # 50 rounds, 5 local epochs, batch 64, C=16, 8 cells; each client's data split 50/50
+    # into search-train / search-val as the standalone FedNAS code; global test set.
+    "paper": {
+        "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
+        "data.split": (0.5, 0.5, 0.0), "run.rounds": 50, "algo.C": 16, "algo.layers": 8,
+        "algo.local_epochs": 5, "algo.batch_size": 64,
+    },
+}
+
+
+@flax.struct.dataclass
+class FedNASState:
+    variables: dict  # {"params", "arch", "batch_stats"} of the supernet
+    round: jax.Array
+
+
+def arch_entropy(arch: dict) -> jax.Array:
+    """Mean entropy (nats) of the rows of softmax(α) over both cell types."""
+    ents = [(-(jax.nn.softmax(a, -1) * jax.nn.log_softmax(a, -1)).sum(-1)).mean() for a in jax.tree.leaves(arch)]
+    return jnp.mean(jnp.stack(ents))
+
+
+def _draw_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict:
+    """A random minibatch (without replacement) of a client's split; masked if short."""
+    perm = epoch_permutation(key, client.count, client.y.shape[0])
+    pos = jnp.arange(batch_size)
+    idx = jnp.take(perm, pos, mode="clip")
+    return {"x": client.x[idx], "y": client.y[idx], "mask": pos < client.count}
+
+
+def fednas(
+    cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+) -> FederatedAlgorithm:
+    primitives = PRIMITIVE_SETS[cfg.primitives]
+    model = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, primitives=primitives)
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    aug = make_augment(cfg.augment, info.name)
+
+    def loss_fn(params, arch, stats, batch):
+        logits, new = model.apply(
+            {"params": params, "arch": arch, "batch_stats": stats}, batch["x"], train=True, mask=batch["mask"],
+            mutable=["batch_stats"],
+        )
+        mask = batch["mask"]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
+        correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
+        return ce.sum() / jnp.maximum(mask.sum(), 1), (new["batch_stats"], {"loss_sum": ce.sum(), "correct": correct})
+
+    def local_search(variables, train: ClientData, val: ClientData, key):
+        """ClientLocalSearch(k, w, α) — Algorithm 1, lines 9-15."""
+        steps_per_epoch = jnp.maximum(num_steps(train.count, cfg.batch_size), 1)
+        lr = cosine_epoch_lr(cfg.w_lr, cfg.w_lr_min, cfg.local_epochs)
+        tx = nas_optimizer(
+            w_lr=lambda count: lr(count // steps_per_epoch), w_momentum=cfg.w_momentum,
+            w_weight_decay=cfg.w_weight_decay, w_clip=cfg.w_clip or None, arch_lr=cfg.arch_lr,
+            arch_weight_decay=cfg.arch_weight_decay,
+        )
+        tree = {"params": variables["params"], "arch": variables["arch"]}
+
+        def step(carry, batch, k):
+            tree, stats, opt_state = carry
+            k_tr, k_val, k_aug = jax.random.split(k, 3)
+            tr = {**batch, "x": augment_batch(k_tr, info.normalize(batch["x"]), aug)}
+            vb = _draw_batch(val, k_val, cfg.batch_size)
+            vb["x"] = augment_batch(k_aug, info.normalize(vb["x"]), aug)
+            if cfg.order == "simultaneous":
+                grads, stats, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
+                updates, opt_state = tx.update(grads, opt_state, tree)
+                tree = optax.apply_updates(tree, updates)
+            else:  # authors' code: α step at w, then the w step at the new α
+                grads, _, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
+                a_only = {"params": jax.tree.map(jnp.zeros_like, grads["params"]), "arch": grads["arch"]}
+                updates, opt_state_a = tx.update(a_only, opt_state, tree)
+                tree = {"params": tree["params"], "arch": optax.apply_updates(tree["arch"], updates["arch"])}
+                (_, (stats, _)), g_w = jax.value_and_grad(loss_fn, has_aux=True)(tree["params"], tree["arch"], stats, tr)
+                w_only = {"params": g_w, "arch": jax.tree.map(jnp.zeros_like, tree["arch"])}
+                updates, opt_state_w = tx.update(w_only, opt_state, tree)
+                tree = {"params": optax.apply_updates(tree["params"], updates["params"]), "arch": tree["arch"]}
+                # keep each part's optimizer state from its own step
+                opt_state = _merge_partition_states(opt_state_a, opt_state_w)
+            metrics = {
+                "loss_sum": ms["train"]["loss_sum"], "correct": ms["train"]["correct"], "examples": batch["mask"].sum(),
+                "val_correct": ms["val"]["correct"], "val_examples": vb["mask"].sum(),
+            }
+            return (tree, stats, opt_state), metrics
+
+        carry = (tree, variables["batch_stats"], tx.init(tree))
+        (tree, stats, _), metrics = run_local_epochs(
+            step, carry, train, key, epochs=cfg.local_epochs, batch_size=cfg.batch_size
+        )
+        return {"params": tree["params"], "arch": tree["arch"], "batch_stats": stats}, metrics
+
+    def init(key):
+        x = jnp.zeros((1,) + info.image_shape, jnp.float32)
+        v = dict(model.init({"params": key}, x, train=False))
+        v.setdefault("batch_stats", {})
+        return FedNASState(variables=v, round=jnp.int32(0))
+
+    def round_fn(state: FedNASState, data: FederatedData, key):
+        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        per_client = (data.clients("train", idx), data.clients("val", idx), client_keys(key, idx))
+        new_vars, met = map_clients(
+            lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement
+        )
+        weights = per_client[0].count
+        avg = weighted_mean(new_vars, weights)  # Eq. 5, weights and α alike
+        if cfg.alpha_aggregation == "client0":
+            avg["arch"] = jax.tree.map(lambda a: a[0], new_vars["arch"])
+        n = jnp.maximum(met["examples"].sum(), 1)
+        metrics = {
+            "train_loss": met["loss_sum"].sum() / n,
+            "train_acc": met["correct"].sum() / n,
+            "search_val_acc": met["val_correct"].sum() / jnp.maximum(met["val_examples"].sum(), 1),
+            "local_steps": met["steps"].sum(),
+            "arch_entropy": arch_entropy(avg["arch"]),
+        }
+        return state.replace(variables=avg, round=state.round + 1), metrics
+
+    def logits_fn(variables):
+        return lambda x: model.apply(variables, info.normalize(x), train=False)
+
+    def evaluate(state: FedNASState, data: FederatedData):
+        v = state.variables
+        g = evaluate_examples_with(logits_fn(v), data.server_x, data.server_y, data.server_y.shape[0], cfg.eval_batch_size)
+        out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
+        for split in ("val", "test"):
+            r = map_clients(
+                lambda c, v: evaluate_examples_with(logits_fn(v), c.x, c.y, c.count, cfg.eval_batch_size),
+                data.all_clients(split), v, placement=placement,
+            )
+            out.update(client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}"))
+        out["arch_entropy"] = arch_entropy(v["arch"])
+        return out
+
+    def export(state: FedNASState):
+        arch = jax.device_get(state.variables["arch"])
+        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives)
+
+    return FederatedAlgorithm(
+        name="fednas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export
+    )
+
+
+def _merge_partition_states(state_a, state_w):
+    """Optimizer state of ``optax.partition`` taking the arch part from ``state_a``
+    and the weights part from ``state_w``."""
+    inner = dict(state_w.inner_states)
+    inner["arch"] = state_a.inner_states["arch"]
+    return state_w._replace(inner_states=inner)
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return fednas(
+        config.algo, info, clients_per_round=config.run.clients_per_round,
+        placement=Placement(config.run.placement, config.run.client_chunk_size),
+    )
