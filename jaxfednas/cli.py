@@ -3,6 +3,7 @@
     jaxfednas run ALGO [--dataset digits] [--clients 8] [--rounds 10] [--seed 0] [--out DIR]
                        [--preset smoke|paper] [--resume] [--set section.field=value ...]
     jaxfednas partition --dataset digits --method dirichlet --clients 16 --alpha 0.5 --seed 0 --out DIR
+    jaxfednas privacy --sampling-prob P --noise-multiplier S --steps T --delta D [--target-epsilon E]
     jaxfednas list
 """
 from __future__ import annotations
@@ -70,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--split", default="0.75,0,0.25", help="train,val,test fractions of each client")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", required=True, help="output directory")
+
+    from jaxfednas.privacy import add_privacy_arguments
+
+    pr = sub.add_parser("privacy", help="privacy accounting: CLT μ-GDP vs PLD vs RDP epsilons, calibration")
+    add_privacy_arguments(pr)
 
     sub.add_parser("list", help="list algorithms and their presets")
     return p
@@ -158,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "partition":
             return _partition(args)
+        if args.command == "privacy":
+            from jaxfednas.privacy import run_privacy_command
+
+            return run_privacy_command(args)
         return _list()
     except (ConfigError, DatasetUnavailableError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

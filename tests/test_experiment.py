@@ -137,3 +137,13 @@ def test_help_lists_every_setting(capsys):
     text = capsys.readouterr().out
     for key in ("data.alpha", "run.clients_per_round", "algo.client_lr", "algo.server_lr", "--resume", "--preset"):
         assert key in text
+
+
+def test_cli_privacy_table(capsys):
+    rc = cli.main(["privacy", "--sampling-prob", "0.01", "--noise-multiplier", "1", "--steps", "100", "--delta", "1e-5"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "PLD" in out and "CLT" in out
+    assert cli.main(["privacy", "--sampling-prob", "1.5", "--noise-multiplier", "1", "--steps", "10",
+                     "--delta", "1e-5"]) == 2
+    assert "sampling_prob" in capsys.readouterr().err
