@@ -41,7 +41,9 @@ class Placement:
 
     Attributes:
       mode: ``"vmap"``, ``"map"``, ``"shard_map"`` or ``"auto"`` (``shard_map``
-        when more than one device is visible, else ``vmap``).
+        when more than one device is visible; on one device ``vmap``, except on
+        CPU where sequential ``map`` is faster; on CPU ``auto`` also maps
+        sequentially within each device).
       client_chunk_size: for ``map`` (and inside each device for ``shard_map``
         with ``within="map"``): clients vmapped together per ``lax.map`` step;
         ``None`` means 1 (strictly sequential).
@@ -68,7 +70,16 @@ class Placement:
     def resolved(self) -> str:
         if self.mode != "auto":
             return self.mode
-        return "shard_map" if jax.device_count() > 1 else "vmap"
+        if jax.device_count() > 1:
+            return "shard_map"
+        # XLA:CPU turns vmapped per-client convolutions into slow grouped convolutions:
+        # there, clients one after another are faster (benchmarks/RESULTS.md).
+        return "map" if jax.default_backend() == "cpu" else "vmap"
+
+    def resolved_within(self) -> str:
+        if self.mode == "auto" and jax.default_backend() == "cpu":
+            return "map"
+        return self.within
 
 
 def resolve_clients_per_round(value: int | float, num_clients: int) -> int:
@@ -153,7 +164,7 @@ def map_clients(
     padded = _pad_clients(per_client, math.ceil(m / n_dev) * n_dev)
 
     def on_device(pc, sh):
-        return _run_local(fn, pc, sh, placement.within, placement.client_chunk_size)
+        return _run_local(fn, pc, sh, placement.resolved_within(), placement.client_chunk_size)
 
     out = jax.shard_map(
         on_device,
