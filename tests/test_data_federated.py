@@ -8,7 +8,7 @@ import pytest
 from algorithms.models import ResNet
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, epoch_permutation, run_local_epochs, stack_clients
-from jaxfednas.nn import _native, conv_patch_grad
+from jaxfednas.nn import _native, conv_canonical_grad, conv_patch_grad
 
 
 def test_epoch_permutation_puts_valid_rows_first():
@@ -57,15 +57,19 @@ def test_augment_off_is_identity_and_on_keeps_shape():
         Augment(crop_padding=-1)
 
 
-@pytest.mark.parametrize("strides, padding, dilation", [((1, 1), "SAME", (1, 1)), ((2, 2), "SAME", (1, 1)),
-                                                        ((1, 1), ((2, 2), (2, 2)), (2, 2))])
-def test_patch_kernel_gradient_equals_native(strides, padding, dilation):
+@pytest.mark.parametrize("fast", [conv_patch_grad, conv_canonical_grad])
+@pytest.mark.parametrize("strides, padding, dilation, n", [
+    ((1, 1), "SAME", (1, 1), 9), ((2, 2), "SAME", (1, 1), 9), ((2, 2), "SAME", (1, 1), 8),
+    ((1, 1), ((2, 2), (2, 2)), (2, 2), 9), ((2, 2), ((4, 4), (4, 4)), (2, 2), 8), ((2, 2), "VALID", (1, 1), 9),
+    ((1, 1), ((0, 0), (0, 0)), (1, 1), 5),
+])
+def test_fast_conv_gradients_equal_native(fast, strides, padding, dilation, n):
     kx, kw, kg = jax.random.split(jax.random.PRNGKey(0), 3)
-    x = jax.random.normal(kx, (2, 9, 9, 3))
+    x = jax.random.normal(kx, (2, n, n, 3))
     w = jax.random.normal(kw, (3, 3, 3, 5))
     y, vjp_native = jax.vjp(lambda x, w: _native(x, w, strides, padding, dilation), x, w)
     g = jax.random.normal(kg, y.shape)  # random cotangent, not a sum of squares
-    y2, vjp_patch = jax.vjp(lambda x, w: conv_patch_grad(x, w, strides, padding, dilation), x, w)
+    y2, vjp_patch = jax.vjp(lambda x, w: fast(x, w, strides, padding, dilation), x, w)
     np.testing.assert_allclose(y, y2, rtol=1e-5)
     for a, b in zip(vjp_native(g), vjp_patch(g)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
