@@ -84,26 +84,64 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def append_results(title: str, command: str, info: dict[str, Any], body: str, path: Path = RESULTS) -> None:
-    """Append one section (heading = the exact command) to ``RESULTS.md``."""
+HEADER = (
+    "# Benchmark results\n\n"
+    "Sections are written by the scripts in this folder (see README.md). Absolute\n"
+    "times are noisy on a shared machine; the ratios are measured within one run.\n\n"
+)
+
+
+def split_sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """``(preamble, [(heading line, full section text), ...])`` of a markdown file split at ``## `` lines."""
+    preamble, sections, cur = [], [], None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            cur = [line]
+            sections.append(cur)
+        elif cur is None:
+            preamble.append(line)
+        else:
+            cur.append(line)
+    return "".join(preamble), [(sec[0].rstrip("\n"), "".join(sec)) for sec in sections]
+
+
+def _join(preamble: str, sections: Sequence[str]) -> str:
+    parts = [preamble] + [s if s.endswith("\n\n") else s.rstrip("\n") + "\n\n" for s in sections]
+    return "".join(parts)
+
+
+def write_results(title: str, command: str, info: dict[str, Any], body: str, path: Path = RESULTS) -> str:
+    """Write one section (heading = the exact command) to ``RESULTS.md``.
+
+    A section with the same heading is replaced in place (a re-run updates its
+    numbers); otherwise the section is appended. Every other section is kept
+    byte for byte. The file is re-read immediately before it is written, so
+    sections appended by others while the benchmark ran survive.
+    Returns ``"replaced in"`` or ``"appended to"``.
+    """
     today = datetime.date.today().isoformat()
-    section = [
-        f"## `{command}`",
-        "",
-        f"**{title}**",
-        "",
-        f"Machine: {machine_line(info)}; measured {today}.",
-        "",
-        body.rstrip(),
-        "",
-        "",
-    ]
-    new = not path.exists() or path.stat().st_size == 0
+    heading = f"## `{command}`"
+    section = "\n".join([
+        heading, "", f"**{title}**", "", f"Machine: {machine_line(info)}; measured {today}.", "", body.rstrip(), "", "",
+    ])
+    text = path.read_text() if path.exists() else ""
+    if not text.strip():
+        path.write_text(HEADER + section)
+        return "appended to"
+    preamble, sections = split_sections(text)
+    if any(h == heading for h, _ in sections):
+        path.write_text(_join(preamble, [section if h == heading else s for h, s in sections]))
+        return "replaced in"
     with path.open("a") as f:
-        if new:
-            f.write(
-                "# Benchmark results\n\n"
-                "Sections are appended by the scripts in this folder (see README.md). Absolute\n"
-                "times are noisy on a shared machine; the ratios are measured within one run.\n\n"
-            )
-        f.write("\n".join(section))
+        f.write(("" if text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n") + section)
+    return "appended to"
+
+
+def remove_sections(commands: Sequence[str], path: Path = RESULTS) -> list[str]:
+    """Drop the sections whose heading is exactly one of ``commands`` (stale results); returns those removed."""
+    headings = {f"## `{c}`" for c in commands}
+    preamble, sections = split_sections(path.read_text())
+    removed = [h for h, _ in sections if h in headings]
+    if removed:
+        path.write_text(_join(preamble, [s for h, s in sections if h not in headings]))
+    return removed

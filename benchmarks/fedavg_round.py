@@ -68,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per placement (median reported)")
     p.add_argument("--devices", type=int, default=8, help="fake CPU devices for the shard_map rows")
     p.add_argument("--placements", default=DEFAULT_PLACEMENTS, help=f"comma list from {sorted(SPECS)}")
-    p.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS.md")
+    p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -400,8 +400,8 @@ def main(argv=None):
     if not args.no_write and ok:
         info = next((r["machine"] for r in ok if r["machine"]["device_count"] == 1), ok[0]["machine"])
         title = f"FedAvg round by placement: {args.dataset}, model {args.model}, {args.clients} clients, E={args.epochs}"
-        bu.append_results(title, bu.command_line("fedavg_round.py"), info, body)
-        print(f"\nappended to {bu.RESULTS}")
+        how = bu.write_results(title, bu.command_line("fedavg_round.py"), info, body)
+        print(f"\n{how} {bu.RESULTS}")
 
 
 if __name__ == "__main__":
