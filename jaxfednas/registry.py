@@ -15,6 +15,7 @@ from jaxfednas.config import ConfigError, DataConfig, ExperimentConfig, RunConfi
 ALGORITHMS: dict[str, str] = {
     "fedavg": "algorithms.fedavg",
     "local_only": "algorithms.local_only",
+    "fednas": "algorithms.fednas",
 }
 
 

@@ -1,0 +1,47 @@
+"""The DARTS search space (Liu et al., "DARTS: Differentiable Architecture Search",
+arXiv:1806.09055), as used by FedNAS, SPIDER and DP-FNAS.
+
+* :mod:`.operations` -- candidate ops, :func:`make_op`, ``PRIMITIVES`` / ``PRIMITIVES_S2``;
+* :mod:`.search` -- the supernet :class:`DartsSearchNetwork` (``params`` / ``arch`` /
+  ``batch_stats``) with :class:`MixedOp` and :class:`SearchCell`;
+* :mod:`.genotypes` -- :class:`Genotype`, :func:`derive`, known cells;
+* :mod:`.network` -- the evaluation network :class:`DartsNetwork` (``build``);
+* :mod:`.plot` -- cell diagrams.
+"""
+from .genotypes import DARTS, DARTS_V1, DARTS_V2, derive, derive_from_weights, FEDNAS_V1, Genotype
+from .network import AUX_WEIGHT, AuxiliaryHeadCIFAR, build, DartsNetwork, drop_path, EvalCell
+from .operations import (
+    AvgPool3x3,
+    BN_EPS,
+    BN_MOMENTUM,
+    Conv7x1_1x7,
+    count_params,
+    default_depthwise_impl,
+    DEPTHWISE_IMPLS,
+    depthwise_conv,
+    DepthwiseConv,
+    SeparableConv,
+    DilConv,
+    FactorizedReduce,
+    Identity,
+    make_op,
+    MaxPool3x3,
+    OPS,
+    PRIMITIVES,
+    PRIMITIVES_S2,
+    ReLUConvBN,
+    SepConv,
+    Zero,
+)
+from .plot import plot_cell, plot_genotype
+from .search import cell_plan, DartsSearchNetwork, edge_table, MixedOp, num_edges, SearchCell, unroll_variables, unstack_scanned
+
+__all__ = [
+    "AUX_WEIGHT", "AuxiliaryHeadCIFAR", "AvgPool3x3", "BN_EPS", "BN_MOMENTUM", "Conv7x1_1x7", "DARTS",
+    "DARTS_V1", "DARTS_V2", "DEPTHWISE_IMPLS", "DartsNetwork", "DartsSearchNetwork", "DepthwiseConv",
+    "DilConv", "EvalCell", "FEDNAS_V1", "FactorizedReduce", "Genotype", "Identity", "MaxPool3x3",
+    "MixedOp", "OPS", "PRIMITIVES", "PRIMITIVES_S2", "ReLUConvBN", "SearchCell", "SepConv", "SeparableConv", "Zero",
+    "build", "cell_plan", "count_params", "default_depthwise_impl", "depthwise_conv", "derive",
+    "derive_from_weights", "drop_path", "make_op", "num_edges", "plot_cell", "plot_genotype",
+    "unroll_variables", "unstack_scanned", "edge_table",
+]

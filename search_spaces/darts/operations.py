@@ -1,0 +1,376 @@
+"""DARTS candidate operations (Liu et al., "DARTS: Differentiable Architecture Search",
+arXiv:1806.09055, Sec. 3.1 and App. A) as Flax linen modules on NHWC images.
+
+Every op is called as ``op(x, train, mask=None)``: ``train`` selects batch statistics
+in BatchNorm, ``mask`` ([B] booleans) keeps the padded rows of a partial batch out of
+those statistics. Convolutions carry no bias and use the pre-activation order
+ReLU -> conv -> BN. BatchNorm uses PyTorch's defaults (momentum 0.1, i.e. Flax
+``momentum=0.9``; eps 1e-5); ``affine=False`` drops scale and shift, as in search.
+
+Every depthwise convolution in DARTS is directly followed by a 1x1 convolution
+(:class:`SeparableConv`). The pair has three formulations with the same math,
+selected by ``dw_impl``:
+
+* ``"grouped"`` -- ``lax.conv_general_dilated`` with ``feature_group_count=C``, then the
+  1x1 conv (the default on GPU; XLA:CPU runs grouped convolutions slowly, and 2x
+  slower again inside a ``lax.scan``);
+* ``"slices"`` -- the depthwise conv as the sum over the k*k taps of a strided slice of
+  the padded input times that tap's per-channel weights (:func:`depthwise_conv`), then
+  the 1x1 conv (fast on CPU but slow to compile: 5x5 kernels give large fusions);
+* ``"fused"`` -- one dense k x k convolution whose kernel is
+  ``depthwise[u, v, 0, i] * pointwise[0, 0, i, o]`` (the default on CPU: the fastest whole
+  8-op edge at the search widths and as quick to compile as a plain conv; its cost grows
+  with C^2, so for wide evaluation networks -- C=36: 3x3 blocks 2.3x faster in a scan --
+  pass ``dw_impl="slices"``).
+
+``default_depthwise_impl()`` picks per backend; ``benchmarks/darts_ops.py`` holds the
+numbers behind the choice (also in ``benchmarks/RESULTS.md``). Dense convolutions use
+:class:`jaxfednas.nn.Conv` (or its functional core for the computed fused kernel).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxfednas.nn import Conv, conv_canonical_grad, use_fast_grad
+
+PRIMITIVES: tuple[str, ...] = (
+    "none",
+    "max_pool_3x3",
+    "avg_pool_3x3",
+    "skip_connect",
+    "sep_conv_3x3",
+    "sep_conv_5x5",
+    "dil_conv_3x3",
+    "dil_conv_5x5",
+)
+"""The DARTS space in the order of the reference code (index 0 is ``none``)."""
+
+PRIMITIVES_S2: tuple[str, ...] = ("skip_connect", "sep_conv_3x3")
+"""The two-op "s2" space of RobustDARTS / darts-pt (FedNAS ablation, SPIDER)."""
+
+OPS: tuple[str, ...] = PRIMITIVES + ("conv_7x1_1x7",)
+"""Every op :func:`make_op` builds (``conv_7x1_1x7`` is in DARTS' table, in no primitive set)."""
+
+DEPTHWISE_IMPLS = ("grouped", "slices", "fused")
+
+BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
+BN_EPS = 1e-5
+
+_DN = ("NHWC", "HWIO", "NHWC")
+
+
+def default_depthwise_impl() -> str:
+    """``"fused"`` on CPU, ``"grouped"`` elsewhere (numbers: ``benchmarks/darts_ops.py``)."""
+    return "fused" if jax.default_backend() == "cpu" else "grouped"
+
+
+def _resolve_impl(impl: str | None) -> str:
+    impl = default_depthwise_impl() if impl is None else impl
+    if impl not in DEPTHWISE_IMPLS:
+        raise ValueError(f"dw_impl must be one of {DEPTHWISE_IMPLS} or None, got {impl!r}")
+    return impl
+
+
+def depthwise_conv(x, w, stride: int = 1, dilation: int = 1, padding: int = 0, impl: str | None = None):
+    """Depthwise 2-D convolution of NHWC ``x`` with a ``[k, k, 1, C]`` (HWIO, grouped) kernel.
+
+    Symmetric zero ``padding``, square ``stride`` and ``dilation``. ``impl`` is
+    ``"grouped"``, ``"slices"`` or ``None`` (the backend default, with ``"fused"`` read as
+    ``"slices"``: a lone depthwise conv has no 1x1 conv to fold into); both give the same
+    values and gradients up to float rounding.
+    """
+    impl = _resolve_impl(impl)
+    if impl == "fused":
+        impl = "slices"
+    k, k2, one, c = w.shape
+    if k != k2 or one != 1 or c != x.shape[-1]:
+        raise ValueError(f"depthwise kernel must be [k, k, 1, C={x.shape[-1]}], got {w.shape}")
+    w = w.astype(x.dtype)
+    if impl == "grouped":
+        return lax.conv_general_dilated(
+            x, w, (stride, stride), ((padding, padding), (padding, padding)),
+            rhs_dilation=(dilation, dilation), dimension_numbers=_DN, feature_group_count=c,
+        )
+    b, h, wd, _ = x.shape
+    xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0))) if padding else x
+    span = dilation * (k - 1) + 1
+    ho = (h + 2 * padding - span) // stride + 1
+    wo = (wd + 2 * padding - span) // stride + 1
+    out = None
+    for u in range(k):
+        for v in range(k):
+            r, s = u * dilation, v * dilation
+            tap = lax.slice(
+                xp, (0, r, s, 0), (b, r + (ho - 1) * stride + 1, s + (wo - 1) * stride + 1, c),
+                (1, stride, stride, 1),
+            ) * w[u, v, 0]
+            out = tap if out is None else out + tap
+    return out
+
+
+def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None):
+    """BatchNorm with the reference constants; ``mask`` [B] excludes padded examples.
+
+    Call inside a compact method: the module is created in the caller's scope.
+    """
+    m = None if mask is None else mask[:, None, None, None]
+    bn = nn.BatchNorm(
+        use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
+        use_scale=affine, use_bias=affine, name=name,
+    )
+    return bn(x, mask=m)
+
+
+class DepthwiseConv(nn.Module):
+    """Depthwise k x k convolution (no bias); kernel ``[k, k, 1, C]`` as in a grouped conv."""
+
+    kernel_size: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    dw_impl: str | None = None
+    kernel_init: Any = nn.initializers.lecun_normal()
+
+    @nn.compact
+    def __call__(self, x):
+        k = self.kernel_size
+        w = self.param("kernel", self.kernel_init, (k, k, 1, x.shape[-1]))
+        return depthwise_conv(x, w, self.stride, self.dilation, self.padding, self.dw_impl)
+
+
+def _dense_conv(x, w, stride: int, padding: int, dilation: int):
+    s, d, p = (stride, stride), (dilation, dilation), ((padding, padding), (padding, padding))
+    if use_fast_grad():
+        return conv_canonical_grad(x, w.astype(x.dtype), s, p, d)
+    return lax.conv_general_dilated(x, w.astype(x.dtype), s, p, rhs_dilation=d, dimension_numbers=_DN)
+
+
+class SeparableConv(nn.Module):
+    """Depthwise k x k (stride, dilation) followed by a 1x1 conv to ``C_out``; no bias.
+
+    Parameters ``depthwise`` ``[k, k, 1, C_in]`` and ``pointwise`` ``[1, 1, C_in, C_out]`` in
+    every formulation. ``dw_impl="fused"`` runs the pair as one dense k x k convolution
+    with kernel ``depthwise[u, v, 0, i] * pointwise[0, 0, i, o]`` (the same linear map;
+    its cost grows with ``C_in * C_out``).
+    """
+
+    C_out: int
+    kernel_size: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    dw_impl: str | None = None
+    kernel_init: Any = nn.initializers.lecun_normal()
+
+    @nn.compact
+    def __call__(self, x):
+        k, c_in = self.kernel_size, x.shape[-1]
+        dw = self.param("depthwise", self.kernel_init, (k, k, 1, c_in))
+        pw = self.param("pointwise", self.kernel_init, (1, 1, c_in, self.C_out))
+        impl = _resolve_impl(self.dw_impl)
+        if impl == "fused":
+            kernel = dw[:, :, 0, :, None] * pw[0, 0][None, None]
+            return _dense_conv(x, kernel, self.stride, self.padding, self.dilation)
+        y = depthwise_conv(x, dw, self.stride, self.dilation, self.padding, impl)
+        return _dense_conv(y, pw, 1, 0, 1)
+
+
+def _pad2(p: int):
+    return ((p, p), (p, p))
+
+
+class Zero(nn.Module):
+    """``none``: zeros, spatially subsampled (every ``stride``-th pixel) when strided."""
+
+    stride: int = 1
+
+    def __call__(self, x, train: bool = False, mask=None):
+        s = self.stride
+        return jnp.zeros_like(x[:, ::s, ::s, :])
+
+
+class Identity(nn.Module):
+    def __call__(self, x, train: bool = False, mask=None):
+        return x
+
+
+class MaxPool3x3(nn.Module):
+    """3x3 max pool, padding 1 (padded cells never win: they are -inf)."""
+
+    stride: int = 1
+
+    def __call__(self, x, train: bool = False, mask=None):
+        s = self.stride
+        return nn.max_pool(x, (3, 3), (s, s), padding=_pad2(1))
+
+
+class AvgPool3x3(nn.Module):
+    """3x3 average pool, padding 1, padding excluded from the count (count_include_pad=False)."""
+
+    stride: int = 1
+
+    def __call__(self, x, train: bool = False, mask=None):
+        s = self.stride
+        dims, strides, pad = (1, 3, 3, 1), (1, s, s, 1), ((0, 0), (1, 1), (1, 1), (0, 0))
+        total = lax.reduce_window(x, 0.0, lax.add, dims, strides, pad)
+        ones = jnp.ones((1,) + x.shape[1:3] + (1,), x.dtype)
+        count = lax.reduce_window(ones, 0.0, lax.add, dims, strides, pad)
+        return total / count
+
+
+class ReLUConvBN(nn.Module):
+    """ReLU -> k x k conv (C_in -> ``C_out``) -> BN."""
+
+    C_out: int
+    kernel_size: int = 1
+    stride: int = 1
+    padding: int = 0
+    affine: bool = True
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        k, s = self.kernel_size, self.stride
+        x = Conv(self.C_out, (k, k), (s, s), padding=_pad2(self.padding), use_bias=False)(nn.relu(x))
+        return batch_norm(x, train, mask, self.affine)
+
+
+class FactorizedReduce(nn.Module):
+    """ReLU, two stride-2 1x1 convs (on x and on x shifted by one pixel), concat -> BN.
+
+    Halves H and W (which must be even) and maps C_in -> ``C_out`` (even).
+    """
+
+    C_out: int
+    affine: bool = True
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        if self.C_out % 2:
+            raise ValueError(f"FactorizedReduce needs an even C_out, got {self.C_out}")
+        if x.shape[1] % 2 or x.shape[2] % 2:
+            raise ValueError(f"FactorizedReduce needs even H and W, got {x.shape[1:3]}")
+        x = nn.relu(x)
+        half = self.C_out // 2
+        a = Conv(half, (1, 1), (2, 2), padding="VALID", use_bias=False)(x)
+        b = Conv(half, (1, 1), (2, 2), padding="VALID", use_bias=False)(x[:, 1:, 1:, :])
+        return batch_norm(jnp.concatenate([a, b], axis=-1), train, mask, self.affine)
+
+
+class DilConv(nn.Module):
+    """ReLU -> depthwise k x k (dilation, stride) -> 1x1 conv -> BN (applied once)."""
+
+    C_out: int
+    kernel_size: int
+    stride: int
+    padding: int
+    dilation: int
+    affine: bool = True
+    dw_impl: str | None = None
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        x = SeparableConv(self.C_out, self.kernel_size, self.stride, self.padding, self.dilation, self.dw_impl)(
+            nn.relu(x))
+        return batch_norm(x, train, mask, self.affine)
+
+
+class SepConv(nn.Module):
+    """The separable block applied twice; only the first depthwise conv is strided.
+
+    ReLU -> dw k x k (stride) -> 1x1 (C_in) -> BN -> ReLU -> dw k x k -> 1x1 (C_out) -> BN.
+    """
+
+    C_out: int
+    kernel_size: int
+    stride: int
+    padding: int
+    affine: bool = True
+    dw_impl: str | None = None
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        c_in, k, p = x.shape[-1], self.kernel_size, self.padding
+        x = SeparableConv(c_in, k, self.stride, p, 1, self.dw_impl)(nn.relu(x))
+        x = batch_norm(x, train, mask, self.affine)
+        x = SeparableConv(self.C_out, k, 1, p, 1, self.dw_impl)(nn.relu(x))
+        return batch_norm(x, train, mask, self.affine)
+
+
+class Conv7x1_1x7(nn.Module):
+    """ReLU -> 1x7 conv (stride (1, s)) -> 7x1 conv (stride (s, 1)) -> BN."""
+
+    C_out: int
+    stride: int = 1
+    affine: bool = True
+
+    @nn.compact
+    def __call__(self, x, train: bool = False, mask=None):
+        s = self.stride
+        x = Conv(self.C_out, (1, 7), (1, s), padding=((0, 0), (3, 3)), use_bias=False)(nn.relu(x))
+        x = Conv(self.C_out, (7, 1), (s, 1), padding=((3, 3), (0, 0)), use_bias=False)(x)
+        return batch_norm(x, train, mask, self.affine)
+
+
+def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None = None,
+            module_name: str | None = None) -> nn.Module:
+    """The candidate op ``name`` for C -> C channels at ``stride`` (1 or 2).
+
+    ``module_name`` is the Flax name of the returned module (its parameter scope).
+    Pooling ops come without BN; the search :class:`~search_spaces.darts.search.MixedOp`
+    adds BN(affine=False) after them, the evaluation network does not.
+    """
+    if stride not in (1, 2):
+        raise ValueError(f"stride must be 1 or 2, got {stride}")
+    kw = {"name": module_name}
+    if name == "none":
+        return Zero(stride, **kw)
+    if name == "max_pool_3x3":
+        return MaxPool3x3(stride, **kw)
+    if name == "avg_pool_3x3":
+        return AvgPool3x3(stride, **kw)
+    if name == "skip_connect":
+        return Identity(**kw) if stride == 1 else FactorizedReduce(C, affine, **kw)
+    if name == "sep_conv_3x3":
+        return SepConv(C, 3, stride, 1, affine, dw_impl, **kw)
+    if name == "sep_conv_5x5":
+        return SepConv(C, 5, stride, 2, affine, dw_impl, **kw)
+    if name == "dil_conv_3x3":
+        return DilConv(C, 3, stride, 2, 2, affine, dw_impl, **kw)
+    if name == "dil_conv_5x5":
+        return DilConv(C, 5, stride, 4, 2, affine, dw_impl, **kw)
+    if name == "conv_7x1_1x7":
+        return Conv7x1_1x7(C, stride, affine, **kw)
+    raise ValueError(f"unknown op {name!r}; expected one of {OPS}")
+
+
+def is_identity(name: str, stride: int) -> bool:
+    """True for the ops that are a plain identity (no drop path on them in DARTS)."""
+    return name == "skip_connect" and stride == 1
+
+
+def count_params(tree) -> int:
+    """Total number of scalars in a pytree of arrays (or ``ShapeDtypeStruct``s)."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        n = 1
+        for d in leaf.shape:
+            n *= int(d)
+        total += n
+    return total
+
+
+def validate_primitives(primitives) -> tuple[str, ...]:
+    primitives = tuple(primitives)
+    if not primitives:
+        raise ValueError("primitives must name at least one op")
+    bad = [p for p in primitives if p not in OPS]
+    if bad:
+        raise ValueError(f"primitives: unknown op(s) {bad}; expected names from {OPS}")
+    if len(set(primitives)) != len(primitives):
+        raise ValueError(f"primitives must not repeat an op, got {primitives}")
+    return primitives
