@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -69,10 +70,15 @@ class FedAvgState:
 
 
 def fedavg(
-    cfg: FedAvgConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+    cfg: FedAvgConfig,
+    info: DataInfo,
+    *,
+    clients_per_round: int | float = 1.0,
+    placement: Placement = Placement(),
+    model: nn.Module | None = None,
 ) -> FederatedAlgorithm:
-    """Build FedAvg for data described by ``info``."""
-    model = make_model(cfg.model, info.num_classes, info.name)
+    """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given)."""
+    model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     local_train = make_local_train(model, info, cfg)
 

@@ -23,6 +23,8 @@ schedule (0.025 → 0.001 over the local epochs) are re-created every round.
 from __future__ import annotations
 
 import dataclasses
+import os
+from typing import Callable
 
 import flax.struct
 import jax
@@ -31,7 +33,7 @@ import optax
 
 from algorithms.common import evaluate_examples_with, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, Validated, param
+from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, epoch_permutation, num_steps, run_local_epochs
 from jaxfednas.evaluation import client_accuracy_summary
@@ -45,7 +47,7 @@ from jaxfednas.runtime import (
     sample_clients,
     weighted_mean,
 )
-from search_spaces.darts import PRIMITIVES, PRIMITIVES_S2, DartsSearchNetwork, derive
+from search_spaces.darts import PRIMITIVES, PRIMITIVES_S2, DartsSearchNetwork, derive, Genotype, plot_genotype
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
@@ -61,6 +63,7 @@ class FedNASConfig(Validated):
     SECTION = "algo"
     C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
     layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
+    steps: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
     primitives: str = param("darts", "candidate operations", choices=tuple(PRIMITIVE_SETS))
     local_epochs: int = param(1, "local epochs E per round (paper 5)", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size (paper 64)", range=(1, 1_000_000))
@@ -77,12 +80,15 @@ class FedNASConfig(Validated):
     alpha_aggregation: str = param("mean", "mean (Eq. 5) or client0 (the FedML bug, for parity)",
                                    choices=("mean", "client0"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
 
 CONFIG = FedNASConfig
+# Each client's examples: search-train / search-val (α step) / local test.
+DEFAULTS = {"data.split": (0.5, 0.25, 0.25)}
 PRESETS = {
-    "smoke": {"run.rounds": 3, "data.split": (0.5, 0.25, 0.25), "algo.C": 4, "algo.layers": 3},
+    "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 3},
     # Paper Table 2 / reference §2.4: CIFAR-10, 16 clients Dir(0.5), all participating,
     # 50 rounds, 5 local epochs, batch 64, C=16, 8 cells; each client's data split 50/50
     # into search-train / search-val as the standalone FedNAS code; global test set.
@@ -114,12 +120,16 @@ def _draw_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict:
     return {"x": client.x[idx], "y": client.y[idx], "mask": pos < client.count}
 
 
-def fednas(
-    cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
-) -> FederatedAlgorithm:
-    primitives = PRIMITIVE_SETS[cfg.primitives]
-    model = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, primitives=primitives)
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
+    """The DARTS supernet of ``cfg`` (every intermediate node concatenated, as in DARTS)."""
+    return DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
+                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives])
+
+
+def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:
+    """``local_search(variables, train, val, key) -> (variables, metrics)``:
+    ClientLocalSearch(k, w, α) of Algorithm 1 (lines 9-15), ``epochs`` local epochs of
+    the MiLeNAS step (Eq. 4) with fresh optimizers and a cosine schedule over the epochs."""
     aug = make_augment(cfg.augment, info.name)
 
     def loss_fn(params, arch, stats, batch):
@@ -133,9 +143,8 @@ def fednas(
         return ce.sum() / jnp.maximum(mask.sum(), 1), (new["batch_stats"], {"loss_sum": ce.sum(), "correct": correct})
 
     def local_search(variables, train: ClientData, val: ClientData, key):
-        """ClientLocalSearch(k, w, α) — Algorithm 1, lines 9-15."""
         steps_per_epoch = jnp.maximum(num_steps(train.count, cfg.batch_size), 1)
-        lr = cosine_epoch_lr(cfg.w_lr, cfg.w_lr_min, cfg.local_epochs)
+        lr = cosine_epoch_lr(cfg.w_lr, cfg.w_lr_min, epochs)
         tx = nas_optimizer(
             w_lr=lambda count: lr(count // steps_per_epoch), w_momentum=cfg.w_momentum,
             w_weight_decay=cfg.w_weight_decay, w_clip=cfg.w_clip or None, arch_lr=cfg.arch_lr,
@@ -147,9 +156,9 @@ def fednas(
             tree, stats, opt_state = carry
             k_tr, k_val, k_aug = jax.random.split(k, 3)
             tr = {**batch, "x": augment_batch(k_tr, info.normalize(batch["x"]), aug)}
-            vb = _draw_batch(val, k_val, cfg.batch_size)
+            vb = _draw_batch(val, k_val, cfg.batch_size)  # the client's own validation split
             vb["x"] = augment_batch(k_aug, info.normalize(vb["x"]), aug)
-            if cfg.order == "simultaneous":
+            if cfg.order == "simultaneous":  # Eq. 4: both gradients at the same (w, α)
                 grads, stats, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
                 updates, opt_state = tx.update(grads, opt_state, tree)
                 tree = optax.apply_updates(tree, updates)
@@ -171,10 +180,21 @@ def fednas(
             return (tree, stats, opt_state), metrics
 
         carry = (tree, variables["batch_stats"], tx.init(tree))
-        (tree, stats, _), metrics = run_local_epochs(
-            step, carry, train, key, epochs=cfg.local_epochs, batch_size=cfg.batch_size
-        )
+        (tree, stats, _), metrics = run_local_epochs(step, carry, train, key, epochs=epochs, batch_size=cfg.batch_size)
         return {"params": tree["params"], "arch": tree["arch"], "batch_stats": stats}, metrics
+
+    return local_search
+
+
+def fednas(
+    cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+) -> FederatedAlgorithm:
+    """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5."""
+    primitives = PRIMITIVE_SETS[cfg.primitives]
+    model = make_supernet(cfg, info)
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    local_search = make_local_search(cfg, info, model, cfg.local_epochs)
+    adapt = make_local_search(cfg, info, model, cfg.personalize_epochs)
 
     def init(key):
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)
@@ -183,13 +203,14 @@ def fednas(
         return FedNASState(variables=v, round=jnp.int32(0))
 
     def round_fn(state: FedNASState, data: FederatedData, key):
+        # Alg. 1 line 4: sample clients; line 5: ClientLocalSearch on each.
         idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
         per_client = (data.clients("train", idx), data.clients("val", idx), client_keys(key, idx))
         new_vars, met = map_clients(
             lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement
         )
         weights = per_client[0].count
-        avg = weighted_mean(new_vars, weights)  # Eq. 5, weights and α alike
+        avg = weighted_mean(new_vars, weights)  # Eq. 5: w, BN statistics and α, each with N_k / N
         if cfg.alpha_aggregation == "client0":
             avg["arch"] = jax.tree.map(lambda a: a[0], new_vars["arch"])
         n = jnp.maximum(met["examples"].sum(), 1)
@@ -205,26 +226,57 @@ def fednas(
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)
 
+    def client_eval(variables, client: ClientData):
+        return evaluate_examples_with(logits_fn(variables), client.x, client.y, client.count, cfg.eval_batch_size)
+
     def evaluate(state: FedNASState, data: FederatedData):
         v = state.variables
         g = evaluate_examples_with(logits_fn(v), data.server_x, data.server_y, data.server_y.shape[0], cfg.eval_batch_size)
         out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
         for split in ("val", "test"):
-            r = map_clients(
-                lambda c, v: evaluate_examples_with(logits_fn(v), c.x, c.y, c.count, cfg.eval_batch_size),
-                data.all_clients(split), v, placement=placement,
-            )
+            r = map_clients(lambda c, v: client_eval(v, c), data.all_clients(split), v, placement=placement)
             out.update(client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}"))
         out["arch_entropy"] = arch_entropy(v["arch"])
         return out
 
+    def personalize(state: FedNASState, data: FederatedData, key):
+        """§2.5 "alternative local adaptation": every client runs ``personalize_epochs``
+        epochs of the same MiLeNAS rule (Eq. 4) on its own data, from the global w and α;
+        each adapted supernet is evaluated on the client's own test split."""
+        ids = jnp.arange(info.num_clients)
+        per_client = (data.all_clients("train"), data.all_clients("val"), client_keys(key, ids))
+        rows, _ = map_clients(lambda c, v: adapt(v, *c), per_client, state.variables, placement=placement)
+        test = data.all_clients("test")
+        mine = map_clients(lambda c, _: client_eval(c[0], c[1]), (rows, test), None, placement=placement)
+        glob = map_clients(lambda c, v: client_eval(v, c), test, state.variables, placement=placement)
+        out = client_accuracy_summary(mine["correct"], mine["count"], prefix="client_test")
+        out.update(client_accuracy_summary(glob["correct"], glob["count"], prefix="client_test_global"))
+        out["arch_entropy"] = arch_entropy(rows["arch"])
+        return rows, out
+
     def export(state: FedNASState):
         arch = jax.device_get(state.variables["arch"])
-        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives)
+        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
+                      multiplier=cfg.steps)
 
     return FederatedAlgorithm(
-        name="fednas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export
+        name="fednas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export,
+        personalize=jax.jit(personalize),
     )
+
+
+def client_genotypes(cfg: FedNASConfig, arch_rows: dict) -> list[Genotype]:
+    """The genotype of every client's row of α (leading client axis), e.g. after ``personalize``."""
+    arch = jax.device_get(arch_rows)
+    prims = PRIMITIVE_SETS[cfg.primitives]
+    return [derive(n, r, primitives=prims, steps=cfg.steps, multiplier=cfg.steps)
+            for n, r in zip(arch["alphas_normal"], arch["alphas_reduce"])]
+
+
+def write_architecture_plots(genotype: Genotype, out_dir) -> None:
+    """Cell diagrams ``cell_normal.png`` / ``cell_reduce.png`` of the exported genotype."""
+    os.makedirs(out_dir, exist_ok=True)
+    plot_genotype(genotype, os.path.join(out_dir, "cell"))
 
 
 def _merge_partition_states(state_a, state_w):
@@ -236,6 +288,11 @@ def _merge_partition_states(state_a, state_w):
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    if config.data.split[1] <= 0:
+        raise ConfigError(
+            f"data.split={config.data.split}: FedNAS needs a validation split (the α step of Eq. 4 uses each "
+            "client's own validation data), e.g. --set data.split=0.5,0.25,0.25"
+        )
     return fednas(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement(config.run.placement, config.run.client_chunk_size),

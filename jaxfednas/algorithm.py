@@ -22,6 +22,10 @@ class FederatedAlgorithm(NamedTuple):
       evaluate: ``evaluate(state, data) -> metrics``, jit-compiled; scalars
         plus per-client arrays (e.g. ``client_test_acc`` of shape ``[K]``).
       export: ``export(state) -> architecture`` for NAS algorithms, else None.
+      personalize: ``personalize(state, data, key) -> (per-client state rows,
+        metrics)`` where the paper adapts the global result to every client
+        (e.g. FedNAS §2.5), else None. Metrics hold per-client arrays such as
+        ``client_test_acc`` of shape ``[K]`` and their summaries.
     """
 
     name: str
@@ -29,3 +33,4 @@ class FederatedAlgorithm(NamedTuple):
     round: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]]
     evaluate: Callable[[Any, FederatedData], dict[str, jax.Array]]
     export: Callable[[Any], Any] | None = None
+    personalize: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]] | None = None

@@ -3,7 +3,9 @@ at import time).
 
 An algorithm module provides ``CONFIG`` (its config dataclass), ``PRESETS``
 (``{"smoke": {...}, "paper": {...}}`` flat overrides), ``DESCRIPTION`` and
-``build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm``.
+``build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm``, and
+optionally ``DEFAULTS`` (flat overrides of the shared sections that the algorithm
+needs by default, e.g. a validation split; applied before any preset).
 """
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ ALGORITHMS: dict[str, str] = {
     "fedavg": "algorithms.fedavg",
     "local_only": "algorithms.local_only",
     "fednas": "algorithms.fednas",
+    "fednas_train": "algorithms.fednas_train",
+    "local_adaptation": "algorithms.local_adaptation",
+    "ditto": "algorithms.ditto",
+    "perfedavg": "algorithms.perfedavg",
 }
 
 
@@ -33,6 +39,7 @@ def make_config(name: str, *, preset: str | None = None, overrides: dict | None 
     """Defaults, then the named preset, then ``overrides`` (flat ``section.field`` keys)."""
     mod = algorithm_module(name)
     cfg = ExperimentConfig(algorithm=name, data=DataConfig(), run=RunConfig(), algo=mod.CONFIG())
+    cfg = apply_overrides(cfg, getattr(mod, "DEFAULTS", {}))
     if preset is not None:
         if preset not in mod.PRESETS:
             raise ConfigError(f"unknown preset {preset!r} for {name}; available: {sorted(mod.PRESETS)}")

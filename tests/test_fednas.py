@@ -1,0 +1,150 @@
+"""FedNAS (Algorithm 1, Eq. 4/5), personalization (§2.5) and the evaluation stage on a
+tiny DARTS space (C=4, 1-2 cells, 2 nodes, 3 ops) so the file stays fast on 2 cores."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algorithms.fednas import FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet
+from algorithms.fednas_train import FedNASTrainConfig, fednas_train, resolve_genotype
+from jaxfednas.config import ConfigError
+from jaxfednas.data import make_federated_data
+from jaxfednas.data import partition as part
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.experiment import make_partition, run_experiment
+from jaxfednas.registry import algorithm_module, make_config
+from jaxfednas.runtime import SAMPLE_TAG, Placement, client_keys, sample_clients
+from search_spaces.darts import FEDNAS_V1, Genotype
+
+TINY = dict(C=4, layers=1, steps=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,
+            eval_batch_size=64)
+
+
+@pytest.fixture(scope="module")
+def data2():
+    """2 synthetic clients (8x8x1, 10 classes) with search-train / search-val / test splits."""
+    cfg = make_config("fednas", overrides={"data.dataset": "synthetic", "data.num_clients": 2})
+    assert cfg.data.split == (0.5, 0.25, 0.25)  # FedNAS's DEFAULTS give a validation split
+    ds = load_dataset("synthetic", num_train=128, num_test=32)
+    return make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
+
+
+@pytest.fixture(scope="module")
+def algo_and_states(data2):
+    cfg = FedNASConfig(**TINY, arch_lr=0.05)  # a large α step so averaging is visible
+    algo = fednas(cfg, data2.info, placement=Placement("map"))
+    s0 = algo.init(jax.random.PRNGKey(0))
+    key = jax.random.PRNGKey(7)
+    s1, metrics = algo.round(s0, data2, key)
+    return cfg, algo, s0, s1, metrics, key
+
+
+def test_round_averages_weights_and_alpha_with_nk(data2, algo_and_states):
+    cfg, algo, s0, s1, metrics, key = algo_and_states
+    local = jax.jit(make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), cfg.local_epochs))
+    idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), 2, 2)
+    keys = client_keys(key, idx)
+    outs, n = [], []
+    for j, k in enumerate(np.asarray(idx)):
+        train = jax.tree.map(lambda a: a[k], data2.clients("train", jnp.arange(2)))
+        val = jax.tree.map(lambda a: a[k], data2.clients("val", jnp.arange(2)))
+        v, _ = local(s0.variables, train, val, keys[j])
+        outs.append(v)
+        n.append(int(train.count))
+    w = np.array(n, np.float64) / sum(n)
+    # the two clients really moved α apart, so a mean differs from either of them
+    a0, a1 = (np.asarray(o["arch"]["alphas_normal"]) for o in outs)
+    assert np.abs(a0 - a1).max() > 1e-3
+    for got, c0, c1 in zip(jax.tree.leaves(s1.variables), jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_allclose(np.asarray(got), w[0] * np.asarray(c0) + w[1] * np.asarray(c1), rtol=2e-5, atol=2e-6)
+    assert float(metrics["local_steps"]) > 0 and np.isfinite(float(metrics["train_loss"]))
+
+    # parity option: the FedML bug broadcasts the first sampled client's α
+    bug = fednas(FedNASConfig(**TINY, arch_lr=0.05, alpha_aggregation="client0"), data2.info, placement=Placement("map"))
+    s_bug, _ = bug.round(s0, data2, key)
+    np.testing.assert_allclose(np.asarray(s_bug.variables["arch"]["alphas_normal"]), a0, rtol=1e-6)
+
+
+def test_one_compilation_per_round_and_evaluate(data2, algo_and_states):
+    _, algo, s0, _, _, _ = algo_and_states
+    state = s0
+    for r in range(3):
+        state, _ = algo.round(state, data2, jax.random.PRNGKey(r))
+        out = algo.evaluate(state, data2)
+    assert algo.round._cache_size() == 1
+    assert algo.evaluate._cache_size() == 1
+    for k in ("global_test_acc", "client_val_acc_mean_unweighted", "client_val_acc_std_unweighted",
+              "client_test_acc_mean_weighted", "arch_entropy"):
+        assert np.isfinite(float(out[k])), k
+    # entropy of softmax(α) starts near log|O| and the derived genotype has the tiny space's ops
+    assert float(out["arch_entropy"]) <= np.log(3) + 1e-6
+    g = algo.export(state)
+    assert isinstance(g, Genotype) and g.steps == 2
+    assert {op for op, _ in g.normal} <= {"skip_connect", "avg_pool_3x3", "sep_conv_3x3"}
+
+
+def test_personalize_adapts_every_client(data2, algo_and_states):
+    cfg, algo, _, s1, _, _ = algo_and_states
+    rows, out = algo.personalize(s1, data2, jax.random.PRNGKey(3))
+    an = np.asarray(rows["arch"]["alphas_normal"])
+    assert an.shape == (2, 5, 3)  # a row of α per client
+    g = np.asarray(s1.variables["arch"]["alphas_normal"])
+    assert np.abs(an[0] - g).max() > 0 and np.abs(an[1] - g).max() > 0
+    assert np.abs(an[0] - an[1]).max() > 0  # each client adapted on its own data
+    assert out["client_test_acc"].shape == (2,) and out["client_test_global_acc"].shape == (2,)
+    assert 0.0 <= float(out["client_test_acc_mean_unweighted"]) <= 1.0
+    genos = client_genotypes(cfg, rows["arch"])
+    assert len(genos) == 2 and all(isinstance(x, Genotype) for x in genos)
+    # deterministic in its key
+    rows2, _ = algo.personalize(s1, data2, jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(np.asarray(rows2["arch"]["alphas_normal"]), an)
+
+
+def test_build_requires_a_validation_split():
+    cfg = make_config("fednas", overrides={"data.split": (0.75, 0.0, 0.25)})
+    with pytest.raises(ConfigError, match="validation split"):
+        algorithm_module("fednas").build(cfg, None)
+
+
+def test_resolve_genotype_and_errors(tmp_path):
+    assert resolve_genotype("FEDNAS_V1") == FEDNAS_V1
+    assert resolve_genotype(FEDNAS_V1.to_json()) == FEDNAS_V1
+    p = tmp_path / "g.json"
+    p.write_text(FEDNAS_V1.to_json())
+    assert resolve_genotype(str(p)) == FEDNAS_V1
+    with pytest.raises(ConfigError, match="algo.genotype"):
+        resolve_genotype("NOPE")
+    with pytest.raises(ConfigError, match="algo.genotype"):
+        FedNASTrainConfig(genotype='{"normal": []}')
+
+
+def test_evaluation_stage_trains_the_derived_network(data2):
+    g = Genotype(normal=(("sep_conv_3x3", 0), ("skip_connect", 1), ("avg_pool_3x3", 2), ("sep_conv_3x3", 0)),
+                 normal_concat=(2, 3),
+                 reduce=(("max_pool_3x3", 0), ("sep_conv_3x3", 1), ("skip_connect", 2), ("avg_pool_3x3", 1)),
+                 reduce_concat=(2, 3))
+    cfg = FedNASTrainConfig(genotype=g.to_json(), C=4, layers=2, batch_size=16, client_lr=0.05, eval_batch_size=64)
+    algo = fednas_train(cfg, data2.info, placement=Placement("map"))
+    s = algo.init(jax.random.PRNGKey(0))
+    before = jax.tree.leaves(s.variables["params"])
+    s, m = algo.round(s, data2, jax.random.PRNGKey(1))
+    after = jax.tree.leaves(s.variables["params"])
+    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 0 for a, b in zip(before, after))
+    assert np.isfinite(float(m["train_loss"]))
+    out = algo.evaluate(s, data2)
+    assert 0.0 <= float(out["global_test_acc"]) <= 1.0
+
+
+def test_run_directory_has_architecture_and_cell_diagrams(tmp_path):
+    overrides = {"data.dataset": "synthetic", "data.num_clients": 2, "run.rounds": 1, "run.placement": "map"}
+    overrides.update({f"algo.{k}": v for k, v in TINY.items()})
+    cfg = make_config("fednas", overrides=overrides)
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None)
+    arch = json.loads((tmp_path / "run" / "architecture.json").read_text())
+    assert Genotype.from_dict(arch).steps == 2 and summary["architecture"] == arch
+    assert (tmp_path / "run" / "plots" / "cell_normal.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "plots" / "cell_reduce.png").exists()
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "architecture" in row and "arch_entropy" in row and "client_val_acc_std_unweighted" in row
