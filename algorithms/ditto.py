@@ -1,0 +1,191 @@
+"""Ditto — Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through
+Personalization" (ICML 2021, arXiv:2012.04221), Algorithm 1; a personalized baseline
+of the FedNAS paper (He et al., arXiv:2004.08546, §3.1, Table 1).
+
+Ditto solves, for every client k, the bi-level problem (Eq. 1)
+
+    min_{v_k} h_k(v_k; w*) = F_k(v_k) + (λ/2) ||v_k − w*||²,   w* ∈ argmin_w G(F_1(w), ..., F_K(w)),
+
+with G the FedAvg objective. Each round t (Algorithm 1), every sampled client k
+
+  (a) runs E local epochs of SGD on the global model w_t; the server averages the
+      results with weights n_k exactly as FedAvg does (this is
+      :func:`algorithms.fedavg.fedavg`'s own round, so ``w_{t+1}`` equals FedAvg's);
+  (b) updates its persistent personal model v_k for E local epochs of
+
+          v_k ← v_k − η (∇F_k(v_k) + λ (v_k − w_t)),
+
+      where w_t is the global model received at the start of the round.
+
+η is ``client_lr`` and ∇F_k goes through the same client optimizer as FedAvg's local
+training (weight decay, momentum, clipping as configured), so with λ = 0 step (b) is
+plain local training of v_k. Personal models start as copies of the initial global
+model, keep their own BatchNorm statistics, and change only in rounds where their
+client is sampled. Plain SGD needs η·λ < 2 for the proximal pull to be stable.
+Evaluation tests each personal model on its client's test split (``client_test_acc*``)
+and the global model on the global test set (``global_test_acc``) and on every client's
+test split (``client_test_acc_global*``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from algorithms.common import (
+    evaluate_clients,
+    evaluate_global,
+    make_augment,
+    make_client_optimizer,
+    train_metrics,
+)
+from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
+from algorithms.models import make_model
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.data.augment import augment_batch
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
+from jaxfednas.runtime import (
+    SAMPLE_TAG,
+    Placement,
+    client_keys,
+    gather_rows,
+    map_clients,
+    resolve_clients_per_round,
+    sample_clients,
+    scatter_rows,
+)
+
+DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client personal models pulled toward it by λ"
+
+# Folded into a client's round key for its personal update, so that (a) and (b) draw
+# different minibatches. Far above any local-epoch index folded into the same key.
+PERSONAL_TAG = 0x7D177000
+
+
+@dataclasses.dataclass(frozen=True)
+class DittoConfig(FedAvgConfig):
+    lam: float = param(
+        0.1, "λ: weight of the proximal term pulling personal models v_k toward the global model "
+        "(paper grid {2, 1, 0.1, 0.01, 0.001}); 0 = local training of v_k", range=(0.0, 1e4),
+    )
+
+
+CONFIG = DittoConfig
+PRESETS = {
+    "smoke": {"run.rounds": 5, "algo.local_epochs": 1, "algo.batch_size": 32},
+    "paper": dict(PAPER_SETTING),
+}
+
+
+@flax.struct.dataclass
+class DittoState:
+    variables: dict  # global model w: {"params": ..., "batch_stats": ...}
+    personal: dict  # personal models v_k, every leaf with leading axis K
+    round: jax.Array  # int32, rounds completed
+
+
+def personal_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
+    """Keys of the personal updates: each client's round key folded with :data:`PERSONAL_TAG`."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, PERSONAL_TAG))(client_keys(round_key, client_ids))
+
+
+def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> Callable:
+    """``personal_train(v, w, client, key) -> (v, metrics)``: E local epochs of
+    ``v ← v − η(∇F_k(v) + λ(v − w))`` with a fresh client optimizer; ``w`` (the
+    round's global model) stays fixed. With ``λ = 0`` this is
+    :func:`algorithms.common.make_local_train` from ``v``."""
+    opt = make_client_optimizer(cfg)
+    aug = make_augment(cfg.augment, info.name)
+
+    def personal_train(personal: dict, anchor: dict, client: ClientData, key: jax.Array):
+        w = anchor["params"]
+
+        def step(carry, batch, key):
+            params, stats, opt_state = carry
+            x = augment_batch(key, info.normalize(batch["x"]), aug)
+            mask = batch["mask"]
+            n = jnp.maximum(mask.sum(), 1)
+
+            def loss_fn(p):
+                logits, new_vars = model.apply(
+                    {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"]
+                )
+                ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
+                correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
+                return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
+
+            (_, (stats, loss_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            # ∇h_k(v) = ∇F_k(v) + λ(v − w): the proximal gradient is added in closed form.
+            grads = jax.tree.map(lambda g, v, a: g + cfg.lam * (v - a), grads, params, w)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, stats, opt_state), {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+
+        params, stats = personal["params"], personal["batch_stats"]
+        (params, stats, _), metrics = run_local_epochs(
+            step, (params, stats, opt.init(params)), client, key, epochs=cfg.local_epochs, batch_size=cfg.batch_size
+        )
+        return {"params": params, "batch_stats": stats}, metrics
+
+    return personal_train
+
+
+def ditto(
+    cfg: DittoConfig,
+    info: DataInfo,
+    *,
+    clients_per_round: int | float = 1.0,
+    placement: Placement = Placement(),
+    model: nn.Module | None = None,
+) -> FederatedAlgorithm:
+    """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
+    when given (e.g. a DARTS network from a genotype)."""
+    model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model)
+    personal_train = make_personal_train(model, info, cfg)
+
+    def init(key):
+        g = base.init(key)
+        rows = jax.tree.map(lambda a: jnp.broadcast_to(a, (info.num_clients,) + a.shape), g.variables)
+        return DittoState(variables=g.variables, personal=rows, round=g.round)
+
+    def round_fn(state: DittoState, data: FederatedData, key: jax.Array):
+        # (a) the global model: FedAvg's round, same key, same sampled clients.
+        g, metrics = base.round(FedAvgState(variables=state.variables, round=state.round), data, key)
+        # (b) the sampled clients' personal models, anchored at w_t = state.variables.
+        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        new_rows, pm = map_clients(
+            lambda c, w: personal_train(c[2], w, c[0], c[1]),
+            (data.clients("train", idx), personal_keys(key, idx), gather_rows(state.personal, idx)),
+            state.variables,
+            placement=placement,
+        )
+        pm = train_metrics(pm)
+        metrics.update({"personal_train_loss": pm["train_loss"], "personal_train_acc": pm["train_acc"]})
+        personal = scatter_rows(state.personal, idx, new_rows)
+        return DittoState(variables=g.variables, personal=personal, round=g.round), metrics
+
+    def evaluate(state: DittoState, data: FederatedData):
+        out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
+        out.update(evaluate_clients_global(model, info, state.variables, data, cfg.eval_batch_size, placement=placement))
+        out.update(
+            evaluate_clients(model, info, state.personal, data, cfg.eval_batch_size, placement=placement, personal=True)
+        )
+        return out
+
+    return FederatedAlgorithm(name="ditto", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return ditto(
+        config.algo, info, clients_per_round=config.run.clients_per_round,
+        placement=Placement(config.run.placement, config.run.client_chunk_size),
+    )

@@ -1,0 +1,241 @@
+"""Per-FedAvg (first order) — Fallah, Mokhtari, Ozdaglar, "Personalized Federated
+Learning with Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach"
+(NeurIPS 2020, arXiv:2002.07948), Algorithm 1 with the FO-MAML gradient; a personalized
+baseline of the FedNAS paper (He et al., arXiv:2004.08546, §3.1, Table 1).
+
+Per-FedAvg trains a global model w for the MAML objective (Eq. 3)
+
+    min_w F(w) = (1/n) Σ_k f_k(w − α ∇f_k(w)),
+
+i.e. for a model that does well after one step of size α on a client's own data. Each
+round, every sampled client k runs E local epochs; each local step draws a minibatch D
+(the epoch's next batch) and a second, independent minibatch D' (a fresh random draw
+of B examples from the client's train split) and takes the first-order step
+
+    temp = w − α ∇f_k(w; D)
+    w    ← w − β ∇f_k(temp; D')           (FO-MAML: the Hessian term is dropped)
+
+β is ``client_lr`` and α = ``inner_lr_multiple`` · β. The server averages the clients'
+w with weights n_k, as FedAvg does. f_k includes the L2 term (weight_decay/2)·||w||²,
+so ∇f_k = ∇CE + weight_decay · w at the point where it is evaluated. The outer step is
+SGD with the configured ``momentum`` (0 gives Algorithm 1 exactly; the ``paper`` preset
+uses 0) after optional global-norm clipping. BatchNorm statistics follow both forward
+passes of a step and are averaged like weights. The reported ``train_loss`` is the
+meta-objective's: the loss of ``temp`` on D'.
+
+Evaluation personalizes as the paper does: every client adapts the global model with
+``adapt_steps`` SGD steps of size α on random minibatches of its own train split
+(fixed keys, so ``evaluate`` is a pure function of the state), then is tested on its
+own test split (``client_test_acc*``); the global model is reported on the global test
+set (``global_test_acc``) and, un-adapted, on every client (``client_test_acc_global*``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from algorithms.common import SupervisedConfig, evaluate_global, make_augment, train_metrics
+from algorithms.local_adaptation import PAPER_SETTING, evaluate_adapted, evaluate_clients_global
+from algorithms.models import init_variables, make_model
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.data.augment import augment_batch
+from jaxfednas.data.federated import (
+    ClientData,
+    DataInfo,
+    FederatedData,
+    epoch_permutation,
+    get_batch,
+    run_local_epochs,
+    tree_where,
+)
+from jaxfednas.runtime import (
+    SAMPLE_TAG,
+    Placement,
+    client_keys,
+    map_clients,
+    resolve_clients_per_round,
+    sample_clients,
+    weighted_mean,
+)
+
+DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
+
+
+@dataclasses.dataclass(frozen=True)
+class PerFedAvgConfig(SupervisedConfig):
+    inner_lr_multiple: float = param(
+        5.0, "α / β: the inner (adaptation) step size α as a multiple of client_lr = β (paper grid {1, 3, 5, 7, 10})",
+        range=(0.0, 1000.0),
+    )
+    adapt_steps: int = param(
+        1, "SGD steps of size α each client takes from the global model on its train data before testing",
+        range=(0, 10_000),
+    )
+
+    @property
+    def alpha(self) -> float:
+        """Inner (adaptation) step size α."""
+        return self.inner_lr_multiple * self.client_lr
+
+
+CONFIG = PerFedAvgConfig
+PRESETS = {
+    "smoke": {"run.rounds": 5, "algo.local_epochs": 1, "algo.batch_size": 32},
+    # Algorithm 1 is plain SGD on both steps: no momentum.
+    "paper": {**PAPER_SETTING, "algo.momentum": 0.0},
+}
+
+
+@flax.struct.dataclass
+class PerFedAvgState:
+    variables: dict  # global (meta) model w: {"params": ..., "batch_stats": ...}
+    round: jax.Array  # int32, rounds completed
+
+
+def make_grad(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+    """``grad(params, stats, batch, key) -> (∇f(params; batch), stats, metrics)`` with
+    f = masked mean cross entropy + (weight_decay/2)·||params||²; ``key`` drives augmentation."""
+    aug = make_augment(cfg.augment, info.name)
+
+    def grad(params, stats, batch, key):
+        x = augment_batch(key, info.normalize(batch["x"]), aug)
+        mask = batch["mask"]
+        n = jnp.maximum(mask.sum(), 1)
+
+        def loss_fn(p):
+            logits, new_vars = model.apply(
+                {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"]
+            )
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
+            correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
+            return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
+
+        (_, (stats, loss_sum, correct)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        g = jax.tree.map(lambda gi, p: gi + cfg.weight_decay * p, g, params)
+        return g, stats, {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+
+    return grad
+
+
+def make_outer_optimizer(cfg: PerFedAvgConfig) -> optax.GradientTransformation:
+    """The β step: optional clipping, then SGD (weight decay is already inside ∇f)."""
+    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    return optax.chain(*parts, optax.sgd(cfg.client_lr, momentum=cfg.momentum or None))
+
+
+def make_meta_step(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+    """``meta_step(carry, batch_d, batch_d2, key) -> (carry, metrics)`` with
+    ``carry = (params, batch_stats, outer_opt_state)``: one first-order Per-FedAvg step
+    ``temp = w − α∇f(w; D)``, ``w ← w − β∇f(temp; D')``."""
+    grad = make_grad(model, info, cfg)
+    outer = make_outer_optimizer(cfg)
+
+    def meta_step(carry, batch_d, batch_d2, key):
+        params, stats, opt_state = carry
+        k_d, k_d2 = jax.random.split(key)
+        g, stats, _ = grad(params, stats, batch_d, k_d)
+        temp = jax.tree.map(lambda w, gi: w - cfg.alpha * gi, params, g)
+        g2, stats, metrics = grad(temp, stats, batch_d2, k_d2)
+        updates, opt_state = outer.update(g2, opt_state, params)
+        return (optax.apply_updates(params, updates), stats, opt_state), metrics
+
+    return meta_step
+
+
+def random_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict[str, jax.Array]:
+    """``batch_size`` distinct examples drawn uniformly from the client's valid rows
+    (all of them, masked to ``count``, when the client has fewer)."""
+    return get_batch(client, epoch_permutation(key, client.count, client.y.shape[0]), jnp.int32(0), batch_size)
+
+
+def make_meta_train(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+    """``meta_train(variables, client, key) -> (variables, metrics)``: E local epochs of
+    :func:`make_meta_step`, D from the epoch's permutation, D' a fresh random draw."""
+    meta_step = make_meta_step(model, info, cfg)
+    outer = make_outer_optimizer(cfg)
+
+    def meta_train(variables: dict, client: ClientData, key: jax.Array):
+        def step(carry, batch, key):
+            k_d2, k_step = jax.random.split(key)
+            batch_d = {k: batch[k] for k in ("x", "y", "mask")}
+            return meta_step(carry, batch_d, random_batch(client, k_d2, cfg.batch_size), k_step)
+
+        params, stats = variables["params"], variables["batch_stats"]
+        (params, stats, _), metrics = run_local_epochs(
+            step, (params, stats, outer.init(params)), client, key, epochs=cfg.local_epochs, batch_size=cfg.batch_size
+        )
+        return {"params": params, "batch_stats": stats}, metrics
+
+    return meta_train
+
+
+def make_adapt(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+    """``adapt(variables, client, key) -> variables``: ``adapt_steps`` steps
+    ``w ← w − α∇f(w; D)`` on random minibatches D of the client's data (a client
+    without data keeps ``variables``)."""
+    grad = make_grad(model, info, cfg)
+
+    def adapt(variables: dict, client: ClientData, key: jax.Array):
+        def body(carry, s):
+            params, stats = carry
+            k_batch, k_aug = jax.random.split(jax.random.fold_in(key, s))
+            g, new_stats, _ = grad(params, stats, random_batch(client, k_batch, cfg.batch_size), k_aug)
+            new = (jax.tree.map(lambda w, gi: w - cfg.alpha * gi, params, g), new_stats)
+            return tree_where(client.count > 0, new, carry), None
+
+        carry = (variables["params"], variables["batch_stats"])
+        (params, stats), _ = jax.lax.scan(body, carry, jnp.arange(cfg.adapt_steps))
+        return {"params": params, "batch_stats": stats}
+
+    return adapt
+
+
+def perfedavg(
+    cfg: PerFedAvgConfig,
+    info: DataInfo,
+    *,
+    clients_per_round: int | float = 1.0,
+    placement: Placement = Placement(),
+    model: nn.Module | None = None,
+) -> FederatedAlgorithm:
+    """Build first-order Per-FedAvg for data described by ``info``. ``model`` replaces
+    ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
+    model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    meta_train = make_meta_train(model, info, cfg)
+    adapt = make_adapt(model, info, cfg)
+
+    def init(key):
+        return PerFedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
+
+    def round_fn(state: PerFedAvgState, data: FederatedData, key: jax.Array):
+        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        clients = data.clients("train", idx)
+        new_vars, metrics = map_clients(
+            lambda c, v: meta_train(v, c[0], c[1]), (clients, client_keys(key, idx)), state.variables,
+            placement=placement,
+        )
+        variables = weighted_mean(new_vars, clients.count)
+        return state.replace(variables=variables, round=state.round + 1), train_metrics(metrics)
+
+    def evaluate(state: PerFedAvgState, data: FederatedData):
+        out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
+        out.update(evaluate_clients_global(model, info, state.variables, data, cfg.eval_batch_size, placement=placement))
+        out.update(evaluate_adapted(model, info, adapt, state.variables, data, cfg.eval_batch_size, placement=placement))
+        return out
+
+    return FederatedAlgorithm(name="perfedavg", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return perfedavg(
+        config.algo, info, clients_per_round=config.run.clients_per_round,
+        placement=Placement(config.run.placement, config.run.client_chunk_size),
+    )
