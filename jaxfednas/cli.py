@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from jaxfednas.experiment import NonFiniteError, run_experiment
+    from jaxfednas.experiment import NonFiniteError, enable_compilation_cache, run_experiment
     from jaxfednas.registry import config_from_dict, make_config
 
     flags = {
@@ -110,6 +110,7 @@ def _run(args) -> int:
     if cfg.algorithm != args.algorithm:
         raise ConfigError(f"--resume: {args.out} holds a {cfg.algorithm} run, not {args.algorithm}")
     out = args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-s{cfg.run.seed}"
+    enable_compilation_cache()
     try:
         summary = run_experiment(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
     except NonFiniteError as e:

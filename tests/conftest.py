@@ -12,7 +12,9 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 _CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax")
-jax.config.update("jax_compilation_cache_dir", os.environ.get("JAXFEDNAS_TEST_CACHE", _CACHE))
+_CACHE = os.environ.get("JAXFEDNAS_TEST_CACHE", _CACHE)
+os.environ["JAXFEDNAS_CACHE"] = _CACHE  # the CLI and examples, called from tests, use the same cache
+jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
