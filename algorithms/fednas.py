@@ -233,6 +233,12 @@ def fednas(
         v = state.variables
         g = evaluate_examples_with(logits_fn(v), data.server_x, data.server_y, data.server_y.shape[0], cfg.eval_batch_size)
         out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
+        # The paper's number above uses BN running statistics (eval mode). After few local
+        # steps per round those lag behind the weights; the same supernet normalised by each
+        # test batch's own statistics shows how much of the gap is that lag.
+        batch_bn = lambda x: model.apply(v, info.normalize(x), train=True, mutable=["batch_stats"])[0]  # noqa: E731
+        gb = evaluate_examples_with(batch_bn, data.server_x, data.server_y, data.server_y.shape[0], cfg.eval_batch_size)
+        out["global_test_acc_bn_batch"] = gb["correct"] / gb["count"]
         for split in ("val", "test"):
             r = map_clients(lambda c, v: client_eval(v, c), data.all_clients(split), v, placement=placement)
             out.update(client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}"))

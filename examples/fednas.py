@@ -153,6 +153,7 @@ def global_search(args, overrides: dict) -> None:
 
     rows = [
         ("supernet global test acc (search, final round)", _fmt(s["final"]["global_test_acc"])),
+        ("same, BN with test-batch statistics", _fmt(s["final"]["global_test_acc_bn_batch"])),
         ("supernet client val acc (mean ± std, unweighted)",
          f"{_fmt(s['final']['client_val_acc_mean_unweighted'])} ± {_fmt(s['final']['client_val_acc_std_unweighted'])}"),
         (f"α entropy (nats; uniform: {np.log(len(PRIMITIVE_SETS[search_cfg.algo.primitives])):.4f})",

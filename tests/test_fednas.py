@@ -75,7 +75,7 @@ def test_one_compilation_per_round_and_evaluate(data2, algo_and_states):
         out = algo.evaluate(state, data2)
     assert algo.round._cache_size() == 1
     assert algo.evaluate._cache_size() == 1
-    for k in ("global_test_acc", "client_val_acc_mean_unweighted", "client_val_acc_std_unweighted",
+    for k in ("global_test_acc", "global_test_acc_bn_batch", "client_val_acc_mean_unweighted", "client_val_acc_std_unweighted",
               "client_test_acc_mean_weighted", "arch_entropy"):
         assert np.isfinite(float(out[k])), k
     # entropy of softmax(α) starts near log|O| and the derived genotype has the tiny space's ops
