@@ -80,6 +80,8 @@ class FedNASConfig(Validated):
     alpha_aggregation: str = param("mean", "mean (Eq. 5) or client0 (the FedML bug, for parity)",
                                    choices=("mean", "client0"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    scan_edges: bool = param(True, "run a cell's edges as lax.scan (fast compile) or unrolled (faster steps on "
+                             "CPU at C>=16, slower compile; benchmarks/RESULTS.md)")
     personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
@@ -123,7 +125,7 @@ def _draw_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict:
 def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
     """The DARTS supernet of ``cfg`` (every intermediate node concatenated, as in DARTS)."""
     return DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
-                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives])
+                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives], scan_edges=cfg.scan_edges)
 
 
 def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:
