@@ -150,9 +150,10 @@ def _partition(args) -> int:
 def _list() -> int:
     from jaxfednas.registry import ALGORITHMS, algorithm_module
 
+    width = max(map(len, ALGORITHMS))
     for name in sorted(ALGORITHMS):
         mod = algorithm_module(name)
-        print(f"{name:12} presets: {', '.join(sorted(mod.PRESETS)):14} {mod.DESCRIPTION}")
+        print(f"{name:{width}} presets: {', '.join(sorted(mod.PRESETS)):14} {mod.DESCRIPTION}")
     return 0
 
 
