@@ -19,6 +19,7 @@ ALGORITHMS: dict[str, str] = {
     "local_only": "algorithms.local_only",
     "fednas": "algorithms.fednas",
     "fednas_train": "algorithms.fednas_train",
+    "dp_fnas": "algorithms.dp_fnas",
     "local_adaptation": "algorithms.local_adaptation",
     "ditto": "algorithms.ditto",
     "perfedavg": "algorithms.perfedavg",

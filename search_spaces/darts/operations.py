@@ -23,12 +23,29 @@ selected by ``dw_impl``:
   with C^2, so for wide evaluation networks -- C=36: 3x3 blocks 2.3x faster in a scan --
   pass ``dw_impl="slices"``).
 
+Normalisation (``norm``, every op and the search network): ``"batch"`` (default) is
+DARTS' BatchNorm with batch statistics. BatchNorm couples the examples of a batch, so
+one example's gradient depends on the others and per-example clipping no longer
+bounds its influence; differentially private search (DP-FNAS) therefore uses a
+per-example normalisation: ``"group"`` (GroupNorm with ``gcd(C // 2, 8)`` groups: at
+most 8 and at least two channels per group) or ``"layer"`` (GroupNorm with one group:
+all of H, W and C). Not instance norm (one channel per group, e.g. Opacus'
+``GroupNorm(min(32, C), C)`` at small C): every op of a mixed edge ends in a
+normalisation, so each channel of a cell's output would have zero spatial mean and the
+global average pool in front of the classifier would see nothing. With g channels per
+group the pooled features of an op lose C/g dimensions (the group sums), one for
+"layer". Both normalise each
+example by its own statistics, keep no running averages (no ``batch_stats``) and
+behave the same in training and evaluation. This is a deliberate deviation from the
+papers' search network, made only where DP needs it (DESIGN invariant 4).
+
 ``default_depthwise_impl()`` picks per backend; ``benchmarks/darts_ops.py`` holds the
 numbers behind the choice (also in ``benchmarks/RESULTS.md``). Dense convolutions use
 :class:`jaxfednas.nn.Conv` (or its functional core for the computed fused kernel).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -57,6 +74,9 @@ OPS: tuple[str, ...] = PRIMITIVES + ("conv_7x1_1x7",)
 """Every op :func:`make_op` builds (``conv_7x1_1x7`` is in DARTS' table, in no primitive set)."""
 
 DEPTHWISE_IMPLS = ("grouped", "slices", "fused")
+
+NORMS = ("batch", "group", "layer")
+GROUPS = 8  # "group" norm: gcd(C // 2, GROUPS) groups (>= 2 channels each)
 
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
 BN_EPS = 1e-5
@@ -113,11 +133,20 @@ def depthwise_conv(x, w, stride: int = 1, dilation: int = 1, padding: int = 0, i
     return out
 
 
-def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None):
+def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None, norm: str = "batch"):
     """BatchNorm with the reference constants; ``mask`` [B] excludes padded examples.
+
+    ``norm="group"`` / ``"layer"`` replace it by a per-example GroupNorm (``gcd(C // 2, 8)``
+    groups / one group; same eps, scale and shift only if ``affine``) that ignores
+    ``train`` and ``mask``: every example is normalised by its own statistics.
 
     Call inside a compact method: the module is created in the caller's scope.
     """
+    if norm != "batch":
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        groups = max(1, math.gcd(x.shape[-1] // 2, GROUPS)) if norm == "group" else 1
+        return nn.GroupNorm(num_groups=groups, epsilon=BN_EPS, use_scale=affine, use_bias=affine, name=name)(x)
     m = None if mask is None else mask[:, None, None, None]
     bn = nn.BatchNorm(
         use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
@@ -231,12 +260,13 @@ class ReLUConvBN(nn.Module):
     stride: int = 1
     padding: int = 0
     affine: bool = True
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         k, s = self.kernel_size, self.stride
         x = Conv(self.C_out, (k, k), (s, s), padding=_pad2(self.padding), use_bias=False)(nn.relu(x))
-        return batch_norm(x, train, mask, self.affine)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm)
 
 
 class FactorizedReduce(nn.Module):
@@ -247,6 +277,7 @@ class FactorizedReduce(nn.Module):
 
     C_out: int
     affine: bool = True
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
@@ -258,7 +289,7 @@ class FactorizedReduce(nn.Module):
         half = self.C_out // 2
         a = Conv(half, (1, 1), (2, 2), padding="VALID", use_bias=False)(x)
         b = Conv(half, (1, 1), (2, 2), padding="VALID", use_bias=False)(x[:, 1:, 1:, :])
-        return batch_norm(jnp.concatenate([a, b], axis=-1), train, mask, self.affine)
+        return batch_norm(jnp.concatenate([a, b], axis=-1), train, mask, self.affine, norm=self.norm)
 
 
 class DilConv(nn.Module):
@@ -271,12 +302,13 @@ class DilConv(nn.Module):
     dilation: int
     affine: bool = True
     dw_impl: str | None = None
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         x = SeparableConv(self.C_out, self.kernel_size, self.stride, self.padding, self.dilation, self.dw_impl)(
             nn.relu(x))
-        return batch_norm(x, train, mask, self.affine)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm)
 
 
 class SepConv(nn.Module):
@@ -291,14 +323,15 @@ class SepConv(nn.Module):
     padding: int
     affine: bool = True
     dw_impl: str | None = None
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         c_in, k, p = x.shape[-1], self.kernel_size, self.padding
         x = SeparableConv(c_in, k, self.stride, p, 1, self.dw_impl)(nn.relu(x))
-        x = batch_norm(x, train, mask, self.affine)
+        x = batch_norm(x, train, mask, self.affine, norm=self.norm)
         x = SeparableConv(self.C_out, k, 1, p, 1, self.dw_impl)(nn.relu(x))
-        return batch_norm(x, train, mask, self.affine)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm)
 
 
 class Conv7x1_1x7(nn.Module):
@@ -307,26 +340,31 @@ class Conv7x1_1x7(nn.Module):
     C_out: int
     stride: int = 1
     affine: bool = True
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         s = self.stride
         x = Conv(self.C_out, (1, 7), (1, s), padding=((0, 0), (3, 3)), use_bias=False)(nn.relu(x))
         x = Conv(self.C_out, (7, 1), (s, 1), padding=((3, 3), (0, 0)), use_bias=False)(x)
-        return batch_norm(x, train, mask, self.affine)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm)
 
 
 def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None = None,
-            module_name: str | None = None) -> nn.Module:
+            module_name: str | None = None, norm: str = "batch") -> nn.Module:
     """The candidate op ``name`` for C -> C channels at ``stride`` (1 or 2).
 
-    ``module_name`` is the Flax name of the returned module (its parameter scope).
+    ``module_name`` is the Flax name of the returned module (its parameter scope);
+    ``norm`` its normalisation (``"batch"``, or per-example ``"group"`` / ``"layer"``).
     Pooling ops come without BN; the search :class:`~search_spaces.darts.search.MixedOp`
     adds BN(affine=False) after them, the evaluation network does not.
     """
     if stride not in (1, 2):
         raise ValueError(f"stride must be 1 or 2, got {stride}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     kw = {"name": module_name}
+    nkw = {"name": module_name, "norm": norm}
     if name == "none":
         return Zero(stride, **kw)
     if name == "max_pool_3x3":
@@ -334,17 +372,17 @@ def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None
     if name == "avg_pool_3x3":
         return AvgPool3x3(stride, **kw)
     if name == "skip_connect":
-        return Identity(**kw) if stride == 1 else FactorizedReduce(C, affine, **kw)
+        return Identity(**kw) if stride == 1 else FactorizedReduce(C, affine, **nkw)
     if name == "sep_conv_3x3":
-        return SepConv(C, 3, stride, 1, affine, dw_impl, **kw)
+        return SepConv(C, 3, stride, 1, affine, dw_impl, **nkw)
     if name == "sep_conv_5x5":
-        return SepConv(C, 5, stride, 2, affine, dw_impl, **kw)
+        return SepConv(C, 5, stride, 2, affine, dw_impl, **nkw)
     if name == "dil_conv_3x3":
-        return DilConv(C, 3, stride, 2, 2, affine, dw_impl, **kw)
+        return DilConv(C, 3, stride, 2, 2, affine, dw_impl, **nkw)
     if name == "dil_conv_5x5":
-        return DilConv(C, 5, stride, 4, 2, affine, dw_impl, **kw)
+        return DilConv(C, 5, stride, 4, 2, affine, dw_impl, **nkw)
     if name == "conv_7x1_1x7":
-        return Conv7x1_1x7(C, stride, affine, **kw)
+        return Conv7x1_1x7(C, stride, affine, **nkw)
     raise ValueError(f"unknown op {name!r}; expected one of {OPS}")
 
 

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from jaxfednas.nn import Conv
 
-from .operations import PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
+from .operations import NORMS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
 
 
 def num_edges(steps: int = 4) -> int:
@@ -177,6 +177,7 @@ class MixedOp(nn.Module):
     stride: int
     primitives: tuple = PRIMITIVES
     dw_impl: str | None = None
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, x, weights, train: bool = False, mask=None):
@@ -184,9 +185,10 @@ class MixedOp(nn.Module):
         for k, name in enumerate(self.primitives):
             if name == "none":
                 continue
-            y = make_op(name, self.C, self.stride, False, dw_impl=self.dw_impl, module_name=name)(x, train, mask)
+            y = make_op(name, self.C, self.stride, False, dw_impl=self.dw_impl, module_name=name,
+                        norm=self.norm)(x, train, mask)
             if "pool" in name:
-                y = batch_norm(y, train, mask, affine=False, name=f"{name}_bn")
+                y = batch_norm(y, train, mask, affine=False, name=f"{name}_bn", norm=self.norm)
             y = weights[k] * y
             out = y if out is None else out + y
         if out is None:  # only 'none' on this edge
@@ -242,6 +244,8 @@ class SearchCell(nn.Module):
     a reduction cell first scans the stride-2 edges leaving the two inputs
     (``input_edges``, node-major) and then the edges between nodes (``node_edges``).
     ``scan_edges=False`` unrolls them as ``edge_<k>`` (see :func:`unroll_variables`).
+    ``norm`` is the normalisation of every op and preprocessing layer (see
+    :mod:`.operations`).
     """
 
     C: int
@@ -252,20 +256,21 @@ class SearchCell(nn.Module):
     primitives: tuple = PRIMITIVES
     dw_impl: str | None = None
     scan_edges: bool = True
+    norm: str = "batch"
 
     @nn.compact
     def __call__(self, s0, s1, weights, train: bool = False, mask=None):
         if self.reduction_prev:
-            s0 = FactorizedReduce(self.C, affine=False, name="preprocess0")(s0, train, mask)
+            s0 = FactorizedReduce(self.C, affine=False, norm=self.norm, name="preprocess0")(s0, train, mask)
         else:
-            s0 = ReLUConvBN(self.C, 1, 1, 0, affine=False, name="preprocess0")(s0, train, mask)
-        s1 = ReLUConvBN(self.C, 1, 1, 0, affine=False, name="preprocess1")(s1, train, mask)
+            s0 = ReLUConvBN(self.C, 1, 1, 0, affine=False, norm=self.norm, name="preprocess0")(s0, train, mask)
+        s1 = ReLUConvBN(self.C, 1, 1, 0, affine=False, norm=self.norm, name="preprocess1")(s1, train, mask)
         table = edge_table(self.steps)
         if len(weights) != len(table):
             raise ValueError(f"weights must have {len(table)} rows (one per edge), got {len(weights)}")
 
         def mixed(stride, name):
-            return MixedOp(self.C, stride, self.primitives, self.dw_impl, name=name)
+            return MixedOp(self.C, stride, self.primitives, self.dw_impl, norm=self.norm, name=name)
 
         def run(mdl, h, w):
             return mdl(h, w, train, mask)
@@ -345,6 +350,14 @@ class DartsSearchNetwork(nn.Module):
     ``layers//3`` and ``2*layers//3`` (channels double there). Only the stem BN is
     affine. Variables: ``params``, ``arch`` (``alphas_normal``, ``alphas_reduce``, each
     ``[num_edges(steps), len(primitives)]``, init ``1e-3 * N(0, 1)``), ``batch_stats``.
+
+    ``norm="batch"`` (default) is DARTS' search network. ``norm="group"`` / ``"layer"``
+    replace every BatchNorm, the stem's included (affine there, affine-free elsewhere
+    as in DARTS), by a per-example GroupNorm: an example's output then does not depend
+    on the other examples of its batch, which per-example clipping in differentially
+    private search needs (DP-FNAS; a documented deviation from the papers' network).
+    Such a network has no ``batch_stats`` and behaves the same in training and
+    evaluation mode.
     """
 
     C: int
@@ -357,6 +370,7 @@ class DartsSearchNetwork(nn.Module):
     dw_impl: str | None = None
     scan_cells: bool = True
     scan_edges: bool = True
+    norm: str = "batch"
 
     def _check(self):
         for field, v, lo in (("C", self.C, 1), ("num_classes", self.num_classes, 1), ("layers", self.layers, 1),
@@ -368,6 +382,8 @@ class DartsSearchNetwork(nn.Module):
         if self.C % 2:
             raise ValueError(f"C must be even (FactorizedReduce splits channels in two), got {self.C}")
         validate_primitives(self.primitives)
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None, arch_weights=None):
@@ -388,13 +404,13 @@ class DartsSearchNetwork(nn.Module):
             raise ValueError(f"x must be NHWC images, got shape {x.shape}")
         c_stem = self.stem_multiplier * self.C
         s = Conv(c_stem, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, name="stem_conv")(x)
-        s = batch_norm(s, train, mask, affine=True, name="stem_bn")
+        s = batch_norm(s, train, mask, affine=True, name="stem_bn", norm=self.norm)
 
         plan = cell_plan(self.C, self.layers, self.multiplier, self.stem_multiplier)
 
         def make_cell(spec: CellSpec, name: str):
             return SearchCell(spec.C, spec.reduction, spec.reduction_prev, self.steps, self.multiplier,
-                              primitives, self.dw_impl, self.scan_edges, name=name)
+                              primitives, self.dw_impl, self.scan_edges, norm=self.norm, name=name)
 
         def call_cell(cell, s0, s1):
             w = w_reduce if cell.reduction else w_normal
