@@ -53,15 +53,14 @@ def make_client_optimizer(cfg: SupervisedConfig) -> optax.GradientTransformation
     return optax.chain(*parts)
 
 
-def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig) -> Callable:
-    """``local_train(variables, client, key) -> (variables, metrics)``: E epochs of
-    minibatch SGD from ``variables`` on one client's data, with a fresh optimizer
-    (as FedAvg's clients do every round)."""
-    opt = make_client_optimizer(cfg)
-    aug = make_augment(cfg.augment, info.name)
+def make_batch_grad(model: nn.Module, info: DataInfo, augment: str) -> Callable:
+    """``batch_grad(params, stats, batch, key) -> (grads, stats, metrics)``: the gradient of
+    one minibatch's masked mean cross entropy (``key`` drives augmentation), the BatchNorm
+    statistics after that training-mode pass, and ``loss_sum`` / ``correct`` / ``examples``
+    over the real (unmasked) examples. Shared by every supervised client update."""
+    aug = make_augment(augment, info.name)
 
-    def step(carry, batch, key):
-        params, stats, opt_state = carry
+    def batch_grad(params, stats, batch, key):
         x = augment_batch(key, info.normalize(batch["x"]), aug)
         mask = batch["mask"]
         n = jnp.maximum(mask.sum(), 1)
@@ -75,9 +74,24 @@ def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig) ->
             return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
 
         (_, (stats, loss_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return grads, stats, {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+
+    return batch_grad
+
+
+def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig) -> Callable:
+    """``local_train(variables, client, key) -> (variables, metrics)``: E epochs of
+    minibatch SGD from ``variables`` on one client's data, with a fresh optimizer
+    (as FedAvg's clients do every round)."""
+    opt = make_client_optimizer(cfg)
+    batch_grad = make_batch_grad(model, info, cfg.augment)
+
+    def step(carry, batch, key):
+        params, stats, opt_state = carry
+        grads, stats, metrics = batch_grad(params, stats, batch, key)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, stats, opt_state), {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+        return (params, stats, opt_state), metrics
 
     def local_train(variables: dict, client: ClientData, key: jax.Array):
         params, stats = variables["params"], variables["batch_stats"]

@@ -40,7 +40,7 @@ import optax
 from algorithms.common import (
     evaluate_clients,
     evaluate_global,
-    make_augment,
+    make_batch_grad,
     make_client_optimizer,
     train_metrics,
 )
@@ -49,7 +49,6 @@ from algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
 from algorithms.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
-from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.runtime import (
     SAMPLE_TAG,
@@ -102,31 +101,19 @@ def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> C
     round's global model) stays fixed. With ``λ = 0`` this is
     :func:`algorithms.common.make_local_train` from ``v``."""
     opt = make_client_optimizer(cfg)
-    aug = make_augment(cfg.augment, info.name)
+    batch_grad = make_batch_grad(model, info, cfg.augment)
 
     def personal_train(personal: dict, anchor: dict, client: ClientData, key: jax.Array):
         w = anchor["params"]
 
         def step(carry, batch, key):
             params, stats, opt_state = carry
-            x = augment_batch(key, info.normalize(batch["x"]), aug)
-            mask = batch["mask"]
-            n = jnp.maximum(mask.sum(), 1)
-
-            def loss_fn(p):
-                logits, new_vars = model.apply(
-                    {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"]
-                )
-                ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
-                correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
-                return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
-
-            (_, (stats, loss_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            grads, stats, metrics = batch_grad(params, stats, batch, key)
             # ∇h_k(v) = ∇F_k(v) + λ(v − w): the proximal gradient is added in closed form.
             grads = jax.tree.map(lambda g, v, a: g + cfg.lam * (v - a), grads, params, w)
             updates, opt_state = opt.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            return (params, stats, opt_state), {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+            return (params, stats, opt_state), metrics
 
         params, stats = personal["params"], personal["batch_stats"]
         (params, stats, _), metrics = run_local_epochs(

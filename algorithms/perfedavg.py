@@ -40,12 +40,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import SupervisedConfig, evaluate_global, make_augment, train_metrics
+from algorithms.common import SupervisedConfig, evaluate_global, make_batch_grad, train_metrics
 from algorithms.local_adaptation import PAPER_SETTING, evaluate_adapted, evaluate_clients_global
 from algorithms.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
-from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import (
     ClientData,
     DataInfo,
@@ -102,24 +101,12 @@ class PerFedAvgState:
 def make_grad(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
     """``grad(params, stats, batch, key) -> (∇f(params; batch), stats, metrics)`` with
     f = masked mean cross entropy + (weight_decay/2)·||params||²; ``key`` drives augmentation."""
-    aug = make_augment(cfg.augment, info.name)
+    batch_grad = make_batch_grad(model, info, cfg.augment)
 
     def grad(params, stats, batch, key):
-        x = augment_batch(key, info.normalize(batch["x"]), aug)
-        mask = batch["mask"]
-        n = jnp.maximum(mask.sum(), 1)
-
-        def loss_fn(p):
-            logits, new_vars = model.apply(
-                {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"]
-            )
-            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
-            correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
-            return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
-
-        (_, (stats, loss_sum, correct)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        g, stats, metrics = batch_grad(params, stats, batch, key)
         g = jax.tree.map(lambda gi, p: gi + cfg.weight_decay * p, g, params)
-        return g, stats, {"loss_sum": loss_sum, "correct": correct, "examples": mask.sum()}
+        return g, stats, metrics
 
     return grad
 
