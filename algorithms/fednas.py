@@ -85,6 +85,10 @@ class FedNASConfig(Validated):
     personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
+    def check(self):
+        if self.C % 2:
+            raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
+
 
 CONFIG = FedNASConfig
 # Each client's examples: search-train / search-val (α step) / local test.

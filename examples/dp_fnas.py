@@ -47,10 +47,9 @@ import time
 from pathlib import Path
 
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError
-from jaxfednas.data.datasets import DatasetUnavailableError, load_dataset
-from jaxfednas.experiment import (NonFiniteError, RunExistsError, enable_compilation_cache, make_partition,
-                                  run_experiment)
+from jaxfednas.config import ConfigError, parse_set
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.experiment import make_partition, run_experiment, run_script
 from jaxfednas.registry import make_config
 
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
@@ -209,27 +208,15 @@ def main(argv=None) -> int:
                    help="override a search setting (augment.FIELD for the augmentation stage); repeatable")
     args = p.parse_args(argv)
     args.out = args.out or ("runs/dp_fnas-noise" if args.sweep_noise else "runs/dp_fnas")
-    overrides = {}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq:
-            p.error(f"--set {item!r}: expected SECTION.FIELD=VALUE")
-        overrides[key.strip()] = value.strip()
+    try:
+        overrides = parse_set(args.set)
+    except ConfigError as e:
+        p.error(str(e))
     for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir),
                        ("algo.arch_gradient", args.arch_gradient)):
         if value is not None:
             overrides[key] = value
-    enable_compilation_cache()
-    try:
-        (sweep_noise if args.sweep_noise else table1)(args, overrides)
-    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunExistsError, NonFiniteError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: python examples/dp_fnas.py {' '.join(sys.argv[1:])} --resume",
-              file=sys.stderr)
-        return 130
-    return 0
+    return run_script("examples/dp_fnas.py", lambda: (sweep_noise if args.sweep_noise else table1)(args, overrides))
 
 
 if __name__ == "__main__":

@@ -43,19 +43,17 @@ import numpy as np
 
 from algorithms.fednas import PRIMITIVE_SETS, client_genotypes
 from jaxfednas.checkpoint import atomic_write_text, load_checkpoint
-from jaxfednas.config import ConfigError
+from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
-from jaxfednas.data.datasets import DatasetUnavailableError, load_dataset
+from jaxfednas.data.datasets import load_dataset
 from jaxfednas.experiment import (
     CHECKPOINT,
-    NonFiniteError,
-    RunExistsError,
     config_hash,
-    enable_compilation_cache,
     init_key,
     make_partition,
     run_experiment,
+    run_script,
 )
 from jaxfednas.registry import algorithm_module, make_config
 
@@ -270,26 +268,14 @@ def main(argv=None) -> int:
                    help="override a search setting (see `jaxfednas run fednas --help`); repeatable")
     args = p.parse_args(argv)
     args.out = args.out or ("runs/fednas-personalized" if args.personalized else "runs/fednas")
-    overrides = {}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq:
-            p.error(f"--set {item!r}: expected SECTION.FIELD=VALUE")
-        overrides[key.strip()] = value.strip()
+    try:
+        overrides = parse_set(args.set)
+    except ConfigError as e:
+        p.error(str(e))
     for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir)):
         if value is not None:
             overrides[key] = value
-    enable_compilation_cache()
-    try:
-        (personalized if args.personalized else global_search)(args, overrides)
-    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunExistsError, NonFiniteError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: python examples/fednas.py {' '.join(sys.argv[1:])} --resume",
-              file=sys.stderr)
-        return 130
-    return 0
+    return run_script("examples/fednas.py", lambda: (personalized if args.personalized else global_search)(args, overrides))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from jaxfednas.config import ConfigError, DataConfig, RunConfig, describe
+from jaxfednas.config import ConfigError, DataConfig, RunConfig, describe, parse_set
 
 EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPT = 2, 3, 130
 
@@ -91,11 +91,7 @@ def _run(args) -> int:
         "run.clients_per_round": args.clients_per_round, "run.seed": args.seed, "run.placement": args.placement,
     }
     overrides = {k: v for k, v in flags.items() if v is not None}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE")
-        overrides[key.strip()] = value.strip()
+    overrides.update(parse_set(args.set))
     if args.resume:
         if not args.out:
             raise ConfigError("--resume needs --out DIR (the run directory to continue)")

@@ -223,6 +223,18 @@ def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> Expe
     )
 
 
+def parse_set(items) -> dict[str, str]:
+    """Repeatable ``--set SECTION.FIELD=VALUE`` items -> flat overrides (values stay strings;
+    :func:`apply_overrides` coerces and validates them)."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def describe(cfg_cls: type) -> list[tuple[str, Any, str]]:
     """``(name, default, help with range)`` rows for ``--help`` and docs."""
     rows = []

@@ -20,7 +20,6 @@ resumed run ends with the bytes of an uninterrupted one.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import math
@@ -37,7 +36,7 @@ from jaxfednas import plots
 from jaxfednas.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, sha256_text
 from jaxfednas.config import ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
-from jaxfednas.data.federated import FederatedData, make_federated_data
+from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.progress import Progress
 from jaxfednas.registry import algorithm_module, config_from_dict
@@ -70,6 +69,27 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | Non
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     return path
+
+
+def run_script(script: str, job: Callable[[], Any]) -> int:
+    """Exit status of an example script's ``job()`` (with the compilation cache on): 0 when
+    it finishes; 2 and a one-line error for bad input (configuration, missing data, an
+    existing run directory, a NaN loss); 130 on Ctrl-C, with the command that resumes."""
+    import sys  # noqa: PLC0415
+
+    from jaxfednas.data.datasets import DatasetUnavailableError  # noqa: PLC0415
+
+    enable_compilation_cache()
+    try:
+        job()
+    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunExistsError, NonFiniteError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        args = " ".join(a for a in sys.argv[1:] if a != "--resume")
+        print(f"\ninterrupted; continue with: python {script} {args} --resume", file=sys.stderr)
+        return 130
+    return 0
 
 
 def init_key(seed: int) -> jax.Array:

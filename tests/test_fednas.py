@@ -106,6 +106,8 @@ def test_build_requires_a_validation_split():
     cfg = make_config("fednas", overrides={"data.split": (0.75, 0.0, 0.25)})
     with pytest.raises(ConfigError, match="validation split"):
         algorithm_module("fednas").build(cfg, None)
+    with pytest.raises(ConfigError, match="algo.C=3 must be even"):  # not a ValueError from inside jit
+        FedNASConfig(C=3)
 
 
 def test_resolve_genotype_and_errors(tmp_path):
