@@ -43,13 +43,12 @@ import argparse
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data.datasets import load_dataset
-from jaxfednas.experiment import make_partition, run_experiment, run_script
+from jaxfednas.experiment import make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
@@ -66,17 +65,14 @@ TABLE1 = [("Vanilla NAS", 1, 0.0), ("FNAS", 2, 0.0), ("FNAS", 4, 0.0), ("FNAS", 
 NOISES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)
 
 
+def _describe(row: dict) -> str:
+    acc = f", supernet test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
+    eps = f", ε {row['epsilon']:.3f}" if "epsilon" in row else ""
+    return f"train loss {row['train_loss']:.4f}{acc}{eps}"
+
+
 def _stage(cfg, out: Path, resume: bool) -> dict:
-    t0 = time.perf_counter()
-
-    def show(r, row):
-        acc = f", supernet test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
-        eps = f", ε {row['epsilon']:.3f}" if "epsilon" in row else ""
-        print(f"  [{out.name}] round {r}/{cfg.run.rounds}: train loss {row['train_loss']:.4f}{acc}{eps} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
-
-    return run_experiment(cfg, out, resume=resume and (out / "config.json").exists(), progress=False,
-                          on_round_end=show)
+    return run_stage(cfg, out, resume=resume, describe=_describe)
 
 
 def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_cache: dict):

@@ -52,8 +52,8 @@ from jaxfednas.experiment import (
     config_hash,
     init_key,
     make_partition,
-    run_experiment,
     run_script,
+    run_stage,
 )
 from jaxfednas.registry import algorithm_module, make_config
 
@@ -71,18 +71,14 @@ BASELINES = {
 }
 
 
+def _describe(row: dict) -> str:
+    acc = f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
+    ent = f", α entropy {row['arch_entropy']:.4f}" if "arch_entropy" in row else ""
+    return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{acc}{ent}"
+
+
 def _stage(cfg, out: Path, resume: bool) -> dict:
-    """One run directory; resumed when asked and when it already exists."""
-    t0 = time.perf_counter()
-
-    def show(r, row):
-        acc = f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
-        ent = f", α entropy {row['arch_entropy']:.4f}" if "arch_entropy" in row else ""
-        print(f"  [{out.name}] round {r}/{cfg.run.rounds}: train loss {row['train_loss']:.4f}, "
-              f"train acc {row['train_acc']:.4f}{acc}{ent} ({time.perf_counter() - t0:.0f} s)", flush=True)
-
-    return run_experiment(cfg, out, resume=resume and (out / "config.json").exists(), progress=False,
-                          on_round_end=show)
+    return run_stage(cfg, out, resume=resume, describe=_describe)
 
 
 def _restore(cfg, out: Path):

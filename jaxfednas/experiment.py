@@ -92,6 +92,21 @@ def run_script(script: str, job: Callable[[], Any]) -> int:
     return 0
 
 
+def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool,
+              describe: Callable[[dict], str]) -> dict:
+    """:func:`run_experiment` for one stage of a multi-stage script: resumed only when asked
+    *and* the directory already holds a run (so ``--resume`` also starts later stages),
+    with one printed line per round, ``describe(row)`` filling in the metrics."""
+    out, t0 = Path(out_dir), time.perf_counter()
+
+    def show(r, row):
+        print(f"  [{out.name}] round {r}/{cfg.run.rounds}: {describe(row)} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+
+    return run_experiment(cfg, out, resume=resume and (out / "config.json").exists(), progress=False,
+                          on_round_end=show)
+
+
 def init_key(seed: int) -> jax.Array:
     return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
 
