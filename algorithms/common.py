@@ -153,3 +153,35 @@ def evaluate_clients(model, info, variables, data, batch_size, *, placement: Pla
 
 def count_params(tree: Any) -> int:
     return int(sum(x.size for x in jax.tree.leaves(tree)))
+
+
+def client_batch_statistics(
+    batch_stats_of: Callable[[Any, jax.Array, jax.Array], Any], zeros: Any, client: ClientData, *,
+    batch_size: int, max_batches: int, momentum: float,
+) -> tuple[Any, jax.Array]:
+    """BatchNorm statistics of one client's data, for recalibrating a (sub)network.
+
+    ``batch_stats_of(stats, x, mask)`` runs the network in training mode from running
+    statistics ``stats`` and returns the updated ones; started from ``zeros`` a Flax
+    BatchNorm returns ``(1 − momentum) ×`` the batch's mean and variance, so dividing by
+    ``1 − momentum`` recovers them exactly. Averages them over the first
+    ``max_batches`` batches (in data order), weighted by real examples — what
+    PyTorch's cumulative recalibration (``momentum=None``) computes. Returns the
+    statistics and the number of examples they summarise.
+    """
+    m = client.y.shape[0]
+    b = min(batch_size, m)
+    nb = min(max_batches, -(-m // b))
+
+    def body(acc, i):
+        pos = i * b + jnp.arange(b)
+        mask = pos < client.count
+        new = batch_stats_of(zeros, client.x[jnp.minimum(pos, m - 1)], mask)
+        w = mask.sum().astype(jnp.float32)
+        # an empty batch (client shorter than the scan) contributes nothing, not NaN
+        acc = jax.tree.map(lambda a, n: a + jnp.where(w > 0, w * n / (1.0 - momentum), 0.0), acc, new)
+        return acc, w
+
+    acc, ws = jax.lax.scan(body, zeros, jnp.arange(nb))
+    n = ws.sum()
+    return jax.tree.map(lambda a: a / jnp.maximum(n, 1.0), acc), n

@@ -68,7 +68,19 @@ class ResNet(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
-MODELS = ("auto", "cnn", "resnet18", "resnet_tiny")
+MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2")
+
+
+def shufflenetv2(num_classes: int, dataset: str) -> nn.Module:
+    """A plain ShuffleNetV2 (3x3 depthwise in every unit) in DFNAS' geometry: the all-k3
+    child of the ``small`` space for 8x8 digits/synthetic, of ``cross_silo`` otherwise —
+    the hand-designed network DFNAS is compared with (paper Fig. 2)."""
+    from search_spaces.shufflenet import build, uniform_arch  # noqa: PLC0415
+
+    small = dataset in ("digits", "synthetic")
+    # depthwise form as algorithms.dfnas.depthwise_impl: grouped on GPUs and on tiny maps
+    impl = "grouped" if small or jax.default_backend() != "cpu" else "slices"
+    return build(uniform_arch("small" if small else "cross_silo", "k3"), num_classes, dw_impl=impl)
 
 
 def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
@@ -82,6 +94,8 @@ def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
         return ResNet(num_classes)
     if name == "resnet_tiny":
         return ResNet(num_classes, stage_sizes=(1, 1), width=8)
+    if name == "shufflenetv2":
+        return shufflenetv2(num_classes, dataset)
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 

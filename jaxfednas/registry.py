@@ -20,6 +20,7 @@ ALGORITHMS: dict[str, str] = {
     "fednas": "algorithms.fednas",
     "fednas_train": "algorithms.fednas_train",
     "dp_fnas": "algorithms.dp_fnas",
+    "dfnas": "algorithms.dfnas",
     "local_adaptation": "algorithms.local_adaptation",
     "ditto": "algorithms.ditto",
     "perfedavg": "algorithms.perfedavg",

@@ -1,0 +1,340 @@
+"""DFNAS — Garg, Saha, Dutta, "Direct Federated Neural Architecture Search"
+(arXiv:2010.06223), Algorithms 1 and 2, with DSNAS' estimator (Hu et al., "DSNAS: Direct
+Neural Architecture Search without Parameter Retraining", arXiv:2002.09128, §3).
+
+Algorithm 1 (client local search), every local step:
+  1. sample a one-hot Z_l ~ Cat(softmax(α_l)) for every choice block l (no temperature);
+  2. build the child of Z and multiply each block's output by a gate 1_l (= 1.0);
+  3. forward a minibatch to get L;
+  4. backward L to w and to the gates: the block credit ∂L/∂1_l = ⟨∂L/∂y_l, y_l⟩;
+  5. w ← SGD(∂L/∂w) and α ← Adam(∂L/∂1_l · ∂log p_α(Z)/∂α_l), where
+     ∂log p_α(Z)/∂α_l = Z_l − softmax(α_l)  (the DSNAS gradient, §3.2);
+  6. "prune edges with α < α_th" — DSNAS' early fixing, see below.
+Only the sampled unit of a block runs (``lax.switch``), and only its weights move: like
+PyTorch's SGD skipping parameters without a gradient, the other units keep their
+weights, momentum and BatchNorm statistics (weight decay included).
+
+Algorithm 2 (server): sample clients, run Algorithm 1 on each from (w_t, α_t), then
+w_{t+1} = Σ n_i/n w^i and α_{t+1} = Σ n_i/n α^i (BatchNorm statistics likewise).
+One stage: the final child argmax(α) is the deliverable and is evaluated as is,
+without retraining (:func:`algorithms.dfnas.child_report` gives its size and cost).
+
+Early fixing ("pruning"). DSNAS fixes block l to its argmax for the rest of the search
+once p_top1 − p_top2 ≥ h (h = ``fix_threshold``, 0.3): from then on Z_l is that
+one-hot and α_l is frozen. In the paper's words every candidate whose probability is
+below the threshold α_th,l = p_top1 − h is pruned; the block is fixed when that prunes
+all candidates but the argmax, which is exactly the DSNAS rule (reference §7 row 17).
+In the federated setting the rule is applied by the server to the aggregated α after
+every round (DSNAS applies it at every epoch start; a round is one start of local
+search from the shared α) and fixed blocks never unfix.
+
+Single-path cost: on a device clients must run one after another so that a per-client
+``lax.switch`` stays a real branch (under ``vmap`` it computes every candidate);
+:func:`single_path_placement` turns ``auto`` into a sequential map within each device.
+
+Hyper-parameters (the paper gives none): SGD momentum 0.9, weight decay 4e-5 on
+convolution/linear kernels only and label smoothing 0.1 (DSNAS); α by Adam with
+betas (0.5, 0.999), no weight decay (DSNAS); learning rate cosine-annealed over the
+rounds; optimizers fresh every round (clients are stateless).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from algorithms.common import client_batch_statistics, evaluate_examples_with, make_augment
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig, Validated, param
+from jaxfednas.data.augment import augment_batch
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
+from jaxfednas.evaluation import client_accuracy_summary
+from jaxfednas.runtime import (
+    SAMPLE_TAG,
+    Placement,
+    client_keys,
+    map_clients,
+    resolve_clients_per_round,
+    sample_clients,
+    weighted_mean,
+)
+from search_spaces.shufflenet import BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES
+
+DESCRIPTION = "DFNAS (Garg et al.): DSNAS single-path search on a ShuffleNetV2 supernet, FedAvg of w and α"
+
+
+@dataclasses.dataclass(frozen=True)
+class DFNASConfig(Validated):
+    SECTION = "algo"
+    space: str = param("small", "choice-block space (cross_silo: 20x4 CIFAR, cross_device: 12x3, small: digits)",
+                       choices=tuple(SPACES))
+    local_epochs: int = param(1, "local epochs E per round", range=(1, 10_000))
+    batch_size: int = param(32, "local minibatch size", range=(1, 1_000_000))
+    w_lr: float = param(0.1, "weight SGD learning rate (round 0)", range=(0.0, 100.0))
+    lr_schedule: str = param("cosine", "cosine: anneal to 0 over the rounds; constant", choices=("cosine", "constant"))
+    w_momentum: float = param(0.9, "weight SGD momentum", range=(0.0, 1.0))
+    w_weight_decay: float = param(4e-5, "weight decay on conv/linear kernels (not BatchNorm)", range=(0.0, 1.0))
+    label_smoothing: float = param(0.1, "label smoothing of the cross entropy", range=(0.0, 1.0))
+    arch_lr: float = param(1e-3, "α Adam learning rate (DSNAS 1e-3)", range=(0.0, 10.0))
+    fix_threshold: float = param(0.3, "fix a block once top-1 minus top-2 probability >= this (0: never)",
+                                 range=(0.0, 1.0))
+    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    dw_impl: str = param("auto", "depthwise conv form (auto: grouped on GPU; on CPU slices from 16x16 up, "
+                         "grouped below; benchmarks/RESULTS.md)", choices=("auto", "grouped", "slices"))
+    bn_recalibration_batches: int = param(
+        20, "evaluate the child with BatchNorm statistics re-estimated on up to this many training batches per "
+        "client, averaged n_i/n (0: the running statistics of the search)", range=(0, None))
+    eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+
+
+CONFIG = DFNASConfig
+PRESETS = {
+    "smoke": {"run.rounds": 3},
+    # Paper §3, Table 1 / Fig. 1: CIFAR-10, Dir(0.5), 8 clients, 150 rounds, the 4^20 space.
+    "cross-silo": {
+        "data.dataset": "cifar10", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5,
+        "data.split": (1.0, 0.0, 0.0), "run.rounds": 150, "algo.space": "cross_silo", "algo.batch_size": 64,
+    },
+    # Fig. 2: CINIC-10, 16 clients, 250 rounds, the 3^12 space.
+    "cross-device": {
+        "data.dataset": "cinic10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
+        "data.split": (1.0, 0.0, 0.0), "run.rounds": 250, "algo.space": "cross_device", "algo.batch_size": 64,
+    },
+}
+
+
+@flax.struct.dataclass
+class DFNASState:
+    variables: dict  # supernet {"params", "arch": {"alpha": [blocks, candidates]}, "batch_stats"}
+    fixed: jax.Array  # [blocks] bool: block frozen by early fixing
+    fixed_choice: jax.Array  # [blocks] int32: its candidate (meaningful where fixed)
+    round: jax.Array
+
+
+def single_path_placement(placement: Placement) -> Placement:
+    """``auto`` → clients one after another within each device (``lax.map``, chunk 1),
+    across devices with ``shard_map``; explicit choices are kept (``vmap`` then pays for
+    every candidate — the benchmark's reference)."""
+    if placement.mode != "auto":
+        return placement
+    mode = "shard_map" if jax.device_count() > 1 else "map"
+    return Placement(mode, client_chunk_size=None, within="map")
+
+
+def arch_entropy(alpha: jax.Array) -> jax.Array:
+    """Mean entropy (nats) of softmax(α) over the blocks."""
+    return (-(jax.nn.softmax(alpha, -1) * jax.nn.log_softmax(alpha, -1)).sum(-1)).mean()
+
+
+def sample_path(key: jax.Array, alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array) -> jax.Array:
+    """Step 1: Z_l ~ Cat(softmax(α_l)) per block (no temperature); fixed blocks forced."""
+    z = jax.random.categorical(key, alpha, axis=-1)
+    return jnp.where(fixed, fixed_choice, z).astype(jnp.int32)
+
+
+def dsnas_arch_grad(credit: jax.Array, path: jax.Array, alpha: jax.Array) -> jax.Array:
+    """Step 5's α gradient: ∂L/∂1_l · ∂log p_α(Z)/∂α_l = credit_l · (Z_l − softmax(α_l))."""
+    z = jax.nn.one_hot(path, alpha.shape[-1], dtype=alpha.dtype)
+    return credit[:, None] * (z - jax.nn.softmax(alpha, -1))
+
+
+def fix_blocks(alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array, threshold: float):
+    """Step 6 (DSNAS early fixing): fix every block whose top-1 minus top-2 probability
+    reaches ``threshold`` to its argmax; already-fixed blocks stay as they are."""
+    if threshold <= 0:
+        return fixed, fixed_choice
+    p = jnp.sort(jax.nn.softmax(alpha, -1), axis=-1)
+    newly = (p[:, -1] - p[:, -2] >= threshold) & ~fixed
+    choice = jnp.where(newly, jnp.argmax(alpha, -1), fixed_choice).astype(jnp.int32)
+    return fixed | newly, choice
+
+
+def unit_mask(params: dict, path: jax.Array, num_candidates: int) -> dict:
+    """1.0 for every leaf that ran this step (stem, head, the sampled unit of each block),
+    0.0 for the units that did not."""
+    def block_mask(l, tree):
+        onehot = jax.nn.one_hot(path[l], num_candidates)
+        return {u: jax.tree.map(lambda _: onehot[int(u.split("_")[1])], sub) for u, sub in tree.items()}
+
+    return {
+        name: block_mask(int(name[len("block"):]), tree) if name.startswith("block")
+        else jax.tree.map(lambda _: jnp.float32(1.0), tree)
+        for name, tree in params.items()
+    }
+
+
+def depthwise_impl(cfg: DFNASConfig, info: DataInfo) -> str:
+    """``auto``: XLA:CPU runs the backward of grouped convolutions inside ``lax.switch``
+    slowly (5-7x at 32x32, benchmarks/RESULTS.md) but is fine with them on tiny maps
+    (8x8 digits: grouped 137 ms vs slices 270 ms per step); GPUs want grouped."""
+    if cfg.dw_impl != "auto":
+        return cfg.dw_impl
+    if jax.default_backend() != "cpu":
+        return "grouped"
+    return "slices" if min(info.image_shape[:2]) >= 16 else "grouped"
+
+
+def make_supernet(cfg: DFNASConfig, info: DataInfo, *, all_paths: bool = False) -> ShuffleNetwork:
+    return ShuffleNetwork(get_space(cfg.space), info.num_classes, dw_impl=depthwise_impl(cfg, info),
+                          all_paths=all_paths)
+
+
+def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, epochs: int) -> Callable:
+    """``local_search(variables, fixed, fixed_choice, lr, client, key) -> (variables, metrics)``:
+    Algorithm 1 for ``epochs`` local epochs on the client's training split."""
+    aug = make_augment(cfg.augment, info.name)
+    nc = model.space.num_candidates
+    arch_tx = optax.adam(cfg.arch_lr, b1=0.5, b2=0.999)
+
+    def loss_fn(params, gates, stats, batch, path):
+        logits, new = model.apply({"params": params, "batch_stats": stats}, batch["x"], path, gates, train=True,
+                                  mask=batch["mask"], mutable=["batch_stats"])
+        mask = batch["mask"]
+        labels = optax.smooth_labels(jax.nn.one_hot(batch["y"], info.num_classes), cfg.label_smoothing)
+        ce = optax.softmax_cross_entropy(logits, labels) * mask
+        correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
+        return ce.sum() / jnp.maximum(mask.sum(), 1), (new["batch_stats"], {"loss_sum": ce.sum(), "correct": correct})
+
+    def local_search(variables, fixed, fixed_choice, lr, client: ClientData, key):
+        params, alpha = variables["params"], variables["arch"]["alpha"]
+        momentum = jax.tree.map(jnp.zeros_like, params)
+
+        def step(carry, batch, k):
+            params, momentum, stats, alpha, arch_state = carry
+            k_z, k_aug = jax.random.split(k)
+            path = sample_path(k_z, alpha, fixed, fixed_choice)  # 1
+            batch = {**batch, "x": augment_batch(k_aug, info.normalize(batch["x"]), aug)}
+            gates = jnp.ones((alpha.shape[0],), jnp.float32)  # 2: the "1" after every block
+            (_, (new_stats, ms)), (g_w, credit) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+                params, gates, stats, batch, path)  # 3-4
+            # 5: SGD on the units that ran (others keep weights and momentum, as PyTorch
+            # skips parameters without a gradient); weight decay on kernels only.
+            active = unit_mask(params, path, nc)
+            g_w = jax.tree.map(lambda g, p: g + cfg.w_weight_decay * p if p.ndim > 1 else g, g_w, params)
+            new_m = jax.tree.map(lambda m, g: cfg.w_momentum * m + g, momentum, g_w)
+            momentum = jax.tree.map(lambda a, n, o: jnp.where(a > 0, n, o), active, new_m, momentum)
+            params = jax.tree.map(lambda a, p, m: p - lr * a * m, active, params, momentum)
+            g_a = jnp.where(fixed[:, None], 0.0, dsnas_arch_grad(credit, path, alpha))
+            upd, arch_state = arch_tx.update(g_a, arch_state, alpha)
+            alpha = jnp.where(fixed[:, None], alpha, optax.apply_updates(alpha, upd))  # fixed α stays as stored
+            metrics = {"loss_sum": ms["loss_sum"], "correct": ms["correct"], "examples": batch["mask"].sum(),
+                       "credit_sum": credit}
+            return (params, momentum, new_stats, alpha, arch_state), metrics
+
+        carry = (params, momentum, variables["batch_stats"], alpha, arch_tx.init(alpha))
+        (params, _, stats, alpha, _), metrics = run_local_epochs(
+            step, carry, client, key, epochs=epochs, batch_size=cfg.batch_size)
+        return {"params": params, "arch": {"alpha": alpha}, "batch_stats": stats}, metrics
+
+    return local_search
+
+
+def dfnas(
+    cfg: DFNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 1.0,
+    placement: Placement = Placement(),
+) -> FederatedAlgorithm:
+    """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon)."""
+    model = make_supernet(cfg, info)
+    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    placement = single_path_placement(placement)
+    local_search = make_local_search(cfg, info, model, cfg.local_epochs)
+    nb = model.space.num_blocks
+
+    def init(key):
+        x = jnp.zeros((1,) + info.image_shape, jnp.float32)
+        v = dict(model.init({"params": key}, x, train=False))
+        return DFNASState(variables=v, fixed=jnp.zeros((nb,), bool), fixed_choice=jnp.zeros((nb,), jnp.int32),
+                          round=jnp.int32(0))
+
+    def learning_rate(t):
+        if cfg.lr_schedule == "constant":
+            return jnp.float32(cfg.w_lr)
+        return 0.5 * cfg.w_lr * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t, rounds) / rounds))
+
+    def round_fn(state: DFNASState, data: FederatedData, key):
+        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)  # Alg. 2: select S_t
+        lr = learning_rate(state.round)
+        per_client = (data.clients("train", idx), client_keys(key, idx))
+        shared = (state.variables, state.fixed, state.fixed_choice, lr)
+        new_vars, met = map_clients(
+            lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
+        avg = weighted_mean(new_vars, per_client[0].count)  # Alg. 2: w and α with n_i / n
+        fixed, choice = fix_blocks(avg["arch"]["alpha"], state.fixed, state.fixed_choice, cfg.fix_threshold)
+        n = jnp.maximum(met["examples"].sum(), 1)
+        metrics = {
+            "train_loss": met["loss_sum"].sum() / n,
+            "train_acc": met["correct"].sum() / n,
+            "local_steps": met["steps"].sum(),
+            "lr": lr,
+            "arch_entropy": arch_entropy(avg["arch"]["alpha"]),
+            "fixed_blocks": fixed.sum(),
+        }
+        return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1), metrics
+
+    def recalibrated(variables, path, data: FederatedData):
+        """Federated BatchNorm recalibration of the child ``path`` (DSNAS recalibrates its
+        child before deployment; no weight changes): every client measures the child's
+        batch statistics on its training data, the server averages them n_i/n. In the
+        supernet each unit's running statistics were only updated when it was sampled,
+        and mostly under other paths; the child's own statistics replace them."""
+        zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+
+        def stats_of(stats, x, mask):
+            return model.apply({"params": variables["params"], "batch_stats": stats}, info.normalize(x), path,
+                               train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+
+        def one(client, _):
+            return client_batch_statistics(stats_of, zeros, client, batch_size=cfg.eval_batch_size,
+                                           max_batches=cfg.bn_recalibration_batches, momentum=BN_MOMENTUM)
+
+        stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
+        return {"params": variables["params"], "batch_stats": weighted_mean(stats, n)}
+
+    def evaluate(state: DFNASState, data: FederatedData):
+        """The final child argmax(α), run inside the supernet (its output equals the built
+        child's, tested), on the global test set and on every client's test split."""
+        v = state.variables
+        path = jnp.argmax(v["arch"]["alpha"], -1)
+
+        def logits(variables):
+            return lambda x: model.apply(variables, info.normalize(x), path, train=False)
+
+        def global_acc(variables):
+            return evaluate_examples_with(logits(variables), data.server_x, data.server_y, data.server_y.shape[0],
+                                          cfg.eval_batch_size)
+
+        child = recalibrated(v, path, data) if cfg.bn_recalibration_batches else v
+        g = global_acc(child)
+        out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
+        if cfg.bn_recalibration_batches:
+            r = global_acc(v)
+            out["global_test_acc_running_bn"] = r["correct"] / r["count"]
+        r = map_clients(lambda c, v: evaluate_examples_with(logits(v), c.x, c.y, c.count, cfg.eval_batch_size),
+                        data.all_clients("test"), child, placement=placement)
+        out.update(client_accuracy_summary(r["correct"], r["count"], prefix="client_test"))
+        out["arch_entropy"] = arch_entropy(v["arch"]["alpha"])
+        out["fixed_blocks"] = state.fixed.sum()
+        return out
+
+    def export(state: DFNASState) -> ShuffleArch:
+        return derive(state.variables["arch"]["alpha"], cfg.space)
+
+    return FederatedAlgorithm(name="dfnas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+                              export=export)
+
+
+def child_report(arch: ShuffleArch, info: DataInfo) -> dict:
+    """The deliverable's size: parameters and multiply-adds per image (host side)."""
+    cost = child_cost(arch, info.num_classes, info.image_shape)
+    return {"architecture": str(arch), "params": cost["params"], "macs": cost["macs"]}
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return dfnas(
+        config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
+        placement=Placement(config.run.placement, config.run.client_chunk_size),
+    )

@@ -1,0 +1,61 @@
+"""Cost of a network read off its own computation: multiply-accumulates and parameters.
+
+:func:`count_macs` traces a function to a jaxpr and sums the multiply-accumulates of
+every convolution and matrix product in it (batch norm, activations and pooling are not
+counted — the convention behind the "FLOPs" of ShuffleNet, SPOS, DSNAS and most NAS
+papers, which are multiply-adds). Sub-computations are followed: a ``scan`` counts
+``length`` times, a ``cond``/``switch`` counts its most expensive branch (an upper bound
+for a data-dependent choice; trace a fixed child for an exact number).
+
+Depthwise convolutions must be traced as grouped convolutions (``dw_impl="grouped"``):
+written as shifted slices they are element-wise products and would not be counted.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+
+
+def _prod(xs) -> int:
+    return int(math.prod(int(d) for d in xs))
+
+
+def _sub_jaxprs(params: dict):
+    for v in params.values():
+        for item in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(item, jax.extend.core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax.extend.core.Jaxpr):
+                yield item
+
+
+def _jaxpr_macs(jaxpr) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, *spatial)
+            per_output = rhs[spec[1]] * _prod(rhs[d] for d in spec[2:])
+            total += _prod(eqn.outvars[0].aval.shape) * per_output
+        elif name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += _prod(eqn.outvars[0].aval.shape) * _prod(lhs[d] for d in lhs_contract)
+        elif name == "cond":
+            total += max(_jaxpr_macs(b.jaxpr) for b in eqn.params["branches"])
+        elif name == "scan":
+            total += eqn.params["length"] * _jaxpr_macs(eqn.params["jaxpr"].jaxpr)
+        else:
+            subs = list(_sub_jaxprs(eqn.params))
+            if name in ("custom_vjp_call", "custom_vjp_call_jaxpr", "custom_jvp_call"):
+                subs = subs[:1]  # the primal computation only
+            total += sum(_jaxpr_macs(s) for s in subs)
+    return total
+
+
+def count_macs(fn: Callable, *args: Any) -> int:
+    """Multiply-accumulates of one call ``fn(*args)`` (convolutions and matmuls)."""
+    return _jaxpr_macs(jax.make_jaxpr(fn)(*args).jaxpr)

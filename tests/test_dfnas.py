@@ -1,0 +1,200 @@
+"""DFNAS (Algorithms 1 and 2) on the 3-block "tiny" ShuffleNet space: the DSNAS
+estimator against its formula, early fixing, exact FedAvg of w and α, single-path
+execution, BatchNorm recalibration."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from algorithms.common import client_batch_statistics
+from algorithms.dfnas import (
+    DFNASConfig,
+    dfnas,
+    dsnas_arch_grad,
+    fix_blocks,
+    make_local_search,
+    make_supernet,
+    sample_path,
+    unit_mask,
+)
+from jaxfednas.data import make_federated_data
+from jaxfednas.data import partition as part
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.federated import ClientData
+from jaxfednas.experiment import make_partition
+from jaxfednas.registry import make_config
+from jaxfednas.runtime import SAMPLE_TAG, Placement, client_keys, sample_clients
+from search_spaces.shufflenet import ShuffleNetwork, SPACES
+
+TINY = dict(space="tiny", batch_size=16, local_epochs=1, eval_batch_size=64, bn_recalibration_batches=2)
+
+
+@pytest.fixture(scope="module")
+def data2():
+    cfg = make_config("dfnas", overrides={"data.dataset": "synthetic", "data.num_clients": 2})
+    ds = load_dataset("synthetic", num_train=96, num_test=32)
+    return make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
+
+
+def test_dsnas_gradient_equals_the_formula():
+    """∇α = ∂L/∂1_l · (Z_l − softmax(α_l)), with ∂L/∂1_l the loss's sensitivity to a
+    gate on block l's output (checked by central differences) and Z_l − p_l the score
+    ∇α log p_α(Z) (checked by differentiating log p)."""
+    net = ShuffleNetwork(SPACES["tiny"], 10, dw_impl="grouped")
+    x = jax.random.normal(jax.random.key(0), (8, 8, 8, 1))
+    y = jnp.arange(8) % 10
+    v = net.init(jax.random.key(1), x)
+    head = v["params"]["head"]["Dense_1"]["kernel"]  # N(0, 0.01) at init: make the loss sensitive
+    v = {**v, "params": {**v["params"], "head": {**v["params"]["head"], "Dense_1": {"kernel": head * 300}}}}
+    alpha = v["arch"]["alpha"] + jax.random.normal(jax.random.key(2), (3, 4))
+    path = sample_path(jax.random.key(3), alpha, jnp.zeros(3, bool), jnp.zeros(3, jnp.int32))
+
+    def loss(gates):  # eval-mode BN: in training mode the next block's BN nearly cancels a gate
+        logits = net.apply(v, x, path, gates)
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1).mean()
+
+    credit = jax.grad(loss)(jnp.ones(3))
+    eps = 1e-1  # the loss is quadratic-ish in a gate; central differences stay accurate
+    fd = np.array([(loss(jnp.ones(3).at[l].add(eps)) - loss(jnp.ones(3).at[l].add(-eps))) / (2 * eps)
+                   for l in range(3)])
+    np.testing.assert_allclose(np.asarray(credit), fd, rtol=2e-2, atol=1e-5)
+    assert np.abs(fd).max() > 1e-4  # the credits are not trivially zero
+
+    score = jax.grad(lambda a: jnp.take_along_axis(jax.nn.log_softmax(a), path[:, None], 1).sum())(alpha)
+    expected = np.asarray(credit)[:, None] * np.asarray(score)
+    np.testing.assert_allclose(np.asarray(dsnas_arch_grad(credit, path, alpha)), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_early_fixing_freezes_exactly_the_blocks_over_threshold():
+    p = np.array([
+        [0.60, 0.29, 0.06, 0.05],  # gap 0.31 -> fixed to 0
+        [0.30, 0.30, 0.20, 0.20],  # gap 0 -> free
+        [0.10, 0.15, 0.45, 0.30],  # gap 0.15 -> free
+        [0.05, 0.05, 0.10, 0.80],  # gap 0.70 -> fixed to 3
+        [0.10, 0.55, 0.25, 0.10],  # gap 0.30 -> fixed to 1 (>=)
+    ])
+    alpha = jnp.log(jnp.asarray(p, jnp.float32))
+    none, zeros = jnp.zeros(5, bool), jnp.zeros(5, jnp.int32)
+    fixed, choice = fix_blocks(alpha, none, zeros, 0.3 - 1e-6)
+    np.testing.assert_array_equal(np.asarray(fixed), [True, False, False, True, True])
+    np.testing.assert_array_equal(np.asarray(choice)[[0, 3, 4]], [0, 3, 1])
+    # fixed blocks stay fixed to their choice even if α later disagrees
+    prev = jnp.array([False, True, False, False, False])
+    fixed2, choice2 = fix_blocks(alpha, prev, jnp.array([0, 2, 0, 0, 0]), 0.5)
+    np.testing.assert_array_equal(np.asarray(fixed2), [False, True, False, True, False])
+    assert int(choice2[1]) == 2 and int(choice2[3]) == 3
+    # threshold 0 disables fixing
+    assert not bool(fix_blocks(alpha, none, zeros, 0.0)[0].any())
+    # sampling obeys fixed blocks
+    paths = jax.vmap(lambda k: sample_path(k, jnp.zeros((5, 4)), fixed, choice))(jax.random.split(jax.random.key(0), 64))
+    assert (np.asarray(paths)[:, [0, 3, 4]] == [0, 3, 1]).all()
+    assert len(np.unique(np.asarray(paths)[:, 1])) > 1
+
+
+@pytest.fixture(scope="module")
+def algo_and_states(data2):
+    cfg = DFNASConfig(**TINY, arch_lr=0.05)  # a large α step so averaging is visible
+    algo = dfnas(cfg, data2.info, rounds=4)
+    s0 = algo.init(jax.random.key(0))
+    key = jax.random.key(7)
+    s1, metrics = algo.round(s0, data2, key)
+    return cfg, algo, s0, s1, metrics, key
+
+
+def test_round_is_fedavg_of_w_and_alpha(data2, algo_and_states):
+    cfg, algo, s0, s1, metrics, key = algo_and_states
+    local = jax.jit(make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), cfg.local_epochs))
+    idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), 2, 2)
+    keys = client_keys(key, idx)
+    outs, n = [], []
+    for j, k in enumerate(np.asarray(idx)):
+        train = jax.tree.map(lambda a: a[k], data2.clients("train", jnp.arange(2)))
+        v, _ = local(s0.variables, s0.fixed, s0.fixed_choice, jnp.float32(cfg.w_lr), train, keys[j])
+        outs.append(v)
+        n.append(int(train.count))
+    w = np.array(n, np.float64) / sum(n)
+    a0, a1 = (np.asarray(o["arch"]["alpha"]) for o in outs)
+    assert np.abs(a0 - a1).max() > 1e-3 and np.abs(a0 - np.asarray(s0.variables["arch"]["alpha"])).max() > 1e-3
+    for got, c0, c1 in zip(jax.tree.leaves(s1.variables), jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_allclose(np.asarray(got), w[0] * np.asarray(c0) + w[1] * np.asarray(c1), rtol=2e-5, atol=2e-6)
+    assert int(s1.round) == 1 and float(metrics["local_steps"]) > 0 and np.isfinite(float(metrics["train_loss"]))
+
+
+def test_only_sampled_units_move(data2):
+    """One local step: the units that did not run keep weights and statistics exactly."""
+    cfg = DFNASConfig(**{**TINY, "batch_size": 128})  # one step covers the client's data
+    model = make_supernet(cfg, data2.info)
+    v = dict(model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1))))
+    local = jax.jit(make_local_search(cfg, data2.info, model, 1))
+    client = jax.tree.map(lambda a: a[0], data2.clients("train", jnp.arange(2)))
+    key = jax.random.key(3)
+    new, met = local(v, jnp.zeros(3, bool), jnp.zeros(3, jnp.int32), jnp.float32(0.1), client, key)
+    assert int(met["steps"]) == 1
+    # the path this step sampled (same key derivation as run_local_epochs + the step's split)
+    step_key = jax.random.fold_in(jax.random.fold_in(key, 1_000_003), 0)
+    path = sample_path(jax.random.split(step_key)[0], v["arch"]["alpha"], jnp.zeros(3, bool), jnp.zeros(3, jnp.int32))
+    mask = unit_mask(v["params"], path, 4)
+    moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), v["params"], new["params"])
+    for m, mv in zip(jax.tree.leaves(mask), jax.tree.leaves(moved)):
+        assert bool(m) == mv or (bool(m) and not mv)  # inactive units never move
+    assert sum(not bool(m) for m in jax.tree.leaves(mask)) > 0
+    for l in range(3):
+        for c in range(4):
+            unit_moved = any(jax.tree.leaves(moved[f"block{l}"][f"units_{c}"]))
+            assert unit_moved == (c == int(path[l])), (l, c)
+
+
+def test_round_fixes_blocks_and_freezes_their_alpha(data2):
+    cfg = DFNASConfig(**TINY, arch_lr=0.05)
+    algo = dfnas(cfg, data2.info, rounds=4)
+    s0 = algo.init(jax.random.key(0))
+    alpha = s0.variables["arch"]["alpha"].at[1].set(jnp.array([0.0, 0.0, 5.0, 0.0]))
+    s0 = s0.replace(variables={**s0.variables, "arch": {"alpha": alpha}})
+    s1, m1 = algo.round(s0, data2, jax.random.key(1))
+    assert bool(s1.fixed[1]) and int(s1.fixed_choice[1]) == 2 and int(m1["fixed_blocks"]) >= 1
+    s2, _ = algo.round(s1, data2, jax.random.key(2))
+    np.testing.assert_array_equal(np.asarray(s2.variables["arch"]["alpha"][1]),
+                                  np.asarray(s1.variables["arch"]["alpha"][1]))
+    assert np.abs(np.asarray(s2.variables["arch"]["alpha"][0] - s1.variables["arch"]["alpha"][0])).max() > 0
+    ev = algo.evaluate(s2, data2)
+    assert 0.0 <= float(ev["global_test_acc"]) <= 1.0 and "global_test_acc_running_bn" in ev
+    assert str(algo.export(s2)).startswith("tiny[")
+
+
+def test_single_path_is_a_real_branch_unless_vmapped(data2):
+    """Mapped clients keep ``lax.switch`` a conditional (one path runs); vmapped clients
+    turn it into a select over every candidate (DESIGN invariant 3)."""
+    cfg = DFNASConfig(**TINY)
+    s0 = dfnas(cfg, data2.info, rounds=2).init(jax.random.key(0))
+    hlo = {}
+    for mode in ("map", "vmap"):
+        algo = dfnas(cfg, data2.info, rounds=2, placement=Placement(mode))
+        hlo[mode] = algo.round.lower(s0, data2, jax.random.key(1)).as_text()
+    assert "stablehlo.case" in hlo["map"]
+    assert "stablehlo.case" not in hlo["vmap"]
+
+
+def test_bn_recalibration_statistics_are_exact():
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask, train):
+            return nn.BatchNorm(use_running_average=not train, momentum=0.9)(x, mask=mask[:, None])
+
+    net = Net()
+    x = jax.random.normal(jax.random.key(0), (10, 3)) * 2 + 1
+    v = net.init(jax.random.key(1), x, jnp.ones(10, bool), False)
+    zeros = jax.tree.map(jnp.zeros_like, v["batch_stats"])
+
+    def stats_of(stats, xb, mask):
+        return net.apply({**v, "batch_stats": stats}, xb, mask, True, mutable=["batch_stats"])[1]["batch_stats"]
+
+    client = ClientData(x=x, y=jnp.zeros(10, jnp.int32), count=jnp.int32(7))
+    got, n = client_batch_statistics(stats_of, zeros, client, batch_size=4, max_batches=5, momentum=0.9)
+    xs = np.asarray(x)
+    batches = [xs[0:4], xs[4:7]]  # 7 real rows: batches of 4 and 3, the padded row excluded
+    mean = (4 * batches[0].mean(0) + 3 * batches[1].mean(0)) / 7
+    var = (4 * batches[0].var(0) + 3 * batches[1].var(0)) / 7
+    assert int(n) == 7
+    np.testing.assert_allclose(np.asarray(got["BatchNorm_0"]["mean"]), mean, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got["BatchNorm_0"]["var"]), var, rtol=1e-5)
