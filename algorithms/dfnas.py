@@ -85,6 +85,7 @@ class DFNASConfig(Validated):
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
     dw_impl: str = param("auto", "depthwise conv form (auto: grouped on GPU; on CPU slices from 16x16 up, "
                          "grouped below; benchmarks/RESULTS.md)", choices=("auto", "grouped", "slices"))
+    bn_eps: float = param(1e-5, "BatchNorm eps (DSNAS' ImageNet runs: 1e-2)", range=(0.0, 1.0))
     bn_recalibration_batches: int = param(
         20, "evaluate the child with BatchNorm statistics re-estimated on up to this many training batches per "
         "client, averaged n_i/n (0: the running statistics of the search)", range=(0, None))
@@ -180,7 +181,7 @@ def depthwise_impl(cfg: DFNASConfig, info: DataInfo) -> str:
 
 def make_supernet(cfg: DFNASConfig, info: DataInfo, *, all_paths: bool = False) -> ShuffleNetwork:
     return ShuffleNetwork(get_space(cfg.space), info.num_classes, dw_impl=depthwise_impl(cfg, info),
-                          all_paths=all_paths)
+                          all_paths=all_paths, bn_eps=cfg.bn_eps)
 
 
 def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, epochs: int) -> Callable:
@@ -263,6 +264,9 @@ def dfnas(
         new_vars, met = map_clients(
             lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
         avg = weighted_mean(new_vars, per_client[0].count)  # Alg. 2: w and α with n_i / n
+        # fixed blocks keep their stored α exactly (an average of equal values can round)
+        old_alpha = state.variables["arch"]["alpha"]
+        avg["arch"] = {"alpha": jnp.where(state.fixed[:, None], old_alpha, avg["arch"]["alpha"])}
         fixed, choice = fix_blocks(avg["arch"]["alpha"], state.fixed, state.fixed_choice, cfg.fix_threshold)
         n = jnp.maximum(met["examples"].sum(), 1)
         metrics = {

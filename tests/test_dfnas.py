@@ -145,10 +145,8 @@ def test_only_sampled_units_move(data2):
             assert unit_moved == (c == int(path[l])), (l, c)
 
 
-def test_round_fixes_blocks_and_freezes_their_alpha(data2):
-    cfg = DFNASConfig(**TINY, arch_lr=0.05)
-    algo = dfnas(cfg, data2.info, rounds=4)
-    s0 = algo.init(jax.random.key(0))
+def test_round_fixes_blocks_and_freezes_their_alpha(data2, algo_and_states):
+    _, algo, s0, _, _, _ = algo_and_states
     alpha = s0.variables["arch"]["alpha"].at[1].set(jnp.array([0.0, 0.0, 5.0, 0.0]))
     s0 = s0.replace(variables={**s0.variables, "arch": {"alpha": alpha}})
     s1, m1 = algo.round(s0, data2, jax.random.key(1))

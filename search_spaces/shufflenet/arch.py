@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxfednas.cost import count_macs
 
+from .blocks import BN_EPS
 from .network import get_space, ShuffleNetwork
 
 
@@ -72,9 +73,9 @@ def uniform_arch(space: str, candidate: str) -> ShuffleArch:
     return ShuffleArch(space, (sp.candidates.index(candidate),) * sp.num_blocks)
 
 
-def build(arch: ShuffleArch, num_classes: int, *, dw_impl: str | None = None) -> ShuffleNetwork:
+def build(arch: ShuffleArch, num_classes: int, *, dw_impl: str | None = None, bn_eps: float = BN_EPS) -> ShuffleNetwork:
     """The child network that holds and runs only ``arch``'s units."""
-    return ShuffleNetwork(get_space(arch.space), num_classes, choices=arch.choices, dw_impl=dw_impl)
+    return ShuffleNetwork(get_space(arch.space), num_classes, choices=arch.choices, dw_impl=dw_impl, bn_eps=bn_eps)
 
 
 def child_variables(variables: dict, arch: ShuffleArch) -> dict:

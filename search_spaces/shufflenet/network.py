@@ -16,7 +16,11 @@
 * ``"imagenet"`` — the DSNAS/SPOS ImageNet supernet itself (224×224, stem stride 2,
   every stage stride 2), for reference: its children span 296M–359M multiply-adds,
   the 290M–360M range SPOS reports for this space.
-* ``"small"`` — a narrow 8-block space for 8×8 digits (widths 16, 32, 64, 64);
+* ``"small"`` — a narrow 7-block space for 8×8 digits (3 stages: repeats 1, 3, 3; widths
+  16, 32, 64; 4^7). Few stage-first blocks on purpose: a stage's first unit replaces
+  every channel (no pass-through half), so with a different sampled unit each step the
+  features change completely; with stages (2, 2, 2, 2) one client reached 48 % training
+  accuracy after 10 local epochs, with (1, 3, 3) 88 %;
   ``"tiny"`` — 3 blocks for tests.
 
 One module, :class:`ShuffleNetwork`, serves both roles: with ``choices=None`` it is the
@@ -33,7 +37,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .blocks import CANDIDATES, Head, make_unit, Stem
+from .blocks import BN_EPS, CANDIDATES, Head, make_unit, Stem
 
 
 class BlockSpec(NamedTuple):
@@ -98,7 +102,7 @@ SPACES: dict[str, ShuffleSpace] = {
                                  (1, 2, 2, 2)),
     "imagenet": ShuffleSpace("imagenet", CANDIDATES, (4, 4, 8, 4), (64, 160, 320, 640), (2, 2, 2, 2),
                              stem_stride=2),
-    "small": ShuffleSpace("small", CANDIDATES, (2, 2, 2, 2), (16, 32, 64, 64), (1, 2, 2, 1), stem_channels=8,
+    "small": ShuffleSpace("small", CANDIDATES, (1, 3, 3), (16, 32, 64), (1, 2, 2), stem_channels=8,
                           last_channels=128),
     "tiny": ShuffleSpace("tiny", CANDIDATES, (1, 2), (8, 16), (1, 2), stem_channels=8, last_channels=32),
 }
@@ -130,13 +134,14 @@ class ChoiceBlock(nn.Module):
     dw_impl: str | None = None
     all_paths: bool = False
     remat: bool = False
+    bn_eps: float = BN_EPS
 
     def setup(self):
         s = self.spec
         unit = make_unit
-        if self.remat:
+        if self.remat:  # keep only the block input for the backward pass; recompute the unit
             unit = lambda *a: nn.remat(type(make_unit(*a)), static_argnums=(3,))(*a)  # noqa: E731
-        self.units = [unit(c, s.inp, s.oup, s.stride, s.first, self.dw_impl) for c in self.candidates]
+        self.units = [unit(c, s.inp, s.oup, s.stride, s.first, self.dw_impl, self.bn_eps) for c in self.candidates]
 
     def __call__(self, x, index, *, train: bool, mask):
         branches = [lambda mdl, h, m, i=i: mdl.units[i](h, m, train) for i in range(len(self.units))]
@@ -166,6 +171,7 @@ class ShuffleNetwork(nn.Module):
     dw_impl: str | None = None
     all_paths: bool = False
     remat: bool = False
+    bn_eps: float = BN_EPS
 
     def candidates_of(self, block: int) -> tuple[str, ...]:
         if self.choices is None:
@@ -187,10 +193,11 @@ class ShuffleNetwork(nn.Module):
                 path = jnp.argmax(alpha, axis=-1)
         if mask is None:
             mask = jnp.ones((x.shape[0],), bool)
-        h = Stem(space.stem_channels, space.stem_stride, name="stem")(x, train=train, mask=mask)
+        h = Stem(space.stem_channels, space.stem_stride, self.bn_eps, name="stem")(x, train=train, mask=mask)
         for l, spec in enumerate(space.plan()):
-            block = ChoiceBlock(spec, self.candidates_of(l), self.dw_impl, self.all_paths, self.remat, name=f"block{l}")
+            block = ChoiceBlock(spec, self.candidates_of(l), self.dw_impl, self.all_paths, self.remat, self.bn_eps,
+                                name=f"block{l}")
             h = block(h, None if path is None else path[l], train=train, mask=mask)
             if gates is not None:
                 h = h * gates[l]
-        return Head(space.last_channels, self.num_classes, name="head")(h, train=train, mask=mask)
+        return Head(space.last_channels, self.num_classes, self.bn_eps, name="head")(h, train=train, mask=mask)
