@@ -1,5 +1,6 @@
 """The DFNAS example end to end on a tiny setting (3-block space, 1 round): the non-IID
-run, one IID run and the FedAvg ShuffleNetV2 baseline, results table, resume, CLI."""
+run and the FedAvg ShuffleNetV2 baseline (IID runs only change the partition; left out to
+save a compilation), results table, resume, CLI."""
 import importlib.util
 import json
 import subprocess
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--rounds", "1", "--iid-clients", "2", "--set", "algo.space=tiny", "--set", "algo.local_epochs=1",
+TINY = ["--rounds", "1", "--iid-clients", "--set", "algo.space=tiny", "--set", "algo.local_epochs=1",
         "--set", "algo.bn_recalibration_batches=1"]
 
 
@@ -18,11 +19,11 @@ def _example():
     return mod
 
 
-def test_dfnas_example_runs_search_iid_and_fedavg(tmp_path, capsys):
+def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     out = tmp_path / "d"
     assert _example().main(TINY + ["--out", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())
-    assert [r["run"] for r in rows] == ["noniid-8", "iid-2", "fedavg-noniid-8"]
+    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8"]
     for r in rows:
         assert 0.0 <= r["global_test_acc"] <= 1.0 and r["params"] > 0 and r["macs"] > 0
     search = rows[0]
