@@ -62,7 +62,9 @@ from jaxfednas.runtime import (
     sample_clients,
     weighted_mean,
 )
-from search_spaces.shufflenet import BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES
+from search_spaces.shufflenet import (
+    auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES,
+)
 
 DESCRIPTION = "DFNAS (Garg et al.): DSNAS single-path search on a ShuffleNetV2 supernet, FedAvg of w and α"
 
@@ -169,14 +171,8 @@ def unit_mask(params: dict, path: jax.Array, num_candidates: int) -> dict:
 
 
 def depthwise_impl(cfg: DFNASConfig, info: DataInfo) -> str:
-    """``auto``: XLA:CPU runs the backward of grouped convolutions inside ``lax.switch``
-    slowly (5-7x at 32x32, benchmarks/RESULTS.md) but is fine with them on tiny maps
-    (8x8 digits: grouped 137 ms vs slices 270 ms per step); GPUs want grouped."""
-    if cfg.dw_impl != "auto":
-        return cfg.dw_impl
-    if jax.default_backend() != "cpu":
-        return "grouped"
-    return "slices" if min(info.image_shape[:2]) >= 16 else "grouped"
+    """``cfg.dw_impl``, with ``auto`` resolved by :func:`search_spaces.shufflenet.auto_depthwise_impl`."""
+    return auto_depthwise_impl(min(info.image_shape[:2])) if cfg.dw_impl == "auto" else cfg.dw_impl
 
 
 def make_supernet(cfg: DFNASConfig, info: DataInfo, *, all_paths: bool = False) -> ShuffleNetwork:

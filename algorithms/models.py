@@ -75,11 +75,10 @@ def shufflenetv2(num_classes: int, dataset: str) -> nn.Module:
     """A plain ShuffleNetV2 (3x3 depthwise in every unit) in DFNAS' geometry: the all-k3
     child of the ``small`` space for 8x8 digits/synthetic, of ``cross_silo`` otherwise —
     the hand-designed network DFNAS is compared with (paper Fig. 2)."""
-    from search_spaces.shufflenet import build, uniform_arch  # noqa: PLC0415
+    from search_spaces.shufflenet import auto_depthwise_impl, build, uniform_arch  # noqa: PLC0415
 
-    small = dataset in ("digits", "synthetic")
-    # depthwise form as algorithms.dfnas.depthwise_impl: grouped on GPUs and on tiny maps
-    impl = "grouped" if small or jax.default_backend() != "cpu" else "slices"
+    small = dataset in ("digits", "synthetic")  # 8x8 images; the others are 32x32
+    impl = auto_depthwise_impl(8 if small else 32)
     return build(uniform_arch("small" if small else "cross_silo", "k3"), num_classes, dw_impl=impl)
 
 

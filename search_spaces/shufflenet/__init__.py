@@ -9,11 +9,11 @@ arXiv:2002.09128), used by DFNAS (Garg et al., arXiv:2010.06223).
   :func:`child_variables`, :func:`child_cost` (parameters and multiply-adds).
 """
 from .arch import build, child_cost, child_variables, derive, ShuffleArch, uniform_arch
-from .blocks import BN_EPS, BN_MOMENTUM, CANDIDATES, DSNAS_BN_EPS, channel_split, KERNELS, ShuffleUnit
+from .blocks import auto_depthwise_impl, BN_EPS, BN_MOMENTUM, CANDIDATES, DSNAS_BN_EPS, channel_split, KERNELS, ShuffleUnit
 from .network import BlockSpec, ChoiceBlock, get_space, init_alpha, ShuffleNetwork, ShuffleSpace, SPACES
 
 __all__ = [
-    "BN_EPS", "BN_MOMENTUM", "BlockSpec", "DSNAS_BN_EPS", "CANDIDATES", "ChoiceBlock", "KERNELS", "SPACES", "ShuffleArch", "ShuffleNetwork",
+    "auto_depthwise_impl", "BN_EPS", "BN_MOMENTUM", "BlockSpec", "DSNAS_BN_EPS", "CANDIDATES", "ChoiceBlock", "KERNELS", "SPACES", "ShuffleArch", "ShuffleNetwork",
     "ShuffleSpace", "ShuffleUnit", "build", "channel_split", "child_cost", "child_variables", "derive",
     "get_space", "init_alpha", "uniform_arch",
 ]

@@ -68,6 +68,16 @@ class _Layers(nn.Module):
         return nn.Dense(features, use_bias=False, kernel_init=spos_init(h.shape[-1]))(h)
 
 
+def auto_depthwise_impl(image_side: int) -> str:
+    """The faster depthwise form for this backend and input size: XLA:CPU compiles the
+    backward of grouped convolutions inside ``lax.switch`` / ``lax.scan`` to slow generic
+    loops (5-7x at 32x32, benchmarks/RESULTS.md) but is fine with them on tiny maps (8x8
+    digits: grouped 137 ms vs slices 270 ms per step); GPUs want grouped."""
+    if jax.default_backend() != "cpu":
+        return "grouped"
+    return "slices" if image_side >= 16 else "grouped"
+
+
 def _depthwise(x, w, stride: int, padding: int, impl):
     return depthwise_conv(x, w, stride, 1, padding, impl)
 
