@@ -18,7 +18,7 @@ from algorithms.ditto import DittoConfig, ditto, make_personal_train, personal_k
 from algorithms.fedavg import FedAvgConfig, fedavg
 from algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
 from algorithms.models import CNN, init_variables
-from algorithms.perfedavg import PerFedAvgConfig, make_meta_step, make_outer_optimizer, perfedavg
+from algorithms.perfedavg import PerFedAvgConfig, make_adapt, make_meta_step, make_outer_optimizer, perfedavg
 from jaxfednas.experiment import run_experiment
 from jaxfednas.runtime import Placement, sample_clients, weighted_mean
 
@@ -39,6 +39,19 @@ def _close(a, b, **kw):
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_allclose(x, y, **kw)
+
+
+def _same_accuracy(a, b, data):
+    """Per-client test accuracies of the same weights computed by two different compiled
+    programs (or with per-client weight copies vs one shared copy, which vmap turns into a
+    different convolution): the logits agree to float noise, whose reduction order depends
+    on the program and the processor, so a near-tie may flip one prediction. Equal up to
+    one test example per client, not bitwise."""
+    a, b = np.asarray(a), np.asarray(b)
+    n = np.asarray(data.test.counts, np.float64)
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    ok = ~np.isnan(a)
+    assert np.all(np.abs(a[ok] - b[ok]) * n[ok] <= 1 + 1e-6), (a, b)
 
 
 def _dist(a, b):
@@ -68,13 +81,14 @@ def test_local_adaptation_rounds_are_fedavg_and_eval_is_deterministic(tiny_data)
     key = jax.random.PRNGKey(3)
     s_la, m_la = la.round(la.init(jax.random.PRNGKey(0)), tiny_data, key)
     s_fa, m_fa = fa.round(fa.init(jax.random.PRNGKey(0)), tiny_data, key)
+    # la.round is a second instance of FedAvg's round: the same program, so bitwise equal.
     assert _leaves_equal(s_la.variables, s_fa.variables)
     assert float(m_la["train_loss"]) == float(m_fa["train_loss"])
 
     e1, e2 = la.evaluate(s_la, tiny_data), la.evaluate(s_la, tiny_data)
     assert all(np.array_equal(e1[k], e2[k], equal_nan=True) for k in e1)
     # The global model's per-client numbers are FedAvg's own; fine-tuning changes them.
-    np.testing.assert_array_equal(e1["client_test_acc_global"], fa.evaluate(s_fa, tiny_data)["client_test_acc"])
+    _same_accuracy(e1["client_test_acc_global"], fa.evaluate(s_fa, tiny_data)["client_test_acc"], tiny_data)
     assert e1["client_test_acc"].shape == (4,)
     assert not np.array_equal(e1["client_test_acc"], e1["client_test_acc_global"])
     assert 0.0 <= float(e1["global_test_acc"]) <= 1.0
@@ -145,7 +159,7 @@ def test_ditto_round(tiny_data):
         assert _leaves_equal(jax.tree.map(lambda a: a[k], s1.personal), jax.tree.map(lambda a: a[k], s0.personal))
 
     e = algo.evaluate(s1, tiny_data)
-    np.testing.assert_array_equal(e["client_test_acc_global"], fa.evaluate(f1, tiny_data)["client_test_acc"])
+    _same_accuracy(e["client_test_acc_global"], fa.evaluate(f1, tiny_data)["client_test_acc"], tiny_data)
     assert e["client_test_acc"].shape == (4,) and 0.0 <= float(e["global_test_acc"]) <= 1.0
 
 
@@ -199,9 +213,14 @@ def test_perfedavg_round_by_hand(tiny_data):
     e1, e2 = algo.evaluate(s1, tiny_data), algo.evaluate(s1, tiny_data)
     assert all(np.array_equal(e1[k], e2[k], equal_nan=True) for k in e1)
     assert not np.array_equal(e1["client_test_acc"], e1["client_test_acc_global"])
-    no_adapt = perfedavg(PerFedAvgConfig(batch_size=BIG, adapt_steps=0), info, placement=VMAP, model=model)
+    no_adapt_cfg = PerFedAvgConfig(batch_size=BIG, adapt_steps=0)
+    no_adapt = perfedavg(no_adapt_cfg, info, placement=VMAP, model=model)
     e0 = no_adapt.evaluate(s1, tiny_data)
-    np.testing.assert_array_equal(e0["client_test_acc"], e0["client_test_acc_global"])
+    _same_accuracy(e0["client_test_acc"], e0["client_test_acc_global"], tiny_data)
+    # zero adaptation steps hand back the global weights themselves (data movement: exact)
+    adapted = make_adapt(model, info, no_adapt_cfg)(s1.variables, tiny_data.clients("train", jnp.int32(0)),
+                                                     jax.random.PRNGKey(0))
+    assert _leaves_equal(adapted, {"params": s1.variables["params"], "batch_stats": s1.variables["batch_stats"]})
 
 
 # --- through the experiment runner ---------------------------------------------------
