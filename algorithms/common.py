@@ -151,10 +151,6 @@ def evaluate_clients(model, info, variables, data, batch_size, *, placement: Pla
     return client_accuracy_summary(r["correct"], r["count"])
 
 
-def count_params(tree: Any) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(tree)))
-
-
 def client_batch_statistics(
     batch_stats_of: Callable[[Any, jax.Array, jax.Array], Any], zeros: Any, client: ClientData, *,
     batch_size: int, max_batches: int, momentum: float,

@@ -23,14 +23,15 @@ Early fixing ("pruning"). DSNAS fixes block l to its argmax for the rest of the 
 once p_top1 − p_top2 ≥ h (h = ``fix_threshold``, 0.3): from then on Z_l is that
 one-hot and α_l is frozen. In the paper's words every candidate whose probability is
 below the threshold α_th,l = p_top1 − h is pruned; the block is fixed when that prunes
-all candidates but the argmax, which is exactly the DSNAS rule (reference §7 row 17).
+all candidates but the argmax, which is exactly the DSNAS rule (docs/authors_code.md §7 row 17).
 In the federated setting the rule is applied by the server to the aggregated α after
 every round (DSNAS applies it at every epoch start; a round is one start of local
 search from the shared α) and fixed blocks never unfix.
 
 Single-path cost: on a device clients must run one after another so that a per-client
 ``lax.switch`` stays a real branch (under ``vmap`` it computes every candidate);
-:func:`single_path_placement` turns ``auto`` into a sequential map within each device.
+:meth:`jaxfednas.runtime.Placement.single_path` turns ``auto`` into a sequential map
+within each device.
 
 Hyper-parameters (the paper gives none): SGD momentum 0.9, weight decay 4e-5 on
 convolution/linear kernels only and label smoothing 0.1 (DSNAS); α by Adam with
@@ -53,15 +54,8 @@ from jaxfednas.config import ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracy_summary
-from jaxfednas.runtime import (
-    SAMPLE_TAG,
-    Placement,
-    client_keys,
-    map_clients,
-    resolve_clients_per_round,
-    sample_clients,
-    weighted_mean,
-)
+from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
+from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
     auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES,
 )
@@ -116,21 +110,6 @@ class DFNASState:
     fixed: jax.Array  # [blocks] bool: block frozen by early fixing
     fixed_choice: jax.Array  # [blocks] int32: its candidate (meaningful where fixed)
     round: jax.Array
-
-
-def single_path_placement(placement: Placement) -> Placement:
-    """``auto`` → clients one after another within each device (``lax.map``, chunk 1),
-    across devices with ``shard_map``; explicit choices are kept (``vmap`` then pays for
-    every candidate — the benchmark's reference)."""
-    if placement.mode != "auto":
-        return placement
-    mode = "shard_map" if jax.device_count() > 1 else "map"
-    return Placement(mode, client_chunk_size=None, within="map")
-
-
-def arch_entropy(alpha: jax.Array) -> jax.Array:
-    """Mean entropy (nats) of softmax(α) over the blocks."""
-    return (-(jax.nn.softmax(alpha, -1) * jax.nn.log_softmax(alpha, -1)).sum(-1)).mean()
 
 
 def sample_path(key: jax.Array, alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array) -> jax.Array:
@@ -237,7 +216,7 @@ def dfnas(
     """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon)."""
     model = make_supernet(cfg, info)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    placement = single_path_placement(placement)
+    placement = placement.single_path()
     local_search = make_local_search(cfg, info, model, cfg.local_epochs)
     nb = model.space.num_blocks
 
@@ -253,9 +232,9 @@ def dfnas(
         return 0.5 * cfg.w_lr * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t, rounds) / rounds))
 
     def round_fn(state: DFNASState, data: FederatedData, key):
-        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)  # Alg. 2: select S_t
+        idx, keys = round_clients(key, info.num_clients, m)  # Alg. 2: select S_t
         lr = learning_rate(state.round)
-        per_client = (data.clients("train", idx), client_keys(key, idx))
+        per_client = (data.clients("train", idx), keys)
         shared = (state.variables, state.fixed, state.fixed_choice, lr)
         new_vars, met = map_clients(
             lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
@@ -336,5 +315,5 @@ def child_report(arch: ShuffleArch, info: DataInfo) -> dict:
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return dfnas(
         config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

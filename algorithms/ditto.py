@@ -50,23 +50,10 @@ from algorithms.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
-from jaxfednas.runtime import (
-    SAMPLE_TAG,
-    Placement,
-    client_keys,
-    gather_rows,
-    map_clients,
-    resolve_clients_per_round,
-    sample_clients,
-    scatter_rows,
-)
+from jaxfednas import rng
+from jaxfednas.runtime import Placement, gather_rows, map_clients, resolve_clients_per_round, round_clients, scatter_rows
 
 DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client personal models pulled toward it by λ"
-
-# Folded into a client's round key for its personal update, so that (a) and (b) draw
-# different minibatches. Far above any local-epoch index folded into the same key.
-PERSONAL_TAG = 0x7D177000
-
 
 @dataclasses.dataclass(frozen=True)
 class DittoConfig(FedAvgConfig):
@@ -91,8 +78,9 @@ class DittoState:
 
 
 def personal_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
-    """Keys of the personal updates: each client's round key folded with :data:`PERSONAL_TAG`."""
-    return jax.vmap(lambda k: jax.random.fold_in(k, PERSONAL_TAG))(client_keys(round_key, client_ids))
+    """Keys of the personal updates: each client's round key folded with
+    :data:`jaxfednas.rng.PERSONAL`, so that (a) and (b) draw different minibatches."""
+    return rng.personal_keys(rng.client_keys(round_key, client_ids))
 
 
 def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> Callable:
@@ -148,10 +136,10 @@ def ditto(
         # (a) the global model: FedAvg's round, same key, same sampled clients.
         g, metrics = base.round(FedAvgState(variables=state.variables, round=state.round), data, key)
         # (b) the sampled clients' personal models, anchored at w_t = state.variables.
-        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        idx, keys = round_clients(key, info.num_clients, m)
         new_rows, pm = map_clients(
             lambda c, w: personal_train(c[2], w, c[0], c[1]),
-            (data.clients("train", idx), personal_keys(key, idx), gather_rows(state.personal, idx)),
+            (data.clients("train", idx), rng.personal_keys(keys), gather_rows(state.personal, idx)),
             state.variables,
             placement=placement,
         )
@@ -174,5 +162,5 @@ def ditto(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return ditto(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

@@ -55,7 +55,7 @@ sample, because per-example clipping needs every h_i (batch-level DARTS needs on
 about B_val times the first-order cost (~20x on the digits example).
 ``per_example_chunk`` bounds the memory of these passes.
 
-Deviations from the authors' code (reference §6), all in the paper's direction: true
+Deviations from the authors' code (docs/authors_code.md §6), all in the paper's direction: true
 per-example clipping of both gradients (the code clips slices of the averaged
 gradient and never clips h), Poisson sampling, an accountant, noise on the whole
 h_i rather than on the Hessian term only, α aggregated on the server (the code never
@@ -75,7 +75,8 @@ import numpy as np
 import optax
 
 from algorithms.common import evaluate_examples_with, make_augment
-from algorithms.fednas import PRIMITIVE_SETS, arch_entropy, write_architecture_plots  # noqa: F401 (runner hook)
+from algorithms.fednas import write_architecture_plots
+from search_spaces import arch_entropy
 from jaxfednas import dp, privacy
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
@@ -83,16 +84,16 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracy_summary
 from jaxfednas.optim import arch_hessian_vector
-from jaxfednas.runtime import CLIENT_TAG, Placement, client_keys, map_clients
-from search_spaces.darts import DartsSearchNetwork, derive
+from jaxfednas import rng
+from jaxfednas.rng import client_keys
+from jaxfednas.runtime import Placement, map_clients
+from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 
 ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
 NO_BUDGET = 2**31 - 1
 
-# tags folded into a party's iteration key: independent draws never share randomness
-_TRAIN_SAMPLE, _TRAIN_NOISE, _VAL_SAMPLE, _VAL_NOISE, _TRAIN_AUG, _VAL_AUG = range(6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +173,7 @@ DEFAULTS = {"data.split": (0.5, 0.25, 0.25), "data.partition": "iid"}
 PRESETS = {
     "smoke": {"run.rounds": 2, "algo.C": 4, "algo.layers": 2, "algo.steps": 2, "algo.primitives": "tiny",
               "algo.iterations_per_round": 2},
-    # Paper §4.1 / reference §6.4: CIFAR-10, train 25k / val 25k split IID over the
+    # Paper §4.1 / docs/authors_code.md §6.4: CIFAR-10, train 25k / val 25k split IID over the
     # parties (4, as Table 2), test set on the server; C=16, 8 cells; R^G=0.01,
     # R^H=0.1, noise 1 on both; batch 256 per party (p = 256 / 6250 ~ 0.04); 50 epochs
     # ~ 1225 iterations; w lr 0.05 -> 0.002 cosine, momentum 0.9, wd 3e-4, clip 5;
@@ -180,7 +181,7 @@ PRESETS = {
     # per-example clipping Eq. 5's Hessian term costs one pass over the party's training
     # batch per validation example (~2 x 256 x 256 example passes per party and
     # iteration at B = 256), out of reach here; the authors' code is effectively first
-    # order too (reference §6.2). Pass algo.arch_gradient=second_fd to pay for it.
+    # order too (docs/authors_code.md §6.2). Pass algo.arch_gradient=second_fd to pay for it.
     "paper": {
         "data.dataset": "cifar10", "data.num_clients": 4, "data.partition": "iid", "data.split": (0.5, 0.5, 0.0),
         "run.rounds": 49, "algo.iterations_per_round": 25, "algo.C": 16, "algo.layers": 8,
@@ -322,7 +323,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         train, key = args
         params, arch = shared
         slots = physical_batch(cfg, train.y.shape[0], cfg.sampling_prob)
-        batch, s = sample(train, key, _TRAIN_SAMPLE, cfg.sampling_prob, slots, _TRAIN_AUG)
+        batch, s = sample(train, key, rng.DP_TRAIN_SAMPLE, cfg.sampling_prob, slots, rng.DP_TRAIN_AUG)
 
         def example_fn(e):
             (loss, correct), g = jax.value_and_grad(example_loss, has_aux=True)(params, arch, e["x"], e["y"])
@@ -330,7 +331,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
 
         total, aux, n_clip = dp.per_example_clipped_sum(example_fn, batch, s.mask, clip_g, chunk=chunk)
         expected = jnp.maximum(cfg.sampling_prob * train.count, cfg.sampling_prob)
-        g_k = dp.noisy_average(total, jax.random.fold_in(key, _TRAIN_NOISE),
+        g_k = dp.noisy_average(total, jax.random.fold_in(key, rng.DP_TRAIN_NOISE),
                                noise_std=cfg.noise_multiplier * cfg.clip_norm, expected_batch_size=expected)
         stats = {"train_loss_sum": aux["loss"], "train_correct": aux["correct"], "train_sampled": s.num_sampled,
                  "train_overflow": s.overflow, "train_clipped": n_clip}
@@ -342,10 +343,10 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         w_old, w_new, arch, xi = shared
         slots_tr = physical_batch(cfg, train.y.shape[0], cfg.sampling_prob)
         slots_val = physical_batch(cfg, val.y.shape[0], cfg.p_val)
-        vb, s_val = sample(val, key, _VAL_SAMPLE, cfg.p_val, slots_val, _VAL_AUG)
+        vb, s_val = sample(val, key, rng.DP_VAL_SAMPLE, cfg.p_val, slots_val, rng.DP_VAL_AUG)
         if cfg.arch_gradient != "first":
             # the training sample of this iteration's G_k (same key: the same examples)
-            tb, s_tr = sample(train, key, _TRAIN_SAMPLE, cfg.sampling_prob, slots_tr, _TRAIN_AUG)
+            tb, s_tr = sample(train, key, rng.DP_TRAIN_SAMPLE, cfg.sampling_prob, slots_tr, rng.DP_TRAIN_AUG)
             expected_tr = jnp.maximum(cfg.sampling_prob * train.count, cfg.sampling_prob)
 
             def train_loss(params, arch_, batch):  # L_k^tr on the sample, normalised as G_k
@@ -366,7 +367,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
 
         total, aux, n_clip = dp.per_example_clipped_sum(example_fn, vb, s_val.mask, clip_h, chunk=chunk)
         expected = jnp.maximum(cfg.p_val * val.count, cfg.p_val)
-        h_k = dp.noisy_average(total, jax.random.fold_in(key, _VAL_NOISE),
+        h_k = dp.noisy_average(total, jax.random.fold_in(key, rng.DP_VAL_NOISE),
                                noise_std=cfg.tau * cfg.arch_clip_norm, expected_batch_size=expected)
         stats = {"val_loss_sum": aux["loss"], "val_correct": aux["correct"], "val_sampled": s_val.num_sampled,
                  "val_overflow": s_val.overflow, "val_clipped": n_clip}
@@ -413,9 +414,8 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
                            iteration=jnp.int32(0), round=jnp.int32(0))
 
     def round_jit(state: DPFNASState, data: FederatedData, key):
-        base = jax.random.fold_in(key, CLIENT_TAG)
         carry = (state.variables, state.w_opt_state, state.a_opt_state, state.iteration)
-        carry, stats = jax.lax.scan(lambda c, j: iteration(c, jax.random.fold_in(base, j), data), carry,
+        carry, stats = jax.lax.scan(lambda c, j: iteration(c, rng.dp_iteration_key(key, j), data), carry,
                                     jnp.arange(cfg.iterations_per_round))
         variables, w_state, a_state, it = carry
         s = {k: v.sum() for k, v in stats.items()}
@@ -484,7 +484,8 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
                       multiplier=cfg.steps)
 
-    return FederatedAlgorithm(name="dp_fnas", init=jax.jit(init), round=round_fn, evaluate=evaluate, export=export)
+    return FederatedAlgorithm(name="dp_fnas", init=jax.jit(init), round=round_fn, evaluate=evaluate, export=export,
+                              write_architecture=write_architecture_plots)
 
 
 def privacy_report(cfg: DPFNASConfig, iterations: int) -> privacy.DPFNASReport:
@@ -507,7 +508,7 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     if not (cpr == 1.0 or cpr == config.data.num_clients):
         raise ConfigError(f"run.clients_per_round={cpr}: every party takes part in every iteration of "
                           "Algorithm 1 (the accountant assumes it); use 1.0")
-    return dp_fnas(config.algo, info, placement=Placement(config.run.placement, config.run.client_chunk_size))
+    return dp_fnas(config.algo, info, placement=Placement.from_run(config.run))
 
 
 __all__ = ["Accountant", "DPFNASConfig", "DPFNASState", "dp_fnas", "make_supernet", "max_iterations",

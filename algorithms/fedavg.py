@@ -29,15 +29,7 @@ from algorithms.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import (
-    SAMPLE_TAG,
-    Placement,
-    client_keys,
-    map_clients,
-    resolve_clients_per_round,
-    sample_clients,
-    weighted_mean,
-)
+from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
 
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
@@ -86,11 +78,11 @@ def fedavg(
         return FedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
 
     def round_fn(state: FedAvgState, data: FederatedData, key: jax.Array):
-        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        idx, keys = round_clients(key, info.num_clients, m)
         clients = data.clients("train", idx)
         new_vars, metrics = map_clients(
             lambda c, v: local_train(v, c[0], c[1]),
-            (clients, client_keys(key, idx)),
+            (clients, keys),
             state.variables,
             placement=placement,
         )
@@ -113,5 +105,5 @@ def fedavg(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

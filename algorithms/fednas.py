@@ -13,7 +13,7 @@ random from the client's *own* validation split. The server then averages weight
 BatchNorm statistics and architecture with N_k / N (Eq. 5).
 
 Deviations of the authors' code that are available as options for parity
-(reference §2.2-2.3, §7 rows 5-7), all off by default:
+(docs/authors_code.md §2.2-2.3, §7 rows 5-7), all off by default:
   * ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
   * ``order="alpha_first"`` — the code steps α first, then w at the new α;
   * ``w_clip=0`` — the code clips α's gradients and never the weights'.
@@ -38,25 +38,12 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, epoch_permutation, num_steps, run_local_epochs
 from jaxfednas.evaluation import client_accuracy_summary
 from jaxfednas.optim import cosine_epoch_lr, milenas_grads, nas_optimizer
-from jaxfednas.runtime import (
-    SAMPLE_TAG,
-    Placement,
-    client_keys,
-    map_clients,
-    resolve_clients_per_round,
-    sample_clients,
-    weighted_mean,
-)
-from search_spaces.darts import PRIMITIVES, PRIMITIVES_S2, DartsSearchNetwork, derive, Genotype, plot_genotype
+from jaxfednas.rng import client_keys
+from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
+from search_spaces import arch_entropy
+from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, Genotype, plot_genotype
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
-
-PRIMITIVE_SETS = {
-    "darts": PRIMITIVES,
-    "s2": PRIMITIVES_S2,
-    "tiny": ("skip_connect", "avg_pool_3x3", "sep_conv_3x3"),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class FedNASConfig(Validated):
@@ -95,7 +82,7 @@ CONFIG = FedNASConfig
 DEFAULTS = {"data.split": (0.5, 0.25, 0.25)}
 PRESETS = {
     "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 3},
-    # Paper Table 2 / reference §2.4: CIFAR-10, 16 clients Dir(0.5), all participating,
+    # Paper Table 2 / docs/authors_code.md §2.4: CIFAR-10, 16 clients Dir(0.5), all participating,
     # 50 rounds, 5 local epochs, batch 64, C=16, 8 cells; each client's data split 50/50
     # into search-train / search-val as the standalone FedNAS code; global test set.
     "paper": {
@@ -110,12 +97,6 @@ PRESETS = {
 class FedNASState:
     variables: dict  # {"params", "arch", "batch_stats"} of the supernet
     round: jax.Array
-
-
-def arch_entropy(arch: dict) -> jax.Array:
-    """Mean entropy (nats) of the rows of softmax(α) over both cell types."""
-    ents = [(-(jax.nn.softmax(a, -1) * jax.nn.log_softmax(a, -1)).sum(-1)).mean() for a in jax.tree.leaves(arch)]
-    return jnp.mean(jnp.stack(ents))
 
 
 def _draw_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict:
@@ -210,8 +191,8 @@ def fednas(
 
     def round_fn(state: FedNASState, data: FederatedData, key):
         # Alg. 1 line 4: sample clients; line 5: ClientLocalSearch on each.
-        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
-        per_client = (data.clients("train", idx), data.clients("val", idx), client_keys(key, idx))
+        idx, keys = round_clients(key, info.num_clients, m)
+        per_client = (data.clients("train", idx), data.clients("val", idx), keys)
         new_vars, met = map_clients(
             lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement
         )
@@ -273,6 +254,7 @@ def fednas(
 
     return FederatedAlgorithm(
         name="fednas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export,
+        write_architecture=write_architecture_plots,
         personalize=jax.jit(personalize),
     )
 
@@ -307,5 +289,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
         )
     return fednas(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

@@ -49,7 +49,7 @@ class FedNASTrainConfig(FedAvgConfig):
 CONFIG = FedNASTrainConfig
 PRESETS = {
     "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 3},
-    # The authors' train stage (reference §2.1, §2.4): FedNAS_V1, C=16, 8 cells, CIFAR-10,
+    # The authors' train stage (docs/authors_code.md §2.1, §2.4): FedNAS_V1, C=16, 8 cells, CIFAR-10,
     # 16 Dirichlet(0.5) clients, 500 rounds, 15 local epochs, batch 64, lr 0.025, wd 3e-4.
     "paper": {
         "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
@@ -90,7 +90,7 @@ def fednas_train(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas_train(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )
 
 

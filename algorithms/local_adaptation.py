@@ -32,13 +32,10 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracy_summary, evaluate_examples
-from jaxfednas.runtime import Placement, client_keys, map_clients
+from jaxfednas import rng
+from jaxfednas.runtime import Placement, map_clients
 
 DESCRIPTION = "Local adaptation (FedNAS Table 1): FedAvg, then each client fine-tunes the global model before testing"
-
-# Evaluation-time adaptation is keyed by (ADAPT_SEED, client) only, never by the round
-# key, so evaluating the same state twice gives the same numbers.
-ADAPT_SEED = 0x0ADA
 
 # The FedNAS paper's personalized setting (§3.1, Table 1), shared by the three
 # personalized baselines: CIFAR-10, 20 clients with 5 classes each, each client's data
@@ -68,8 +65,10 @@ PRESETS = {
 
 
 def adaptation_keys(num_clients: int) -> jax.Array:
-    """One fixed key per client for evaluation-time adaptation (independent of the round)."""
-    return client_keys(jax.random.PRNGKey(ADAPT_SEED), jnp.arange(num_clients, dtype=jnp.int32))
+    """One fixed key per client for evaluation-time adaptation, keyed by
+    ``(rng.ADAPT_SEED, client)`` only, never by the round key, so evaluating the same
+    state twice gives the same numbers."""
+    return rng.adaptation_keys(jnp.arange(num_clients, dtype=jnp.int32))
 
 
 def evaluate_clients_global(model, info, variables, data, batch_size, *, placement: Placement) -> dict[str, jax.Array]:
@@ -134,5 +133,5 @@ def local_adaptation(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_adaptation(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

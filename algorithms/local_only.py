@@ -20,16 +20,7 @@ from algorithms.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import (
-    SAMPLE_TAG,
-    Placement,
-    client_keys,
-    gather_rows,
-    map_clients,
-    resolve_clients_per_round,
-    sample_clients,
-    scatter_rows,
-)
+from jaxfednas.runtime import Placement, gather_rows, map_clients, resolve_clients_per_round, round_clients, scatter_rows
 
 DESCRIPTION = "Local-only training: each client trains a personal model on its own data"
 
@@ -70,11 +61,11 @@ def local_only(
         return LocalOnlyState(clients=rows, round=jnp.int32(0))
 
     def round_fn(state: LocalOnlyState, data: FederatedData, key: jax.Array):
-        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        idx, keys = round_clients(key, info.num_clients, m)
         rows = gather_rows(state.clients, idx)
         new_rows, metrics = map_clients(
             lambda c, _: local_train(c[2], c[0], c[1]),
-            (data.clients("train", idx), client_keys(key, idx), rows),
+            (data.clients("train", idx), keys, rows),
             None,
             placement=placement,
         )
@@ -90,5 +81,5 @@ def local_only(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_only(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

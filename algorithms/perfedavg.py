@@ -54,15 +54,7 @@ from jaxfednas.data.federated import (
     run_local_epochs,
     tree_where,
 )
-from jaxfednas.runtime import (
-    SAMPLE_TAG,
-    Placement,
-    client_keys,
-    map_clients,
-    resolve_clients_per_round,
-    sample_clients,
-    weighted_mean,
-)
+from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
 
 DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
 
@@ -203,10 +195,10 @@ def perfedavg(
         return PerFedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
 
     def round_fn(state: PerFedAvgState, data: FederatedData, key: jax.Array):
-        idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
+        idx, keys = round_clients(key, info.num_clients, m)
         clients = data.clients("train", idx)
         new_vars, metrics = map_clients(
-            lambda c, v: meta_train(v, c[0], c[1]), (clients, client_keys(key, idx)), state.variables,
+            lambda c, v: meta_train(v, c[0], c[1]), (clients, keys), state.variables,
             placement=placement,
         )
         variables = weighted_mean(new_vars, clients.count)
@@ -224,5 +216,5 @@ def perfedavg(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return perfedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement(config.run.placement, config.run.client_chunk_size),
+        placement=Placement.from_run(config.run),
     )

@@ -136,9 +136,7 @@ class LoopRound:
         from algorithms.common import make_local_train, train_metrics
         from algorithms.models import make_model
         from jaxfednas.data.federated import ClientData
-        from jaxfednas.runtime import (
-            SAMPLE_TAG, client_keys, resolve_clients_per_round, sample_clients, weighted_mean,
-        )
+        from jaxfednas.runtime import resolve_clients_per_round, round_clients, weighted_mean
 
         self._np = np
         model = make_model(cfg.algo.model, info.num_classes, info.name)
@@ -146,8 +144,7 @@ class LoopRound:
         server_lr = cfg.algo.server_lr
 
         def prepare(key):
-            idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), info.num_clients, m)
-            keys = client_keys(key, idx)
+            idx, keys = round_clients(key, info.num_clients, m)
             return idx, [keys[i] for i in range(m)]
 
         def aggregate(state, new_vars, metrics, counts, idx):
@@ -204,7 +201,7 @@ def run_worker(args) -> dict:
     if fake and jax.device_count() != args.devices:
         raise RuntimeError(f"expected {args.devices} fake devices, jax sees {jax.device_count()}")
     from algorithms.fedavg import fedavg
-    from jaxfednas.experiment import init_key, round_key
+    from jaxfednas.rng import init_key, round_key
     from jaxfednas.runtime import Placement
 
     cfg, data = setup(args)

@@ -146,7 +146,8 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     import jax
 
     from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
-    from search_spaces.darts.operations import count_params, default_depthwise_impl
+    from jaxfednas.cost import count_params
+    from search_spaces.darts.operations import default_depthwise_impl
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
@@ -196,9 +197,10 @@ def worker_round(args, placement: str) -> dict:
     from jaxfednas.data import make_federated_data
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.data.federated import ClientData
-    from jaxfednas.experiment import init_key, make_partition, round_key
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.rng import init_key, round_key
     from jaxfednas.registry import make_config
-    from jaxfednas.runtime import SAMPLE_TAG, Placement, client_keys, sample_clients, weighted_mean
+    from jaxfednas.runtime import Placement, round_clients, weighted_mean
 
     C, layers, batch = CONFIGS["a"]
     K = ROUND_CLIENTS
@@ -222,8 +224,7 @@ def worker_round(args, placement: str) -> dict:
         local = jax.jit(make_local_search(cfg, info, model, cfg.local_epochs))
 
         def prepare(key):
-            idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), K, K)
-            return idx, client_keys(key, idx)
+            return round_clients(key, K, K)
 
         def aggregate(outs, counts, idx):
             stacked = jax.tree.map(lambda *a: jax.numpy.stack(a), *outs)
@@ -374,7 +375,7 @@ def check_param_counts(configs) -> dict:
 
     import torch_darts as td
     from search_spaces.darts import DartsSearchNetwork
-    from search_spaces.darts.operations import count_params
+    from jaxfednas.cost import count_params
 
     out = {}
     for c in configs:

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import jax
 
-from algorithms.common import count_params
+from jaxfednas.cost import count_params
 from algorithms.dfnas import child_report
 from algorithms.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text

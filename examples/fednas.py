@@ -41,7 +41,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from algorithms.fednas import PRIMITIVE_SETS, client_genotypes
+from algorithms.fednas import client_genotypes
 from jaxfednas.checkpoint import atomic_write_text, load_checkpoint
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import make_federated_data
@@ -50,12 +50,13 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.experiment import (
     CHECKPOINT,
     config_hash,
-    init_key,
     make_partition,
     run_script,
     run_stage,
 )
 from jaxfednas.registry import algorithm_module, make_config
+from jaxfednas.rng import init_key, personalize_key
+from search_spaces.darts import PRIMITIVE_SETS
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
 SEARCH = {"run.rounds": 10, "run.eval_every": 5, "algo.C": 8, "algo.layers": 5, "algo.local_epochs": 1,
@@ -96,7 +97,7 @@ def _model_params(cfg, ds) -> int:
     baseline's network), counted from shapes only."""
     from types import SimpleNamespace  # noqa: PLC0415
 
-    from algorithms.common import count_params  # noqa: PLC0415
+    from jaxfednas.cost import count_params  # noqa: PLC0415
     from algorithms.fednas import make_supernet  # noqa: PLC0415
     from algorithms.fednas_train import make_network  # noqa: PLC0415
     from algorithms.models import init_variables, make_model  # noqa: PLC0415
@@ -180,7 +181,7 @@ def personalized(args, overrides: dict) -> None:
     s = _stage(search_cfg, out / "fednas", args.resume)
     t0 = time.perf_counter()
     algo, data, state, manifest, ds = _restore(search_cfg, out / "fednas")
-    rows, pers = algo.personalize(state, data, jax.random.fold_in(init_key(search_cfg.run.seed), 1))
+    rows, pers = algo.personalize(state, data, personalize_key(search_cfg.run.seed))
     pers = jax.device_get(pers)
     genos = client_genotypes(search_cfg.algo, rows["arch"])
     atomic_write_text(out / "personal_genotypes.json",

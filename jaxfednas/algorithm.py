@@ -26,6 +26,10 @@ class FederatedAlgorithm(NamedTuple):
         metrics)`` where the paper adapts the global result to every client
         (e.g. FedNAS §2.5), else None. Metrics hold per-client arrays such as
         ``client_test_acc`` of shape ``[K]`` and their summaries.
+      write_architecture: ``write_architecture(architecture, out_dir)`` writes
+        pictures of an exported architecture into ``out_dir`` (e.g. DARTS cell
+        diagrams); the runner calls it beside ``architecture.json``. None: nothing
+        beyond the JSON.
     """
 
     name: str
@@ -34,3 +38,4 @@ class FederatedAlgorithm(NamedTuple):
     evaluate: Callable[[Any, FederatedData], dict[str, jax.Array]]
     export: Callable[[Any], Any] | None = None
     personalize: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]] | None = None
+    write_architecture: Callable[[Any, Any], None] | None = None

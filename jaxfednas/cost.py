@@ -59,3 +59,14 @@ def _jaxpr_macs(jaxpr) -> int:
 def count_macs(fn: Callable, *args: Any) -> int:
     """Multiply-accumulates of one call ``fn(*args)`` (convolutions and matmuls)."""
     return _jaxpr_macs(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def count_params(tree) -> int:
+    """Total number of scalars in a pytree of arrays (or ``ShapeDtypeStruct``s)."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        n = 1
+        for d in leaf.shape:
+            n *= int(d)
+        total += n
+    return total

@@ -39,10 +39,10 @@ from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.progress import Progress
+from jaxfednas.rng import init_key, round_key
 from jaxfednas.registry import algorithm_module, config_from_dict
 
 CHECKPOINT = "checkpoint.msgpack"
-INIT_TAG = 0x7FFFFFFF
 
 
 class NonFiniteError(RuntimeError):
@@ -105,15 +105,6 @@ def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool
 
     return run_experiment(cfg, out, resume=resume and (out / "config.json").exists(), progress=False,
                           on_round_end=show)
-
-
-def init_key(seed: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.PRNGKey(seed), INIT_TAG)
-
-
-def round_key(seed: int, r: int) -> jax.Array:
-    """The key of round ``r`` (0-based): a function of ``(seed, r)`` only."""
-    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), 1), r)
 
 
 def config_hash(cfg: ExperimentConfig) -> str:
@@ -328,9 +319,8 @@ def run_experiment(
         architecture = algo.export(state)
         atomic_write_text(out / "architecture.json", architecture.to_json() + "\n")
         summary["architecture"] = json.loads(architecture.to_json())
-        mod = algorithm_module(cfg.algorithm)
-        if hasattr(mod, "write_architecture_plots"):
-            mod.write_architecture_plots(architecture, out / "plots")
+        if algo.write_architecture is not None:
+            algo.write_architecture(architecture, out / "plots")
     summary["timing"] = {
         "wall_time_s": round(wall, 3),
         "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),

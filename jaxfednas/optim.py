@@ -3,7 +3,7 @@
 * :func:`nas_optimizer` — one ``optax.partition`` over a ``{"params", "arch"}``
   tree: SGD with momentum, weight decay and gradient-norm clipping for the
   weights; Adam with (L2) weight decay for the architecture parameters. The
-  defaults are DARTS'/MiLeNAS' (reference §0.5, §2.4).
+  defaults are DARTS'/MiLeNAS' (docs/authors_code.md §0.5, §2.4).
 * :func:`milenas_grads` — the mixed-level gradients of MiLeNAS (He et al.,
   "MiLeNAS: Efficient Neural Architecture Search via Mixed-Level
   Reformulation", CVPR 2020, arXiv:2003.12238), as used by FedNAS Eq. 4:
@@ -134,7 +134,7 @@ def arch_hessian_vector(
         [∇_α L(w + ε v, α) − ∇_α L(w − ε v, α)] / (2ε),   ε = eps_scale / ‖v‖
 
     (the parenthesisation pt.darts and the DP-FNAS code get wrong, which scales the
-    term by ε² and makes their "second order" effectively first order; reference §6.2).
+    term by ε² and makes their "second order" effectively first order; docs/authors_code.md §6.2).
     ``method="hvp"`` is exact: ``∇_α ⟨∇_w L(w, α), v⟩`` (reverse over reverse). The
     forward-over-reverse form (``jax.jvp`` of ``w ↦ ∇_α L``) computes the same product
     but cannot pass through ``custom_vjp`` functions such as the CPU convolution of

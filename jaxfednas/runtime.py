@@ -1,7 +1,9 @@
 """The federated runtime: which clients run, where they run, how results combine.
 
-* :func:`sample_clients` — uniform sampling without replacement, keyed by the
-  round key so that a resumed run samples the same clients.
+* :func:`round_clients` — the round's sampled clients and their keys, the one
+  call every algorithm's round starts with (:func:`sample_clients`: uniform
+  sampling without replacement, keyed by the round key so that a resumed run
+  samples the same clients; keys from :mod:`jaxfednas.rng`).
 * :func:`map_clients` — run a pure per-client function over a leading client
   axis. One call site, three placements: ``vmap`` (all clients batched),
   ``map`` (``lax.map`` in chunks of ``client_chunk_size`` to bound memory;
@@ -26,13 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
+from jaxfednas import rng
+from jaxfednas.rng import client_keys
+
 PLACEMENTS = ("auto", "vmap", "map", "shard_map")
 CLIENT_AXIS = "clients"
-
-# Tags folded into a round key so that independent draws never share randomness.
-SAMPLE_TAG = 0
-CLIENT_TAG = 1
-SERVER_TAG = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,22 @@ class Placement:
             raise ValueError(
                 f"client_chunk_size must be an integer >= 1 or None, got {self.client_chunk_size!r}"
             )
+
+    @classmethod
+    def from_run(cls, run: Any) -> Placement:
+        """The placement a run's config asks for (``run.placement``, ``run.client_chunk_size``)."""
+        return cls(run.placement, run.client_chunk_size)
+
+    def single_path(self) -> Placement:
+        """For single-path methods (one sampled candidate per block, ``lax.switch``):
+        ``auto`` → clients one after another within each device (``lax.map``, chunk 1),
+        across devices with ``shard_map``, because ``vmap`` turns a per-client switch
+        into a select that computes every candidate. Explicit choices are kept
+        (``vmap`` then pays for every candidate: a benchmark's reference)."""
+        if self.mode != "auto":
+            return self
+        mode = "shard_map" if jax.device_count() > 1 else "map"
+        return Placement(mode, client_chunk_size=None, within="map")
 
     def resolved(self) -> str:
         if self.mode != "auto":
@@ -104,10 +120,12 @@ def sample_clients(key: jax.Array, num_clients: int, clients_per_round: int) -> 
     return jnp.sort(idx).astype(jnp.int32)
 
 
-def client_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
-    """One key per client, derived from ``(round key, client id)`` only."""
-    client_base = jax.random.fold_in(round_key, CLIENT_TAG)
-    return jax.vmap(lambda c: jax.random.fold_in(client_base, c))(client_ids)
+def round_clients(round_key: jax.Array, num_clients: int, clients_per_round: int) -> tuple[jax.Array, jax.Array]:
+    """``(ids, keys)``: the sorted ids of this round's clients (:func:`sample_clients`
+    on :func:`jaxfednas.rng.sample_key`) and one key per sampled client
+    (:func:`jaxfednas.rng.client_keys`)."""
+    ids = sample_clients(rng.sample_key(round_key), num_clients, clients_per_round)
+    return ids, client_keys(round_key, ids)
 
 
 # --- Placement --------------------------------------------------------------------

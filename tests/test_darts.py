@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxfednas.cost import count_params
 from search_spaces.darts import (
     AvgPool3x3,
-    count_params,
     DARTS_V1,
     DARTS_V2,
     DartsNetwork,

@@ -24,7 +24,8 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import ClientData
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
-from jaxfednas.runtime import SAMPLE_TAG, Placement, client_keys, sample_clients
+from jaxfednas import rng
+from jaxfednas.runtime import Placement, round_clients
 from search_spaces.shufflenet import ShuffleNetwork, SPACES
 
 TINY = dict(space="tiny", batch_size=16, local_epochs=1, eval_batch_size=64, bn_recalibration_batches=2)
@@ -105,8 +106,7 @@ def algo_and_states(data2):
 def test_round_is_fedavg_of_w_and_alpha(data2, algo_and_states):
     cfg, algo, s0, s1, metrics, key = algo_and_states
     local = jax.jit(make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), cfg.local_epochs))
-    idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), 2, 2)
-    keys = client_keys(key, idx)
+    idx, keys = round_clients(key, 2, 2)
     outs, n = [], []
     for j, k in enumerate(np.asarray(idx)):
         train = jax.tree.map(lambda a: a[k], data2.clients("train", jnp.arange(2)))
@@ -132,7 +132,7 @@ def test_only_sampled_units_move(data2):
     new, met = local(v, jnp.zeros(3, bool), jnp.zeros(3, jnp.int32), jnp.float32(0.1), client, key)
     assert int(met["steps"]) == 1
     # the path this step sampled (same key derivation as run_local_epochs + the step's split)
-    step_key = jax.random.fold_in(jax.random.fold_in(key, 1_000_003), 0)
+    step_key = rng.step_key(key, 0)
     path = sample_path(jax.random.split(step_key)[0], v["arch"]["alpha"], jnp.zeros(3, bool), jnp.zeros(3, jnp.int32))
     mask = unit_mask(v["params"], path, 4)
     moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), v["params"], new["params"])

@@ -15,7 +15,7 @@ from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.experiment import make_partition, run_experiment
 from jaxfednas.registry import algorithm_module, make_config
-from jaxfednas.runtime import SAMPLE_TAG, Placement, client_keys, sample_clients
+from jaxfednas.runtime import Placement, round_clients
 from search_spaces.darts import FEDNAS_V1, Genotype
 
 TINY = dict(C=4, layers=1, steps=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,
@@ -44,8 +44,7 @@ def algo_and_states(data2):
 def test_round_averages_weights_and_alpha_with_nk(data2, algo_and_states):
     cfg, algo, s0, s1, metrics, key = algo_and_states
     local = jax.jit(make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), cfg.local_epochs))
-    idx = sample_clients(jax.random.fold_in(key, SAMPLE_TAG), 2, 2)
-    keys = client_keys(key, idx)
+    idx, keys = round_clients(key, 2, 2)
     outs, n = [], []
     for j, k in enumerate(np.asarray(idx)):
         train = jax.tree.map(lambda a: a[k], data2.clients("train", jnp.arange(2)))

@@ -20,6 +20,7 @@ from algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
 from algorithms.models import CNN, init_variables
 from algorithms.perfedavg import PerFedAvgConfig, make_adapt, make_meta_step, make_outer_optimizer, perfedavg
 from jaxfednas.experiment import run_experiment
+from jaxfednas import rng
 from jaxfednas.runtime import Placement, sample_clients, weighted_mean
 
 VMAP = Placement("vmap")
@@ -148,7 +149,7 @@ def test_ditto_round(tiny_data):
     _close(s1.variables, f1.variables, rtol=1e-6, atol=1e-7)  # the global model is FedAvg's
     assert int(s1.round) == 1 and np.isfinite(metrics["personal_train_loss"])
 
-    idx = sample_clients(jax.random.fold_in(key, 0), 4, 2)
+    idx = sample_clients(rng.sample_key(key), 4, 2)
     personal_train = jax.jit(make_personal_train(model, info, cfg))
     for k, pk in zip(np.asarray(idx), personal_keys(key, idx)):
         row = jax.tree.map(lambda a: a[k], s1.personal)
@@ -199,7 +200,7 @@ def test_perfedavg_round_by_hand(tiny_data):
     key = jax.random.PRNGKey(5)
     s1, metrics = algo.round(s0, tiny_data, key)
 
-    idx = sample_clients(jax.random.fold_in(key, 0), 4, 3)
+    idx = sample_clients(rng.sample_key(key), 4, 3)
     w = s0.variables["params"]
     per_client = []
     for k in np.asarray(idx):

@@ -7,6 +7,7 @@ import pytest
 from algorithms.common import make_local_train
 from algorithms.fedavg import FedAvgConfig, fedavg
 from algorithms.local_only import LocalOnlyConfig, local_only
+from jaxfednas import rng
 from jaxfednas.runtime import (
     Placement,
     client_keys,
@@ -111,7 +112,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
 
     local = jax.jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))
     rk = jax.random.PRNGKey(7)
-    idx = sample_clients(jax.random.fold_in(rk, 0), data.info.num_clients, 3)
+    idx = sample_clients(rng.sample_key(rk), data.info.num_clients, 3)
     keys = client_keys(rk, idx)
     outs = [local(init_vars, data.clients("train", i), k) for i, k in zip(idx, keys)]
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *[o[0] for o in outs])
@@ -147,7 +148,7 @@ def test_fedavg_learns_and_local_only_keeps_unsampled_rows(tiny_data):
     s0 = lo.init(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(5)
     s1, _ = lo.round(s0, tiny_data, key)
-    idx = set(np.asarray(sample_clients(jax.random.fold_in(key, 0), 4, 2)).tolist())
+    idx = set(np.asarray(sample_clients(rng.sample_key(key), 4, 2)).tolist())
     leaf0, leaf1 = jax.tree.leaves(s0.clients)[0], jax.tree.leaves(s1.clients)[0]
     for k in range(4):
         same = np.array_equal(leaf0[k], leaf1[k])

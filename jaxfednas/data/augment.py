@@ -1,6 +1,6 @@
 """On-device augmentation for NHWC float batches (after normalisation).
 
-The papers' pipelines (reference §1.4): random crop with zero padding, random
+The papers' pipelines (docs/authors_code.md §1.4): random crop with zero padding, random
 horizontal flip and, for FedML's CIFAR loaders, Cutout(16) applied *after*
 normalisation. Each example draws its own randomness from ``key``.
 """

@@ -5,7 +5,7 @@ single-channel ones), int32 labels, and the normalisation constants the
 training pipeline needs. Normalisation is *not* applied here: the model input
 is ``(x / scale - mean) / std``, computed on device, so the arrays stay small
 (uint8) and augmentation such as Cutout can act in normalised space, as the
-FedML pipeline does (reference §0.6 and §1.4).
+FedML pipeline does (docs/authors_code.md §0.6 and §1.4).
 
 Available datasets (:data:`DATASETS`):
 

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfednas import rng
 from jaxfednas.data.datasets import Dataset
 
 SPLITS = ("train", "val", "test")
@@ -190,7 +191,7 @@ def run_local_epochs(
         epoch, step = t // slots, t % slots
         batch = get_batch(client, perms[epoch], step, batch_size)
         batch["epoch"] = epoch  # for per-epoch schedules (e.g. cosine over local epochs)
-        step_key = jax.random.fold_in(jax.random.fold_in(key, 1_000_003), t)
+        step_key = rng.step_key(key, t)
         active = step < n_steps
 
         def run(c):

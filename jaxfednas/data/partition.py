@@ -7,7 +7,7 @@ Three ways to deal examples to ``num_clients`` clients (:data:`PARTITION_METHODS
 ``dirichlet``
     FedML's ``"hetero"`` latent-Dirichlet-allocation partition, used by FedNAS
     (He et al., "FedNAS: Federated Deep Learning via Neural Architecture
-    Search", arXiv:2004.08546), DFNAS and SPIDER (reference §1.1). For every
+    Search", arXiv:2004.08546), DFNAS and SPIDER (docs/authors_code.md §1.1). For every
     class, proportions p ~ Dir(alpha) say how much of the class each client
     gets; small alpha means few classes per client. Reproduced bit for bit,
     including the legacy ``np.random`` call order, so a partition made with
@@ -15,10 +15,10 @@ Three ways to deal examples to ``num_clients`` clients (:data:`PARTITION_METHODS
 ``label_skew``
     Each client gets ``classes_per_client`` classes with an equal number of
     images of each (SPIDER's ``partition_data_byclass``, used for the FedNAS
-    personalisation experiment; reference §1.2).
+    personalisation experiment; docs/authors_code.md §1.2).
 
 Each client's indices are then split into local train/val/test
-(:func:`split_client_indices`, reference §1.3) and the result can be frozen in
+(:func:`split_client_indices`, docs/authors_code.md §1.3) and the result can be frozen in
 a JSON manifest (:func:`build_manifest`, :func:`save_manifest`) whose SHA-256
 lets every later run check that it trains on exactly the same split.
 
@@ -126,7 +126,7 @@ def partition_dirichlet(
     min_size: int = 10,
     max_tries: int = 1000,
 ) -> list[np.ndarray]:
-    """FedML's "hetero" Dirichlet (LDA) partition, reproduced exactly (reference §1.1).
+    """FedML's "hetero" Dirichlet (LDA) partition, reproduced exactly (docs/authors_code.md §1.1).
 
     With ``rs = np.random.RandomState(seed)``, ``N`` examples, ``n`` clients and
     classes ``k = 0 .. max(labels)``, one *try* is:
@@ -225,7 +225,7 @@ def partition_label_skew(
     seed: int,
     num_per_class: int | None = None,
 ) -> list[np.ndarray]:
-    """Give every client ``c = classes_per_client`` classes in equal amounts (reference §1.2).
+    """Give every client ``c = classes_per_client`` classes in equal amounts (docs/authors_code.md §1.2).
 
     The indices of each class are shuffled once (seeded). Each client, in
     order, picks ``c`` distinct classes uniformly at random among the classes
@@ -334,7 +334,7 @@ def split_client_indices(
     train, val and test, with ``n_test = round(f_test * n)`` and
     ``n_val = round(f_val * n)`` (halves round up) and train taking the rest.
     Defaults follow the FedNAS personalisation setup (75 % / 25 %); SPIDER uses
-    ``(0.6, 0.2, 0.2)`` (reference §1.3).
+    ``(0.6, 0.2, 0.2)`` (docs/authors_code.md §1.3).
 
     Args:
       parts: Per-client index arrays, e.g. from :func:`partition`.

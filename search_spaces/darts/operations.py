@@ -70,6 +70,14 @@ PRIMITIVES: tuple[str, ...] = (
 PRIMITIVES_S2: tuple[str, ...] = ("skip_connect", "sep_conv_3x3")
 """The two-op "s2" space of RobustDARTS / darts-pt (FedNAS ablation, SPIDER)."""
 
+PRIMITIVE_SETS: dict[str, tuple[str, ...]] = {
+    "darts": PRIMITIVES,
+    "s2": PRIMITIVES_S2,
+    "tiny": ("skip_connect", "avg_pool_3x3", "sep_conv_3x3"),
+}
+"""Candidate-op sets by name (the ``primitives`` setting of the DARTS-space algorithms);
+``tiny`` is for tests and smoke runs."""
+
 OPS: tuple[str, ...] = PRIMITIVES + ("conv_7x1_1x7",)
 """Every op :func:`make_op` builds (``conv_7x1_1x7`` is in DARTS' table, in no primitive set)."""
 
@@ -389,17 +397,6 @@ def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None
 def is_identity(name: str, stride: int) -> bool:
     """True for the ops that are a plain identity (no drop path on them in DARTS)."""
     return name == "skip_connect" and stride == 1
-
-
-def count_params(tree) -> int:
-    """Total number of scalars in a pytree of arrays (or ``ShapeDtypeStruct``s)."""
-    total = 0
-    for leaf in jax.tree_util.tree_leaves(tree):
-        n = 1
-        for d in leaf.shape:
-            n *= int(d)
-        total += n
-    return total
 
 
 def validate_primitives(primitives) -> tuple[str, ...]:

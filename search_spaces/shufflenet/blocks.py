@@ -1,5 +1,5 @@
 """ShuffleNetV2 choice-block candidates (Ma et al., "ShuffleNet V2", arXiv:1807.11164),
-in the layout of the SPOS / DSNAS one-shot supernet (reference §3.1).
+in the layout of the SPOS / DSNAS one-shot supernet (docs/authors_code.md §3.1).
 
 Every candidate maps ``inp`` input channels to ``oup`` output channels:
 

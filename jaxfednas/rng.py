@@ -1,0 +1,98 @@
+"""Named random streams: every random draw of a run, and where its key comes from.
+
+A run's randomness is one tree of keys grown from ``PRNGKey(seed)`` with
+``jax.random.fold_in``; each branch is a *stream* named here, so that two draws never
+share randomness by accident and a resumed run draws exactly what an uninterrupted one
+draws (everything is a function of ``(seed, round, client, step)``)::
+
+    PRNGKey(seed)
+    ├─ INIT                                  init_key(seed): the initial state
+    │   └─ PERSONALIZE                       personalize_key(seed): FedNAS §2.5 after search
+    └─ ROUNDS ─ r                            round_key(seed, r): round r
+        ├─ SAMPLE                            sample_key(round key): which clients run
+        ├─ CLIENT ─ k                        client_keys(round key, ids): client k's key
+        │   ├─ e                             local epoch e's data permutation (data.federated)
+        │   ├─ STEP ─ t                      step_key(client key, t): minibatch slot t
+        │   │                                (augmentation, sampled paths, ...)
+        │   └─ PERSONAL                      Ditto's personal update (other minibatches)
+        └─ DP_ITERATIONS ─ j                 dp_iteration_key(round key, j): DP-FNAS
+            └─ (client_keys of it) ─ DP_*    a party's Poisson samples, noise, augmentation
+    PRNGKey(ADAPT_SEED) ─ CLIENT ─ k         evaluation-time fine-tuning (no round: evaluating
+                                             a state twice gives the same numbers)
+
+The tag values are part of every result — changing one changes every number of every
+run — so they keep the values the library has always used. One pair shares a value
+under the same parent: ``CLIENT`` and ``DP_ITERATIONS`` both fold 1 into a round key,
+so DP-FNAS's iteration j key equals client j's round key. DP-FNAS never uses the
+round's client keys (its parties' keys are drawn one level down, from the iteration
+key), so no two of its draws share randomness; an algorithm that used both streams
+would have to give one of them a new tag (tests/test_rng.py pins this).
+"""
+from __future__ import annotations
+
+import jax
+
+# Under PRNGKey(seed)
+INIT = 0x7FFFFFFF
+ROUNDS = 1
+# Under the initial-state key
+PERSONALIZE = 1
+# Under a round key
+SAMPLE = 0
+CLIENT = 1
+DP_ITERATIONS = 1  # DP-FNAS only; equal to CLIENT by value (see the module docstring)
+# Under a client's key (local epochs fold their index 0, 1, ... into it directly)
+STEP = 1_000_003  # far above any local-epoch index
+PERSONAL = 0x7D177000  # Ditto
+# Under a DP-FNAS party's iteration key
+DP_TRAIN_SAMPLE, DP_TRAIN_NOISE, DP_VAL_SAMPLE, DP_VAL_NOISE, DP_TRAIN_AUG, DP_VAL_AUG = range(6)
+# A seed of its own: evaluation-time adaptation of the personalization baselines
+ADAPT_SEED = 0x0ADA
+
+
+def init_key(seed: int) -> jax.Array:
+    """The key of the initial state (weights, architecture parameters)."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), INIT)
+
+
+def round_key(seed: int, r: int) -> jax.Array:
+    """The key of round ``r`` (0-based): a function of ``(seed, r)`` only."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), ROUNDS), r)
+
+
+def personalize_key(seed: int) -> jax.Array:
+    """The key of a personalization pass run after training (e.g. FedNAS §2.5)."""
+    return jax.random.fold_in(init_key(seed), PERSONALIZE)
+
+
+def sample_key(round_key: jax.Array) -> jax.Array:
+    """The key that picks this round's clients."""
+    return jax.random.fold_in(round_key, SAMPLE)
+
+
+def client_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
+    """One key per client, derived from ``(round key, client id)`` only: a client's
+    draws do not depend on which other clients were sampled."""
+    base = jax.random.fold_in(round_key, CLIENT)
+    return jax.vmap(lambda c: jax.random.fold_in(base, c))(client_ids)
+
+
+def step_key(client_key: jax.Array, t: jax.Array | int) -> jax.Array:
+    """The key of a client's minibatch slot ``t`` (counted over all its local epochs)."""
+    return jax.random.fold_in(jax.random.fold_in(client_key, STEP), t)
+
+
+def personal_keys(client_keys: jax.Array) -> jax.Array:
+    """Ditto: keys of the personal updates, one per client key."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, PERSONAL))(client_keys)
+
+
+def dp_iteration_key(round_key: jax.Array, j: jax.Array | int) -> jax.Array:
+    """DP-FNAS: the key of iteration ``j`` of a round (its parties' keys are
+    :func:`client_keys` of it)."""
+    return jax.random.fold_in(jax.random.fold_in(round_key, DP_ITERATIONS), j)
+
+
+def adaptation_keys(client_ids: jax.Array) -> jax.Array:
+    """Evaluation-time adaptation: one fixed key per client, independent of the round."""
+    return client_keys(jax.random.PRNGKey(ADAPT_SEED), client_ids)
