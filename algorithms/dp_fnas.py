@@ -281,9 +281,10 @@ def _tree_sum(tree):
 
 def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement()) -> FederatedAlgorithm:
     """DP-FNAS (Algorithm 1) on data described by ``info``; every party takes part in
-    every iteration. ``round`` adds the host accountant's numbers to the compiled
-    round's metrics (``round.jitted`` is the compiled part). Nothing depends on
-    ``run.rounds``, so a finished run can be extended or resumed exactly.
+    every iteration. ``round`` and ``evaluate`` are compiled; the host accountant's μ
+    and ε per mechanism for the iterations done so far are ``host_metrics(state,
+    data)``, which the runner adds to both. Nothing depends on ``run.rounds``, so a
+    finished run can be extended or resumed exactly.
     """
     primitives = PRIMITIVE_SETS[cfg.primitives]
     model = make_supernet(cfg, info)
@@ -413,7 +414,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return DPFNASState(variables=v, w_opt_state=w_tx.init(v["params"]), a_opt_state=a_tx.init(v["arch"]),
                            iteration=jnp.int32(0), round=jnp.int32(0))
 
-    def round_jit(state: DPFNASState, data: FederatedData, key):
+    def round_fn(state: DPFNASState, data: FederatedData, key):
         carry = (state.variables, state.w_opt_state, state.a_opt_state, state.iteration)
         carry, stats = jax.lax.scan(lambda c, j: iteration(c, rng.dp_iteration_key(key, j), data), carry,
                                     jnp.arange(cfg.iterations_per_round))
@@ -434,8 +435,6 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
                             round=state.round + 1)
         return new, metrics
 
-    round_compiled = jax.jit(round_jit)
-
     def host_report(state: DPFNASState, data: FederatedData) -> dict[str, float]:
         t = int(jax.device_get(state.iteration))
         out = dict(accountant.report(t))
@@ -446,21 +445,13 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
                 physical_batch(cfg, data.val.y.shape[1], cfg.p_val)))
         return out
 
-    def round_fn(state: DPFNASState, data: FederatedData, key):
-        """One compiled round (``iterations_per_round`` iterations), then the host
-        accountant's μ and ε per mechanism for the iterations done so far."""
-        state, metrics = round_compiled(state, data, key)
-        return state, {**metrics, **host_report(state, data)}
-
-    round_fn.jitted = round_compiled  # type: ignore[attr-defined]
-
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)
 
     def client_eval(variables, client: ClientData):
         return evaluate_examples_with(logits_fn(variables), client.x, client.y, client.count, cfg.eval_batch_size)
 
-    def evaluate_jit(state: DPFNASState, data: FederatedData):
+    def evaluate(state: DPFNASState, data: FederatedData):
         v = state.variables
         g = evaluate_examples_with(logits_fn(v), data.server_x, data.server_y, data.server_y.shape[0],
                                    cfg.eval_batch_size)
@@ -472,20 +463,13 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         out["iterations"] = state.iteration
         return out
 
-    evaluate_compiled = jax.jit(evaluate_jit)
-
-    def evaluate(state: DPFNASState, data: FederatedData):
-        return {**evaluate_compiled(state, data), **host_report(state, data)}
-
-    evaluate.jitted = evaluate_compiled  # type: ignore[attr-defined]
-
     def export(state: DPFNASState):
         arch = jax.device_get(state.variables["arch"])
         return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
                       multiplier=cfg.steps)
 
-    return FederatedAlgorithm(name="dp_fnas", init=jax.jit(init), round=round_fn, evaluate=evaluate, export=export,
-                              write_architecture=write_architecture_plots)
+    return FederatedAlgorithm(name="dp_fnas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+                              export=export, host_metrics=host_report, write_architecture=write_architecture_plots)
 
 
 def privacy_report(cfg: DPFNASConfig, iterations: int) -> privacy.DPFNASReport:

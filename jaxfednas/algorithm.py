@@ -26,6 +26,12 @@ class FederatedAlgorithm(NamedTuple):
         metrics)`` where the paper adapts the global result to every client
         (e.g. FedNAS §2.5), else None. Metrics hold per-client arrays such as
         ``client_test_acc`` of shape ``[K]`` and their summaries.
+      host_metrics: ``host_metrics(state, data) -> metrics`` computed on the host,
+        outside jit, from a state that ``round`` returned or ``evaluate`` was given
+        (e.g. a privacy accountant's μ and ε for the iterations done so far). The
+        runner merges them into both the round's and the evaluation's metrics;
+        ``round`` and ``evaluate`` themselves stay pure compiled functions. None:
+        no host-side metrics.
       write_architecture: ``write_architecture(architecture, out_dir)`` writes
         pictures of an exported architecture into ``out_dir`` (e.g. DARTS cell
         diagrams); the runner calls it beside ``architecture.json``. None: nothing
@@ -38,4 +44,11 @@ class FederatedAlgorithm(NamedTuple):
     evaluate: Callable[[Any, FederatedData], dict[str, jax.Array]]
     export: Callable[[Any], Any] | None = None
     personalize: Callable[[Any, FederatedData, jax.Array], tuple[Any, dict[str, jax.Array]]] | None = None
+    host_metrics: Callable[[Any, FederatedData], dict[str, Any]] | None = None
     write_architecture: Callable[[Any, Any], None] | None = None
+
+    def with_host_metrics(self, state: Any, data: FederatedData, metrics: dict) -> dict:
+        """``metrics`` plus :attr:`host_metrics` of ``state`` (unchanged when there are none)."""
+        if self.host_metrics is None:
+            return metrics
+        return {**metrics, **self.host_metrics(state, data)}

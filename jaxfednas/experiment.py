@@ -267,7 +267,8 @@ def run_experiment(
         for r in range(start, total):
             t0 = time.perf_counter()
             new_state, metrics = algo.round(state, data, round_key(cfg.run.seed, r))
-            row = {"round": r + 1, **_scalars(jax.device_get(metrics))}
+            metrics = algo.with_host_metrics(new_state, data, jax.device_get(metrics))
+            row = {"round": r + 1, **_scalars(metrics)}
             bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
             if bad:
                 raise NonFiniteError(
@@ -278,7 +279,7 @@ def run_experiment(
             state = new_state
             completed = r + 1
             if completed % cfg.run.eval_every == 0 or completed == total:
-                final = jax.device_get(algo.evaluate(state, data))
+                final = algo.with_host_metrics(state, data, jax.device_get(algo.evaluate(state, data)))
                 row.update(_scalars(final))
                 if algo.export is not None:  # NAS: the architecture derived at this round
                     row["architecture"] = json.loads(algo.export(state).to_json())
@@ -300,7 +301,7 @@ def run_experiment(
         bar.close()
 
     if not final:  # nothing ran (already finished): evaluate the restored state
-        final = jax.device_get(algo.evaluate(state, data))
+        final = algo.with_host_metrics(state, data, jax.device_get(algo.evaluate(state, data)))
     wall = time.perf_counter() - t_start
     plots.plot_curves(rows, out / "plots" / "curves.png", title=f"{cfg.algorithm} on {cfg.data.dataset}")
     summary: dict[str, Any] = {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed}
