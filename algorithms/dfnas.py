@@ -302,7 +302,7 @@ def dfnas(
     def export(state: DFNASState) -> ShuffleArch:
         return derive(state.variables["arch"]["alpha"], cfg.space)
 
-    return FederatedAlgorithm(name="dfnas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+    return FederatedAlgorithm(name="dfnas", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
                               export=export)
 
 

@@ -156,7 +156,7 @@ def ditto(
         )
         return out
 
-    return FederatedAlgorithm(name="ditto", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -468,7 +468,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
                       multiplier=cfg.steps)
 
-    return FederatedAlgorithm(name="dp_fnas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+    return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
                               export=export, host_metrics=host_report, write_architecture=write_architecture_plots)
 
 

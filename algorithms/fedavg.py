@@ -99,7 +99,7 @@ def fedavg(
         )
         return out
 
-    return FederatedAlgorithm(name="fedavg", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="fedavg", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -253,7 +253,7 @@ def fednas(
                       multiplier=cfg.steps)
 
     return FederatedAlgorithm(
-        name="fednas", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export,
+        name="fednas", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export,
         write_architecture=write_architecture_plots,
         personalize=jax.jit(personalize),
     )

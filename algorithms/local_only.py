@@ -75,7 +75,7 @@ def local_only(
     def evaluate(state: LocalOnlyState, data: FederatedData):
         return evaluate_clients(model, info, state.clients, data, cfg.eval_batch_size, placement=placement, personal=True)
 
-    return FederatedAlgorithm(name="local_only", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -210,7 +210,7 @@ def perfedavg(
         out.update(evaluate_adapted(model, info, adapt, state.variables, data, cfg.eval_batch_size, placement=placement))
         return out
 
-    return FederatedAlgorithm(name="perfedavg", init=jax.jit(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="perfedavg", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -58,7 +58,8 @@ def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_s
 
 
 def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None) -> tuple[Any, int]:
-    """Restore a state shaped like ``template``; returns ``(state, completed_rounds)``.
+    """Restore a state shaped like ``template`` and placed like it (the shardings of its
+    ``jax.Array`` leaves); returns ``(state, completed_rounds)``.
 
     Raises ``ValueError`` if the file is not a jaxfednas checkpoint, was written
     for a different configuration, or does not match the template's structure.
@@ -77,4 +78,8 @@ def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
         if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
             raise ValueError(f"{path}: checkpoint leaf {np.shape(b)}/{np.asarray(b).dtype} does not match "
                              f"the state {np.shape(a)}/{np.asarray(a).dtype}")
-    return jax.device_put(state), int(raw["round"])
+    # Each leaf goes where the template's lives (e.g. replicated over the clients mesh),
+    # so the first round after a resume runs the already-compiled program.
+    leaves, treedef = jax.tree.flatten(state)
+    where = [t.sharding if isinstance(t, jax.Array) else None for t in jax.tree.leaves(template)]
+    return jax.tree.unflatten(treedef, [jax.device_put(x, s) for x, s in zip(leaves, where)]), int(raw["round"])

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
@@ -82,6 +82,21 @@ class Placement:
             return self
         mode = "shard_map" if jax.device_count() > 1 else "map"
         return Placement(mode, client_chunk_size=None, within="map")
+
+    def state_sharding(self) -> NamedSharding | None:
+        """Where the server state lives between rounds: replicated over the ``clients``
+        mesh under ``shard_map`` (where a round returns it), else None (the default
+        device)."""
+        if self.resolved() != "shard_map":
+            return None
+        return NamedSharding(client_mesh(), P())
+
+    def jit_init(self, init: Callable) -> Callable:
+        """``jax.jit(init)`` with its state placed where rounds return theirs. Otherwise
+        round 2, whose inputs carry the mesh sharding round 1 gave them, would compile the
+        round a second time (tests/test_contract.py counts the traces)."""
+        sharding = self.state_sharding()
+        return jax.jit(init) if sharding is None else jax.jit(init, out_shardings=sharding)
 
     def resolved(self) -> str:
         if self.mode != "auto":

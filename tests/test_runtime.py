@@ -124,16 +124,6 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
     assert np.isfinite(ref_metrics["train_loss"])
 
 
-def test_one_compilation_per_round_function(tiny_data):
-    algo = fedavg(FedAvgConfig(batch_size=16), tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
-    state = algo.init(jax.random.PRNGKey(0))
-    for r in range(3):
-        state, _ = algo.round(state, tiny_data, jax.random.PRNGKey(r))
-        algo.evaluate(state, tiny_data)
-    assert algo.round._cache_size() == 1
-    assert algo.evaluate._cache_size() == 1
-
-
 def test_fedavg_learns_and_local_only_keeps_unsampled_rows(tiny_data):
     algo = fedavg(FedAvgConfig(batch_size=16, client_lr=0.05), tiny_data.info, placement=Placement("vmap"))
     state = algo.init(jax.random.PRNGKey(0))

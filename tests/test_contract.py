@@ -1,0 +1,147 @@
+"""The contract every registered algorithm fulfils, checked for each entry of the
+registry (a new algorithm is covered by adding it to ``jaxfednas.registry.ALGORITHMS``).
+
+Each algorithm is built through its module's ``build`` on a tiny synthetic federation
+(4 clients, 8x8x1 images, tiny spaces) and checked for:
+- ``init``/``round``: a round keeps the state's structure, shapes and dtypes (so later
+  rounds reuse the compiled program), changes the state, and returns finite scalars;
+- one compilation: a second round and evaluation trace nothing (counted with JAX's public
+  ``jax.monitoring`` trace events, not its private cache sizes);
+- resume: a state written to a checkpoint and read back runs the next round to the same
+  bits as the state that never left memory, with the already-compiled program;
+- ``evaluate``: accuracies are whole numbers of test examples over the right counts;
+- ``host_metrics`` (if any): plain host numbers; ``export`` (if any): an architecture
+  with a JSON round trip.
+
+Exact aggregation (n_k-weighted means of hand-run clients) is algorithm-specific and is
+checked in each algorithm's own test file.
+"""
+import contextlib
+
+import jax
+import numpy as np
+import pytest
+
+from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
+from jaxfednas.data import make_federated_data
+from jaxfednas.data import partition as part
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.experiment import make_partition
+from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
+from jaxfednas.rng import init_key, round_key
+
+# The smallest settings of each algorithm that still run its real code path.
+TINY = {
+    "fedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "local_only": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "local_adaptation": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "ditto": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "perfedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "fednas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny"},
+    "fednas_train": {"algo.C": 4, "algo.layers": 2, "algo.genotype": "FEDNAS_V1"},
+    "dp_fnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+                "algo.iterations_per_round": 1},
+    "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1},
+}
+EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration
+
+
+def test_every_registered_algorithm_has_tiny_settings():
+    assert set(TINY) == set(ALGORITHMS)
+
+
+@contextlib.contextmanager
+def count_traces():
+    """Number of functions JAX traced (to compile) inside the block."""
+    seen = []
+
+    def listener(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            seen.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.fixture(scope="module", params=sorted(ALGORITHMS))
+def run(request):
+    name = request.param
+    overrides = {"data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": 2, **TINY[name]}
+    if name not in EVERY_PARTY:
+        overrides["run.clients_per_round"] = 2
+    cfg = make_config(name, overrides=overrides)
+    ds = load_dataset("synthetic", num_train=256, num_test=64)
+    data = make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
+    algo = algorithm_module(name).build(cfg, data.info)
+    s0 = algo.init(init_key(0))
+    s1, m1 = algo.round(s0, data, round_key(0, 0))
+    e1 = algo.evaluate(s1, data)
+    return name, cfg, data, algo, s0, s1, m1, e1
+
+
+def _leaves_equal(a, b):
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_round_keeps_the_state_shape_changes_it_and_reports_finite_scalars(run):
+    name, _, _, algo, s0, s1, m1, _ = run
+    assert algo.name == name
+    assert jax.tree.structure(s1) == jax.tree.structure(s0)
+    for a, b in zip(jax.tree.leaves(s0), jax.tree.leaves(s1)):
+        assert (np.shape(a), np.asarray(a).dtype) == (np.shape(b), np.asarray(b).dtype)
+    assert not _leaves_equal(s0, s1)
+    assert m1, "a round reports metrics"
+    for k, v in m1.items():
+        assert np.shape(v) == (), k
+        assert np.isfinite(float(v)), k
+
+
+def test_second_round_and_evaluation_trace_nothing(run):
+    _, _, data, algo, _, s1, _, _ = run
+    with count_traces() as traced:
+        s2, _ = algo.round(s1, data, round_key(0, 1))
+        algo.evaluate(s2, data)
+    assert traced == []
+
+
+def test_state_restored_from_a_checkpoint_continues_bitwise(run, tmp_path):
+    _, _, data, algo, s0, s1, _, _ = run
+    save_checkpoint(tmp_path / "c.msgpack", s1, round=1, config_sha256="x")
+    restored, r = load_checkpoint(tmp_path / "c.msgpack", s0, config_sha256="x")
+    assert r == 1 and _leaves_equal(restored, s1)
+    a, ma = algo.round(s1, data, round_key(0, 1))
+    with count_traces() as traced:
+        b, mb = algo.round(restored, data, round_key(0, 1))
+    assert traced == []  # restored where init put it: no new compilation
+    assert _leaves_equal(a, b) and _leaves_equal(ma, mb)
+
+
+def test_evaluation_counts_whole_test_examples(run):
+    _, _, data, algo, _, s1, _, e1 = run
+    if "global_test_acc" in e1:
+        n = data.server_y.shape[0]
+        correct = float(e1["global_test_acc"]) * n
+        assert abs(correct - round(correct)) < 1e-3 and 0 <= round(correct) <= n
+    acc = np.asarray(e1["client_test_acc"], np.float64)
+    counts = np.asarray(data.test.counts)
+    assert acc.shape == counts.shape
+    has = counts > 0
+    assert np.all(np.isnan(acc[~has]))
+    correct = acc[has] * counts[has]
+    np.testing.assert_allclose(correct, np.round(correct), atol=1e-3)
+    w = counts[has] / counts[has].sum()
+    np.testing.assert_allclose(float(e1["client_test_acc_mean_weighted"]), (w * acc[has]).sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(e1["client_test_acc_mean_unweighted"]), acc[has].mean(), rtol=1e-5)
+
+
+def test_host_metrics_and_export(run):
+    _, _, data, algo, _, s1, _, _ = run
+    if algo.host_metrics is not None:
+        host = algo.host_metrics(s1, data)
+        assert all(isinstance(v, (int, float)) for v in host.values()), host
+    if algo.export is not None:
+        arch = algo.export(s1)
+        assert type(arch).from_json(arch.to_json()) == arch
