@@ -8,7 +8,7 @@ Part 1 -- forward + backward (train-mode BN, random cotangent) of
 for batch ``--batch`` (32) of ``--hw`` x ``--hw`` (32x32) inputs with C in ``--channels``
 (8, 16), once standalone (one jitted value-and-grad) and once as ``--steps`` SGD steps
 inside one jitted ``lax.scan`` (how a client's local epoch runs). Formulations of the
-depthwise + 1x1 pairs (``search_spaces.darts.operations``):
+depthwise + 1x1 pairs (``jaxfednas.nn.SeparableConv``):
 
 * ``grouped`` -- ``conv_general_dilated`` with ``feature_group_count=C``;
 * ``slices``  -- k*k strided slices times per-channel weights, summed;
@@ -45,7 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from search_spaces.darts import DartsSearchNetwork, MixedOp, PRIMITIVES, SepConv  # noqa: E402
-from search_spaces.darts.operations import default_depthwise_impl  # noqa: E402
+from jaxfednas.nn import default_depthwise_impl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 

@@ -302,7 +302,7 @@ def worker_fednas(args) -> dict:
 
     import fednas_search as fs
     from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
-    from search_spaces.darts.operations import default_depthwise_impl
+    from jaxfednas.nn import default_depthwise_impl
 
     C, layers, batch = FEDNAS
     steps = args.fednas_steps

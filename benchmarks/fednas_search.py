@@ -147,7 +147,7 @@ def worker_jax_step(args, config: str, order: str) -> dict:
 
     from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
     from jaxfednas.cost import count_params
-    from search_spaces.darts.operations import default_depthwise_impl
+    from jaxfednas.nn import default_depthwise_impl
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)

@@ -10,16 +10,13 @@ arXiv:1806.09055), as used by FedNAS, SPIDER and DP-FNAS.
 """
 from .genotypes import DARTS, DARTS_V1, DARTS_V2, derive, derive_from_weights, FEDNAS_V1, Genotype
 from .network import AUX_WEIGHT, AuxiliaryHeadCIFAR, build, DartsNetwork, drop_path, EvalCell
+# depthwise convolutions live in the engine (jaxfednas.nn); re-exported here as before
+from jaxfednas.nn import DEPTHWISE_IMPLS, default_depthwise_impl, depthwise_conv, DepthwiseConv, SeparableConv
 from .operations import (
     AvgPool3x3,
     BN_EPS,
     BN_MOMENTUM,
     Conv7x1_1x7,
-    default_depthwise_impl,
-    DEPTHWISE_IMPLS,
-    depthwise_conv,
-    DepthwiseConv,
-    SeparableConv,
     DilConv,
     FactorizedReduce,
     Identity,

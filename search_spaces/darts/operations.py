@@ -7,21 +7,9 @@ those statistics. Convolutions carry no bias and use the pre-activation order
 ReLU -> conv -> BN. BatchNorm uses PyTorch's defaults (momentum 0.1, i.e. Flax
 ``momentum=0.9``; eps 1e-5); ``affine=False`` drops scale and shift, as in search.
 
-Every depthwise convolution in DARTS is directly followed by a 1x1 convolution
-(:class:`SeparableConv`). The pair has three formulations with the same math,
-selected by ``dw_impl``:
-
-* ``"grouped"`` -- ``lax.conv_general_dilated`` with ``feature_group_count=C``, then the
-  1x1 conv (the default on GPU; XLA:CPU runs grouped convolutions slowly, and 2x
-  slower again inside a ``lax.scan``);
-* ``"slices"`` -- the depthwise conv as the sum over the k*k taps of a strided slice of
-  the padded input times that tap's per-channel weights (:func:`depthwise_conv`), then
-  the 1x1 conv (fast on CPU but slow to compile: 5x5 kernels give large fusions);
-* ``"fused"`` -- one dense k x k convolution whose kernel is
-  ``depthwise[u, v, 0, i] * pointwise[0, 0, i, o]`` (the default on CPU: the fastest whole
-  8-op edge at the search widths and as quick to compile as a plain conv; its cost grows
-  with C^2, so for wide evaluation networks -- C=36: 3x3 blocks 2.3x faster in a scan --
-  pass ``dw_impl="slices"``).
+Every depthwise convolution in DARTS is directly followed by a 1x1 convolution:
+:class:`jaxfednas.nn.SeparableConv`, with three formulations of the same math picked
+per backend by ``dw_impl`` (see :mod:`jaxfednas.nn`).
 
 Normalisation (``norm``, every op and the search network): ``"batch"`` (default) is
 DARTS' BatchNorm with batch statistics. BatchNorm couples the examples of a batch, so
@@ -39,21 +27,17 @@ example by its own statistics, keep no running averages (no ``batch_stats``) and
 behave the same in training and evaluation. This is a deliberate deviation from the
 papers' search network, made only where DP needs it (DESIGN invariant 4).
 
-``default_depthwise_impl()`` picks per backend; ``benchmarks/darts_ops.py`` holds the
-numbers behind the choice (also in ``benchmarks/RESULTS.md``). Dense convolutions use
-:class:`jaxfednas.nn.Conv` (or its functional core for the computed fused kernel).
+Dense convolutions use :class:`jaxfednas.nn.Conv`.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxfednas.nn import Conv, conv_canonical_grad, use_fast_grad
+from jaxfednas.nn import Conv, SeparableConv
 
 PRIMITIVES: tuple[str, ...] = (
     "none",
@@ -81,65 +65,11 @@ PRIMITIVE_SETS: dict[str, tuple[str, ...]] = {
 OPS: tuple[str, ...] = PRIMITIVES + ("conv_7x1_1x7",)
 """Every op :func:`make_op` builds (``conv_7x1_1x7`` is in DARTS' table, in no primitive set)."""
 
-DEPTHWISE_IMPLS = ("grouped", "slices", "fused")
-
 NORMS = ("batch", "group", "layer")
 GROUPS = 8  # "group" norm: gcd(C // 2, GROUPS) groups (>= 2 channels each)
 
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
 BN_EPS = 1e-5
-
-_DN = ("NHWC", "HWIO", "NHWC")
-
-
-def default_depthwise_impl() -> str:
-    """``"fused"`` on CPU, ``"grouped"`` elsewhere (numbers: ``benchmarks/darts_ops.py``)."""
-    return "fused" if jax.default_backend() == "cpu" else "grouped"
-
-
-def _resolve_impl(impl: str | None) -> str:
-    impl = default_depthwise_impl() if impl is None else impl
-    if impl not in DEPTHWISE_IMPLS:
-        raise ValueError(f"dw_impl must be one of {DEPTHWISE_IMPLS} or None, got {impl!r}")
-    return impl
-
-
-def depthwise_conv(x, w, stride: int = 1, dilation: int = 1, padding: int = 0, impl: str | None = None):
-    """Depthwise 2-D convolution of NHWC ``x`` with a ``[k, k, 1, C]`` (HWIO, grouped) kernel.
-
-    Symmetric zero ``padding``, square ``stride`` and ``dilation``. ``impl`` is
-    ``"grouped"``, ``"slices"`` or ``None`` (the backend default, with ``"fused"`` read as
-    ``"slices"``: a lone depthwise conv has no 1x1 conv to fold into); both give the same
-    values and gradients up to float rounding.
-    """
-    impl = _resolve_impl(impl)
-    if impl == "fused":
-        impl = "slices"
-    k, k2, one, c = w.shape
-    if k != k2 or one != 1 or c != x.shape[-1]:
-        raise ValueError(f"depthwise kernel must be [k, k, 1, C={x.shape[-1]}], got {w.shape}")
-    w = w.astype(x.dtype)
-    if impl == "grouped":
-        return lax.conv_general_dilated(
-            x, w, (stride, stride), ((padding, padding), (padding, padding)),
-            rhs_dilation=(dilation, dilation), dimension_numbers=_DN, feature_group_count=c,
-        )
-    b, h, wd, _ = x.shape
-    xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0))) if padding else x
-    span = dilation * (k - 1) + 1
-    ho = (h + 2 * padding - span) // stride + 1
-    wo = (wd + 2 * padding - span) // stride + 1
-    out = None
-    for u in range(k):
-        for v in range(k):
-            r, s = u * dilation, v * dilation
-            tap = lax.slice(
-                xp, (0, r, s, 0), (b, r + (ho - 1) * stride + 1, s + (wo - 1) * stride + 1, c),
-                (1, stride, stride, 1),
-            ) * w[u, v, 0]
-            out = tap if out is None else out + tap
-    return out
-
 
 def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None, norm: str = "batch"):
     """BatchNorm with the reference constants; ``mask`` [B] excludes padded examples.
@@ -161,60 +91,6 @@ def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None 
         use_scale=affine, use_bias=affine, name=name,
     )
     return bn(x, mask=m)
-
-
-class DepthwiseConv(nn.Module):
-    """Depthwise k x k convolution (no bias); kernel ``[k, k, 1, C]`` as in a grouped conv."""
-
-    kernel_size: int
-    stride: int = 1
-    padding: int = 0
-    dilation: int = 1
-    dw_impl: str | None = None
-    kernel_init: Any = nn.initializers.lecun_normal()
-
-    @nn.compact
-    def __call__(self, x):
-        k = self.kernel_size
-        w = self.param("kernel", self.kernel_init, (k, k, 1, x.shape[-1]))
-        return depthwise_conv(x, w, self.stride, self.dilation, self.padding, self.dw_impl)
-
-
-def _dense_conv(x, w, stride: int, padding: int, dilation: int):
-    s, d, p = (stride, stride), (dilation, dilation), ((padding, padding), (padding, padding))
-    if use_fast_grad():
-        return conv_canonical_grad(x, w.astype(x.dtype), s, p, d)
-    return lax.conv_general_dilated(x, w.astype(x.dtype), s, p, rhs_dilation=d, dimension_numbers=_DN)
-
-
-class SeparableConv(nn.Module):
-    """Depthwise k x k (stride, dilation) followed by a 1x1 conv to ``C_out``; no bias.
-
-    Parameters ``depthwise`` ``[k, k, 1, C_in]`` and ``pointwise`` ``[1, 1, C_in, C_out]`` in
-    every formulation. ``dw_impl="fused"`` runs the pair as one dense k x k convolution
-    with kernel ``depthwise[u, v, 0, i] * pointwise[0, 0, i, o]`` (the same linear map;
-    its cost grows with ``C_in * C_out``).
-    """
-
-    C_out: int
-    kernel_size: int
-    stride: int = 1
-    padding: int = 0
-    dilation: int = 1
-    dw_impl: str | None = None
-    kernel_init: Any = nn.initializers.lecun_normal()
-
-    @nn.compact
-    def __call__(self, x):
-        k, c_in = self.kernel_size, x.shape[-1]
-        dw = self.param("depthwise", self.kernel_init, (k, k, 1, c_in))
-        pw = self.param("pointwise", self.kernel_init, (1, 1, c_in, self.C_out))
-        impl = _resolve_impl(self.dw_impl)
-        if impl == "fused":
-            kernel = dw[:, :, 0, :, None] * pw[0, 0][None, None]
-            return _dense_conv(x, kernel, self.stride, self.padding, self.dilation)
-        y = depthwise_conv(x, dw, self.stride, self.dilation, self.padding, impl)
-        return _dense_conv(y, pw, 1, 0, 1)
 
 
 def _pad2(p: int):

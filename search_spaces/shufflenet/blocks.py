@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfednas.nn import Conv
-from search_spaces.darts.operations import default_depthwise_impl, depthwise_conv
+from jaxfednas.nn import default_depthwise_impl, depthwise_conv
 
 BN_EPS = 1e-5  # PyTorch's default; DSNAS_BN_EPS for parity with DSNAS' ImageNet runs
 DSNAS_BN_EPS = 1e-2
