@@ -13,8 +13,8 @@ from algorithms.models import MODELS
 from jaxfednas.config import Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, run_local_epochs
-from jaxfednas.evaluation import client_accuracy_summary, evaluate_examples
-from jaxfednas.runtime import Placement, map_clients
+from jaxfednas.evaluation import client_accuracies, global_accuracy
+from jaxfednas.runtime import Placement
 
 AUGMENTS = ("auto", "none", "crop_flip", "crop_flip_cutout")
 
@@ -115,11 +115,6 @@ def train_metrics(metrics: dict[str, jax.Array]) -> dict[str, jax.Array]:
     }
 
 
-def evaluate_examples_with(logits_fn, x, y, count, batch_size) -> dict[str, jax.Array]:
-    """:func:`jaxfednas.evaluation.evaluate_examples` with a positional batch size."""
-    return evaluate_examples(logits_fn, x, y, count, batch_size=batch_size)
-
-
 def make_logits_fn(model: nn.Module, info: DataInfo) -> Callable:
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)
@@ -128,27 +123,15 @@ def make_logits_fn(model: nn.Module, info: DataInfo) -> Callable:
 
 
 def evaluate_global(model, info, variables, data, batch_size) -> dict[str, jax.Array]:
-    """Accuracy of one model on the server's global test set."""
-    r = evaluate_examples(
-        make_logits_fn(model, info)(variables), data.server_x, data.server_y, data.server_y.shape[0],
-        batch_size=batch_size,
-    )
-    return {"global_test_acc": r["correct"] / r["count"], "global_test_loss": r["loss_sum"] / r["count"]}
+    """Accuracy of one model (eval mode) on the server's global test set."""
+    return global_accuracy(make_logits_fn(model, info)(variables), data, batch_size)
 
 
 def evaluate_clients(model, info, variables, data, batch_size, *, placement: Placement, personal: bool):
     """Each client's accuracy on its own test split, with the shared model
     (``personal=False``) or each client's row of ``variables`` (``personal=True``)."""
-    logits_fn = make_logits_fn(model, info)
-
-    def one(args, shared):
-        client, v = args if personal else (args, shared)
-        return evaluate_examples(logits_fn(v), client.x, client.y, client.count, batch_size=batch_size)
-
-    clients = data.all_clients("test")
-    per_client = (clients, variables) if personal else clients
-    r = map_clients(one, per_client, None if personal else variables, placement=placement)
-    return client_accuracy_summary(r["correct"], r["count"])
+    return client_accuracies(make_logits_fn(model, info), variables, data, batch_size, placement=placement,
+                             personal=personal)
 
 
 def client_batch_statistics(

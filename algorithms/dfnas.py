@@ -48,12 +48,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import client_batch_statistics, evaluate_examples_with, make_augment
+from algorithms.common import client_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
-from jaxfednas.evaluation import client_accuracy_summary
+from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
 from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
@@ -282,19 +282,11 @@ def dfnas(
         def logits(variables):
             return lambda x: model.apply(variables, info.normalize(x), path, train=False)
 
-        def global_acc(variables):
-            return evaluate_examples_with(logits(variables), data.server_x, data.server_y, data.server_y.shape[0],
-                                          cfg.eval_batch_size)
-
         child = recalibrated(v, path, data) if cfg.bn_recalibration_batches else v
-        g = global_acc(child)
-        out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
+        out = global_accuracy(logits(child), data, cfg.eval_batch_size)
         if cfg.bn_recalibration_batches:
-            r = global_acc(v)
-            out["global_test_acc_running_bn"] = r["correct"] / r["count"]
-        r = map_clients(lambda c, v: evaluate_examples_with(logits(v), c.x, c.y, c.count, cfg.eval_batch_size),
-                        data.all_clients("test"), child, placement=placement)
-        out.update(client_accuracy_summary(r["correct"], r["count"], prefix="client_test"))
+            out["global_test_acc_running_bn"] = global_accuracy(logits(v), data, cfg.eval_batch_size)["global_test_acc"]
+        out.update(client_accuracies(logits, child, data, cfg.eval_batch_size, placement=placement))
         out["arch_entropy"] = arch_entropy(v["arch"]["alpha"])
         out["fixed_blocks"] = state.fixed.sum()
         return out

@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms.common import evaluate_examples_with, make_augment
+from algorithms.common import make_augment
 from algorithms.fednas import write_architecture_plots
 from search_spaces import arch_entropy
 from jaxfednas import dp, privacy
@@ -82,7 +82,7 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
-from jaxfednas.evaluation import client_accuracy_summary
+from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import arch_hessian_vector
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
@@ -448,17 +448,11 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)
 
-    def client_eval(variables, client: ClientData):
-        return evaluate_examples_with(logits_fn(variables), client.x, client.y, client.count, cfg.eval_batch_size)
-
     def evaluate(state: DPFNASState, data: FederatedData):
         v = state.variables
-        g = evaluate_examples_with(logits_fn(v), data.server_x, data.server_y, data.server_y.shape[0],
-                                   cfg.eval_batch_size)
-        out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
+        out = global_accuracy(logits_fn(v), data, cfg.eval_batch_size)
         for split in ("val", "test"):
-            r = map_clients(lambda c, v: client_eval(v, c), data.all_clients(split), v, placement=placement)
-            out.update(client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}"))
+            out.update(client_accuracies(logits_fn, v, data, cfg.eval_batch_size, placement=placement, split=split))
         out["arch_entropy"] = arch_entropy(v["arch"])
         out["iterations"] = state.iteration
         return out

@@ -31,12 +31,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import evaluate_examples_with, make_augment
+from algorithms.common import make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, epoch_permutation, num_steps, run_local_epochs
-from jaxfednas.evaluation import client_accuracy_summary
+from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import cosine_epoch_lr, milenas_grads, nas_optimizer
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
@@ -213,22 +213,16 @@ def fednas(
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)
 
-    def client_eval(variables, client: ClientData):
-        return evaluate_examples_with(logits_fn(variables), client.x, client.y, client.count, cfg.eval_batch_size)
-
     def evaluate(state: FedNASState, data: FederatedData):
         v = state.variables
-        g = evaluate_examples_with(logits_fn(v), data.server_x, data.server_y, data.server_y.shape[0], cfg.eval_batch_size)
-        out = {"global_test_acc": g["correct"] / g["count"], "global_test_loss": g["loss_sum"] / g["count"]}
+        out = global_accuracy(logits_fn(v), data, cfg.eval_batch_size)
         # The paper's number above uses BN running statistics (eval mode). After few local
         # steps per round those lag behind the weights; the same supernet normalised by each
         # test batch's own statistics shows how much of the gap is that lag.
         batch_bn = lambda x: model.apply(v, info.normalize(x), train=True, mutable=["batch_stats"])[0]  # noqa: E731
-        gb = evaluate_examples_with(batch_bn, data.server_x, data.server_y, data.server_y.shape[0], cfg.eval_batch_size)
-        out["global_test_acc_bn_batch"] = gb["correct"] / gb["count"]
+        out["global_test_acc_bn_batch"] = global_accuracy(batch_bn, data, cfg.eval_batch_size)["global_test_acc"]
         for split in ("val", "test"):
-            r = map_clients(lambda c, v: client_eval(v, c), data.all_clients(split), v, placement=placement)
-            out.update(client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}"))
+            out.update(client_accuracies(logits_fn, v, data, cfg.eval_batch_size, placement=placement, split=split))
         out["arch_entropy"] = arch_entropy(v["arch"])
         return out
 
@@ -239,11 +233,9 @@ def fednas(
         ids = jnp.arange(info.num_clients)
         per_client = (data.all_clients("train"), data.all_clients("val"), client_keys(key, ids))
         rows, _ = map_clients(lambda c, v: adapt(v, *c), per_client, state.variables, placement=placement)
-        test = data.all_clients("test")
-        mine = map_clients(lambda c, _: client_eval(c[0], c[1]), (rows, test), None, placement=placement)
-        glob = map_clients(lambda c, v: client_eval(v, c), test, state.variables, placement=placement)
-        out = client_accuracy_summary(mine["correct"], mine["count"], prefix="client_test")
-        out.update(client_accuracy_summary(glob["correct"], glob["count"], prefix="client_test_global"))
+        out = client_accuracies(logits_fn, rows, data, cfg.eval_batch_size, placement=placement, personal=True)
+        out.update(client_accuracies(logits_fn, state.variables, data, cfg.eval_batch_size, placement=placement,
+                                     prefix="client_test_global"))
         out["arch_entropy"] = arch_entropy(rows["arch"])
         return rows, out
 

@@ -25,13 +25,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from algorithms.common import evaluate_clients, evaluate_global, make_local_train, make_logits_fn
+from algorithms.common import evaluate_global, make_local_train, make_logits_fn
 from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from algorithms.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
-from jaxfednas.evaluation import client_accuracy_summary, evaluate_examples
+from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas import rng
 from jaxfednas.runtime import Placement, map_clients
 
@@ -74,7 +74,7 @@ def adaptation_keys(num_clients: int) -> jax.Array:
 def evaluate_clients_global(model, info, variables, data, batch_size, *, placement: Placement) -> dict[str, jax.Array]:
     """Each client's test accuracy with the shared (un-personalized) model, named
     ``client_test_acc_global[...]`` so it sits beside the personalized numbers."""
-    out = evaluate_clients(model, info, variables, data, batch_size, placement=placement, personal=False)
+    out = client_accuracies(make_logits_fn(model, info), variables, data, batch_size, placement=placement)
     return {"client_test_acc_global" + k[len("client_test_acc"):]: v for k, v in out.items()}
 
 

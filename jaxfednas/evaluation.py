@@ -1,5 +1,13 @@
 """Evaluation: global test accuracy and per-client accuracy on clients' own test splits.
 
+* :func:`global_accuracy` — one model on the server's global test set;
+* :func:`client_accuracies` — every client on its own split (test or val), with the
+  shared model or each client's own row of a per-client state, placed by the runtime;
+* :func:`evaluate_examples` / :func:`client_accuracy_summary` — the pieces under them.
+
+Models enter as logits functions (``logits_of(variables) -> (x -> logits)``), so any
+network, subnet or recalibrated child can be evaluated the same way.
+
 Names say what is averaged: ``client_test_acc_mean_unweighted`` treats every
 client alike; ``..._weighted`` weights a client by its number of test examples
 (so it equals the pooled accuracy over all clients' test examples). Clients
@@ -13,6 +21,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import optax
+
+from jaxfednas.runtime import Placement, map_clients
 
 
 def evaluate_examples(
@@ -69,3 +79,37 @@ def client_accuracy_summary(correct: jax.Array, counts: jax.Array, prefix: str =
         f"{prefix}_acc_mean_weighted": mean_w,
         f"{prefix}_acc_std_weighted": std_w,
     }
+
+
+def global_accuracy(logits_fn: Callable[[jax.Array], jax.Array], data, batch_size: int) -> dict[str, jax.Array]:
+    """``global_test_acc`` and ``global_test_loss`` of ``logits_fn`` on the server's test set."""
+    r = evaluate_examples(logits_fn, data.server_x, data.server_y, data.server_y.shape[0], batch_size=batch_size)
+    return {"global_test_acc": r["correct"] / r["count"], "global_test_loss": r["loss_sum"] / r["count"]}
+
+
+def client_accuracies(
+    logits_of: Callable,
+    variables,
+    data,
+    batch_size: int,
+    *,
+    placement: Placement,
+    personal: bool = False,
+    split: str = "test",
+    prefix: str | None = None,
+) -> dict[str, jax.Array]:
+    """Every client's accuracy on its own ``split``, summarised by
+    :func:`client_accuracy_summary` under ``prefix`` (default ``client_<split>``).
+
+    ``logits_of(variables)`` returns the logits function of one model. With
+    ``personal=False`` every client evaluates the shared ``variables``; with
+    ``personal=True`` client k evaluates row k of ``variables`` (a leading client axis).
+    """
+    def one(args, shared):
+        client, v = args if personal else (args, shared)
+        return evaluate_examples(logits_of(v), client.x, client.y, client.count, batch_size=batch_size)
+
+    clients = data.all_clients(split)
+    per_client = (clients, variables) if personal else clients
+    r = map_clients(one, per_client, None if personal else variables, placement=placement)
+    return client_accuracy_summary(r["correct"], r["count"], prefix=prefix or f"client_{split}")
