@@ -26,7 +26,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 
@@ -36,6 +35,7 @@ from algorithms.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import parse_set
 from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import run_script, run_stage
 from jaxfednas.registry import make_config
 from search_spaces.shufflenet import child_cost, ShuffleArch, uniform_arch
@@ -102,7 +102,7 @@ def run(args) -> None:
         ds = load_dataset(d.dataset, d.data_dir)
         if algo == "dfnas":  # the deliverable: the final child, as searched
             arch = ShuffleArch(s["architecture"]["space"], tuple(s["architecture"]["choices"]))
-            rep = child_report(arch, SimpleNamespace(num_classes=ds.num_classes, image_shape=ds.image_shape))
+            rep = child_report(arch, DataInfo.of(ds, d.num_clients))
             row.update(architecture=rep["architecture"], params=rep["params"], macs=rep["macs"],
                        fixed_blocks=s["final"].get("fixed_blocks"),
                        global_test_acc_running_bn=s["final"].get("global_test_acc_running_bn"))

@@ -42,20 +42,14 @@ import jax
 import numpy as np
 
 from algorithms.fednas import client_genotypes
-from jaxfednas.checkpoint import atomic_write_text, load_checkpoint
+from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
-from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
-from jaxfednas.experiment import (
-    CHECKPOINT,
-    config_hash,
-    make_partition,
-    run_script,
-    run_stage,
-)
-from jaxfednas.registry import algorithm_module, make_config
-from jaxfednas.rng import init_key, personalize_key
+from jaxfednas.data.federated import DataInfo
+from jaxfednas.experiment import load_run, run_script, run_stage
+from jaxfednas.registry import make_config
+from jaxfednas.rng import personalize_key
 from search_spaces.darts import PRIMITIVE_SETS
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
@@ -82,27 +76,15 @@ def _stage(cfg, out: Path, resume: bool) -> dict:
     return run_stage(cfg, out, resume=resume, describe=_describe)
 
 
-def _restore(cfg, out: Path):
-    """The algorithm, its data, the final state, the partition manifest and the dataset of a run directory."""
-    ds = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    manifest = make_partition(cfg, ds)
-    data = make_federated_data(ds, part.manifest_splits(manifest))
-    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
-    state, _ = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)), config_sha256=config_hash(cfg))
-    return algo, data, state, manifest, ds
-
-
 def _model_params(cfg, ds) -> int:
     """Weights of the model one client trains (the supernet, the evaluation network or the
     baseline's network), counted from shapes only."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
     from jaxfednas.cost import count_params  # noqa: PLC0415
     from algorithms.fednas import make_supernet  # noqa: PLC0415
     from algorithms.fednas_train import make_network  # noqa: PLC0415
     from algorithms.models import init_variables, make_model  # noqa: PLC0415
 
-    info = SimpleNamespace(num_classes=ds.num_classes)
+    info = DataInfo.of(ds, cfg.data.num_clients)
     if cfg.algorithm == "fednas":
         model = make_supernet(cfg.algo, info)
     elif cfg.algorithm == "fednas_train":
@@ -180,7 +162,8 @@ def personalized(args, overrides: dict) -> None:
     print(f"== personalized FedNAS: search on {search_cfg.data.num_clients} clients -> {out / 'fednas'}", flush=True)
     s = _stage(search_cfg, out / "fednas", args.resume)
     t0 = time.perf_counter()
-    algo, data, state, manifest, ds = _restore(search_cfg, out / "fednas")
+    run = load_run(out / "fednas")
+    algo, data, state, manifest, ds = run.algorithm, run.data, run.state, run.manifest, run.dataset
     rows, pers = algo.personalize(state, data, personalize_key(search_cfg.run.seed))
     pers = jax.device_get(pers)
     genos = client_genotypes(search_cfg.algo, rows["arch"])

@@ -20,6 +20,7 @@ resumed run ends with the bytes of an uninterrupted one.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -105,6 +106,40 @@ def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool
 
     return run_experiment(cfg, out, resume=resume and (out / "config.json").exists(), progress=False,
                           on_round_end=show)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    """What a run directory holds, rebuilt: its configuration, algorithm, data and
+    checkpointed state after ``rounds`` completed rounds."""
+
+    config: ExperimentConfig
+    algorithm: Any  # FederatedAlgorithm
+    data: Any  # FederatedData
+    state: Any
+    rounds: int
+    manifest: dict
+    dataset: Dataset
+
+
+def load_run(out_dir: str | os.PathLike) -> FinishedRun:
+    """Rebuild a run directory's algorithm, data and last checkpointed state from its
+    own ``config.json`` (for examples and notebooks that continue from a finished stage,
+    e.g. personalization after a search). The partition is recomputed and must equal
+    the saved manifest."""
+    out = Path(out_dir)
+    if not (out / "config.json").exists() or not (out / CHECKPOINT).exists():
+        raise FileNotFoundError(f"{out} holds no finished run (config.json and {CHECKPOINT} are needed)")
+    cfg = config_from_dict(json.loads((out / "config.json").read_text()))
+    dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    manifest = make_partition(cfg, dataset)
+    saved = out / "partition" / "manifest.json"
+    if saved.exists() and part.load_manifest(saved)["sha256"] != manifest["sha256"]:
+        raise ValueError(f"the partition recomputed now differs from {saved}")
+    data = make_federated_data(dataset, part.manifest_splits(manifest))
+    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
+    state, rounds = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)), config_sha256=config_hash(cfg))
+    return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
 
 
 def config_hash(cfg: ExperimentConfig) -> str:

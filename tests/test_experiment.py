@@ -3,7 +3,6 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jaxfednas import cli
@@ -147,3 +146,18 @@ def test_cli_privacy_table(capsys):
     assert cli.main(["privacy", "--sampling-prob", "1.5", "--noise-multiplier", "1", "--steps", "10",
                      "--delta", "1e-5"]) == 2
     assert "sampling_prob" in capsys.readouterr().err
+
+
+def test_load_run_rebuilds_a_finished_run(tmp_path):
+    from jaxfednas.experiment import load_run
+
+    d = tmp_path / "run"
+    summary = run_experiment(_cfg(2), d, progress=False, log=lambda s: None)
+    run = load_run(d)
+    assert run.config == _cfg(2) and run.rounds == 2 and run.algorithm.name == "fedavg"
+    assert run.manifest == json.loads((d / "partition" / "manifest.json").read_text())
+    # the restored state is the one the run ended with: its evaluation reproduces the summary
+    final = jax.device_get(run.algorithm.evaluate(run.state, run.data))
+    assert float(final["global_test_acc"]) == summary["final"]["global_test_acc"]
+    with pytest.raises(FileNotFoundError, match="holds no finished run"):
+        load_run(tmp_path / "nothing")

@@ -41,6 +41,20 @@ class DataInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
+    @classmethod
+    def of(cls, dataset: Dataset, num_clients: int) -> DataInfo:
+        """The facts of ``dataset`` split over ``num_clients`` clients (what
+        :func:`make_federated_data` records; also enough to build a model)."""
+        return cls(
+            name=dataset.name,
+            num_clients=int(num_clients),
+            num_classes=int(dataset.num_classes),
+            image_shape=tuple(int(d) for d in dataset.x_train.shape[1:]),
+            scale=float(dataset.scale),
+            mean=tuple(float(v) for v in dataset.mean),
+            std=tuple(float(v) for v in dataset.std),
+        )
+
     def normalize(self, x: jax.Array) -> jax.Array:
         """Raw pixels (any dtype) -> float32 ``(x / scale - mean) / std``."""
         mean = jnp.asarray(self.mean, jnp.float32)
@@ -121,15 +135,7 @@ def make_federated_data(dataset: Dataset, splits: Mapping[str, Sequence[np.ndarr
         raise ValueError(f"splits must list the same number of clients, got {sizes}")
     num_clients = sizes.pop()
     stacked = {s: stack_clients(dataset.x_train, dataset.y_train, splits[s]) for s in SPLITS}
-    info = DataInfo(
-        name=dataset.name,
-        num_clients=num_clients,
-        num_classes=int(dataset.num_classes),
-        image_shape=tuple(int(d) for d in dataset.x_train.shape[1:]),
-        scale=float(dataset.scale),
-        mean=tuple(float(v) for v in dataset.mean),
-        std=tuple(float(v) for v in dataset.std),
-    )
+    info = DataInfo.of(dataset, num_clients)
     data = FederatedData(
         server_x=dataset.x_test, server_y=dataset.y_test.astype(np.int32), info=info, **stacked
     )
