@@ -8,6 +8,8 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 
+import contextlib  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -16,6 +18,29 @@ _CACHE = os.environ.get("JAXFEDNAS_TEST_CACHE", _CACHE)
 os.environ["JAXFEDNAS_CACHE"] = _CACHE  # the CLI and examples, called from tests, use the same cache
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+@contextlib.contextmanager
+def _count_traces():
+    """Inside the block, the names of the functions JAX traced to compile them (JAX's
+    public ``jax.monitoring`` events; a cached program is not traced again)."""
+    seen = []
+
+    def listener(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            seen.append(kw.get("fun_name", "?"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.fixture
+def count_traces():
+    """``with count_traces() as traced: ...`` then ``traced == []`` means nothing compiled."""
+    return _count_traces
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,6 @@ Each algorithm is built through its module's ``build`` on a tiny synthetic feder
 Exact aggregation (n_k-weighted means of hand-run clients) is algorithm-specific and is
 checked in each algorithm's own test file.
 """
-import contextlib
-
 import jax
 import numpy as np
 import pytest
@@ -45,22 +43,6 @@ TINY = {
     "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1},
 }
 EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration
-
-
-@contextlib.contextmanager
-def count_traces():
-    """Number of functions JAX traced (to compile) inside the block."""
-    seen = []
-
-    def listener(event, duration, **kw):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            seen.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield seen
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 @pytest.fixture(scope="module", params=sorted(ALGORITHMS))
@@ -96,7 +78,7 @@ def test_round_keeps_the_state_shape_changes_it_and_reports_finite_scalars(run):
         assert np.isfinite(float(v)), k
 
 
-def test_second_round_and_evaluation_trace_nothing(run):
+def test_second_round_and_evaluation_trace_nothing(run, count_traces):
     _, _, data, algo, _, s1, _, _ = run
     with count_traces() as traced:
         s2, _ = algo.round(s1, data, round_key(0, 1))
@@ -104,7 +86,7 @@ def test_second_round_and_evaluation_trace_nothing(run):
     assert traced == []
 
 
-def test_state_restored_from_a_checkpoint_continues_bitwise(run, tmp_path):
+def test_state_restored_from_a_checkpoint_continues_bitwise(run, tmp_path, count_traces):
     _, _, data, algo, s0, s1, _, _ = run
     save_checkpoint(tmp_path / "c.msgpack", s1, round=1, config_sha256="x")
     restored, r = load_checkpoint(tmp_path / "c.msgpack", s0, config_sha256="x")
