@@ -21,7 +21,7 @@ momentum and weight decay), so the DARTS "virtual step" costs nothing extra.
 FNAS (no noise) is ``noise_multiplier = 0``; with ``clip_norm = arch_clip_norm = 0``
 it is the non-private algorithm. Vanilla NAS is one party (``data.num_clients=1``).
 
-Privacy (see :mod:`jaxfednas.dp` for the mechanism's assumptions and
+Privacy (see :mod:`jaxfednas.privacy.mechanism` for the mechanism's assumptions and
 :mod:`jaxfednas.privacy` for the accountants). Unit: one example of one party;
 neighbours: add/remove one example. Each party runs two Poisson-subsampled Gaussian
 mechanisms, M^G on its training split (p, σ) and M^H on its validation split
@@ -71,13 +71,14 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from algorithms.common import make_augment
 from algorithms.fednas import write_architecture_plots
 from search_spaces import arch_entropy
-from jaxfednas import dp, privacy
+from jaxfednas import privacy
+from jaxfednas.privacy import mechanism as dp
+from jaxfednas.privacy.dpfnas import Accountant, max_iterations
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
@@ -92,7 +93,6 @@ from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 
 ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
-NO_BUDGET = 2**31 - 1
 
 
 
@@ -214,65 +214,6 @@ def physical_batch(cfg: DPFNASConfig, max_examples: int, sampling_prob: float) -
     if cfg.per_example_chunk:
         b = math.ceil(b / cfg.per_example_chunk) * cfg.per_example_chunk
     return int(b)
-
-
-def max_iterations(cfg: DPFNASConfig) -> int:
-    """Iterations allowed by ``target_epsilon`` (both mechanisms; ``NO_BUDGET`` if none)."""
-    if cfg.target_epsilon <= 0:
-        return NO_BUDGET
-    steps = []
-    for p, s in ((cfg.sampling_prob, cfg.noise_multiplier), (cfg.p_val, cfg.tau)):
-        try:
-            steps.append(privacy.max_steps(sampling_prob=p, noise_multiplier=s, target_epsilon=cfg.target_epsilon,
-                                           delta=cfg.delta, accountant=cfg.accountant))
-        except ValueError:  # more steps than privacy.max_steps searches: the budget never binds
-            steps.append(NO_BUDGET)
-    return int(min(steps))
-
-
-class Accountant:
-    """Host-side accounting of one party's two mechanisms after T iterations (memoised).
-
-    Every party has the same p and noise, so the numbers hold for every party.
-    """
-
-    def __init__(self, cfg: DPFNASConfig):
-        self.cfg = cfg
-        self._cache: dict[int, dict[str, float]] = {}
-
-    def mechanisms(self):
-        c = self.cfg
-        return (("train", c.sampling_prob, c.noise_multiplier), ("val", c.p_val, c.tau))
-
-    def report(self, steps: int) -> dict[str, float]:
-        """``mu_<m>`` (CLT), ``eps_clt_<m>``, ``eps_pld_<m>`` for m in train/val, and
-        ``epsilon`` (max PLD over the two: disjoint splits compose in parallel)."""
-        if steps in self._cache:
-            return self._cache[steps]
-        out: dict[str, float] = {}
-        for name, p, noise in self.mechanisms():
-            if noise <= 0:
-                continue  # no noise: no finite guarantee, nothing to report
-            if steps == 0:
-                out.update({f"mu_{name}": 0.0, f"eps_clt_{name}": 0.0, f"eps_pld_{name}": 0.0})
-                continue
-            mu = privacy.gdp_mu_poisson(sampling_prob=p, noise_multiplier=noise, steps=steps)
-            out[f"mu_{name}"] = mu
-            out[f"eps_clt_{name}"] = privacy.gdp_epsilon(mu=mu, delta=self.cfg.delta)
-            out[f"eps_pld_{name}"] = privacy.pld_epsilon(sampling_prob=p, noise_multiplier=noise, steps=steps,
-                                                         delta=self.cfg.delta)
-        if "eps_pld_train" in out and "eps_pld_val" in out:
-            out["epsilon"] = max(out["eps_pld_train"], out["eps_pld_val"])
-        self._cache[steps] = out
-        return out
-
-    def overflow_bound(self, steps: int, counts_train, counts_val, slots_train: int, slots_val: int) -> dict:
-        """Union bound on the probability that any release so far overflowed its
-        physical batch (for the largest party, plus one example)."""
-        c = self.cfg
-        q_tr = dp.overflow_probability(int(np.max(counts_train)) + 1, c.sampling_prob, slots_train)
-        q_val = dp.overflow_probability(int(np.max(counts_val)) + 1, c.p_val, slots_val)
-        return {"overflow_bound_train": min(1.0, steps * q_tr), "overflow_bound_val": min(1.0, steps * q_val)}
 
 
 def _tree_sum(tree):

@@ -72,8 +72,6 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", required=True, help="output directory")
 
-    from jaxfednas.privacy import add_privacy_arguments
-
     pr = sub.add_parser("privacy", help="privacy accounting: CLT μ-GDP vs PLD vs RDP epsilons, calibration")
     add_privacy_arguments(pr)
 
@@ -153,6 +151,53 @@ def _list() -> int:
     return 0
 
 
+# --- `jaxfednas privacy ...`: host-side accounting (no JAX) ----------------------------
+
+
+def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``privacy`` sub-command's options to ``parser`` (an argparse subparser)."""
+    parser.add_argument("--sampling-prob", type=float, required=True,
+                        help="Poisson sampling probability p = batch size / local dataset size")
+    parser.add_argument("--noise-multiplier", type=float, required=True,
+                        help="noise std / per-example clipping norm (sigma)")
+    parser.add_argument("--steps", type=int, required=True,
+                        help="number of noisy steps T touching the dataset")
+    parser.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    parser.add_argument("--target-epsilon", type=float, default=None,
+                        help="also calibrate sigma for (p, T) and the step budget for (p, sigma)")
+    parser.add_argument("--accountant", choices=("pld", "rdp", "clt"), default="pld",
+                        help="accountant used for --target-epsilon calibration (default: pld)")
+    return parser
+
+
+def run_privacy_command(args: argparse.Namespace) -> int:
+    """Print the comparison table (and calibration results); 0 on success, 2 on bad input."""
+    from jaxfednas.privacy import calibrate_noise_multiplier, compare_accountants, max_steps  # noqa: PLC0415
+
+    try:
+        report = compare_accountants(sampling_prob=args.sampling_prob,
+                                     noise_multiplier=args.noise_multiplier,
+                                     steps=args.steps, delta=args.delta)
+        print(report.to_table())
+        if args.target_epsilon is not None:
+            sigma = calibrate_noise_multiplier(
+                sampling_prob=args.sampling_prob, steps=args.steps,
+                target_epsilon=args.target_epsilon, delta=args.delta,
+                accountant=args.accountant)
+            budget = max_steps(sampling_prob=args.sampling_prob,
+                               noise_multiplier=args.noise_multiplier,
+                               target_epsilon=args.target_epsilon, delta=args.delta,
+                               accountant=args.accountant)
+            print(f"\ncalibration ({args.accountant}) for target epsilon = "
+                  f"{args.target_epsilon:g} at delta = {args.delta:g}:")
+            print(f"  smallest noise_multiplier for T = {args.steps}: {sigma:.4f}")
+            print(f"  largest T for noise_multiplier = {args.noise_multiplier:g}: {budget}")
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
@@ -163,8 +208,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "partition":
             return _partition(args)
         if args.command == "privacy":
-            from jaxfednas.privacy import run_privacy_command
-
             return run_privacy_command(args)
         return _list()
     except (ConfigError, DatasetUnavailableError, FileNotFoundError) as e:

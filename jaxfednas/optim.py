@@ -20,9 +20,8 @@
   "DARTS: Differentiable Architecture Search", arXiv:1806.09055, Eq. 6-8; DP-FNAS
   Eq. 5), with the Hessian-vector product as the paper's central finite difference
   or exactly (forward-over-reverse, :func:`arch_hessian_vector`).
-* The per-example DP mechanism (clipping, Gaussian noise, Poisson sampling) lives in
-  :mod:`jaxfednas.dp` and is re-exported here (``dp_aggregate``, ``clip_per_example``,
-  ``per_example_clipped_sum``, ``noisy_average``, ``poisson_sample``).
+* The per-example DP mechanism (clipping, Gaussian noise, Poisson sampling, the
+  ``dp_aggregate`` optax transformation) lives in :mod:`jaxfednas.privacy.mechanism`.
 """
 from __future__ import annotations
 
@@ -31,15 +30,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-
-from jaxfednas.dp import (  # noqa: F401  (re-exported: the DP building blocks)
-    clip_per_example,
-    clipped_sum,
-    dp_aggregate,
-    noisy_average,
-    per_example_clipped_sum,
-    poisson_sample,
-)
 
 WEIGHTS, ARCH = "weights", "arch"
 

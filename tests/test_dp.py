@@ -1,4 +1,4 @@
-"""The per-example Gaussian mechanism (jaxfednas.dp) against hand-written loops and
+"""The per-example Gaussian mechanism (jaxfednas.privacy.mechanism) against hand-written loops and
 statistics; the DARTS second-order architecture gradient (jaxfednas.optim)."""
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxfednas import dp
+from jaxfednas import privacy
+from jaxfednas.privacy import mechanism as dp
 from jaxfednas.optim import arch_hessian_vector, darts_arch_grad
 
 
@@ -219,10 +220,10 @@ def test_overflow_probability_and_auto_physical_batch():
 
     b = dp.auto_physical_batch(1000, 0.05, tail=1e-9)
     assert binom.sf(b, 1001, 0.05) <= 1e-9 < binom.sf(b - 1, 1001, 0.05)
-    assert dp.overflow_probability(1001, 0.05, b) <= 1e-9
+    assert privacy.overflow_probability(1001, 0.05, b) <= 1e-9
     assert dp.auto_physical_batch(20, 0.9) == 21  # capped at the data size + 1: never overflows
-    assert dp.overflow_probability(10, 0.5, 10) == 0.0
-    np.testing.assert_allclose(dp.overflow_probability(10, 0.5, 8), 11 / 1024)
+    assert privacy.overflow_probability(10, 0.5, 10) == 0.0
+    np.testing.assert_allclose(privacy.overflow_probability(10, 0.5, 8), 11 / 1024)
 
 
 # --- DARTS second-order architecture gradient ------------------------------------------

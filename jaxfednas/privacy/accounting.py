@@ -1,4 +1,4 @@
-r"""Privacy accounting for DP-FNAS: Gaussian-DP (CLT), PLD and RDP, side by side.
+r"""Privacy accounting: Gaussian-DP (CLT), PLD and RDP, side by side.
 
 Host-side Python + SciPy code; ``dp_accounting`` is imported inside the functions
 that need it, and JAX is never imported, so this module can be audited and run
@@ -81,32 +81,25 @@ Example
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import numbers
 import sys
-from typing import Sequence
 
 from scipy import optimize, special
 
 __all__ = [
     "AccountingReport",
-    "DPFNASReport",
-    "MechanismSpec",
-    "add_privacy_arguments",
     "calibrate_noise_multiplier",
     "compare_accountants",
-    "dpfnas_report",
     "gdp_delta",
     "gdp_epsilon",
     "gdp_mu_poisson",
     "gdp_mu_uniform",
-    "main",
     "max_steps",
+    "overflow_probability",
     "pld_epsilon",
     "rdp_epsilon",
-    "run_privacy_command",
 ]
 
 ACCOUNTANTS = ("pld", "rdp", "clt")
@@ -618,163 +611,15 @@ def max_steps(*, sampling_prob: float, noise_multiplier: float, target_epsilon: 
 
 
 # --------------------------------------------------------------------------
-# DP-FNAS: two mechanisms per party on disjoint data
+# Poisson batches of a fixed physical size
 # --------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MechanismSpec:
-    """One DP-FNAS mechanism of a party (Algorithm 1).
+def overflow_probability(num_examples: int, sampling_prob: float, physical_batch: int) -> float:
+    """``P[Binomial(num_examples, p) > physical_batch]`` (host side, SciPy).
 
-    Attributes:
-      name: e.g. ``"weights/train"`` (M^G on D^tr) or ``"arch/val"`` (M^H on D^val).
-      sampling_prob: Poisson sampling probability, ``B / N_k`` in Theorem 3.1.
-      noise_multiplier: noise std / clip_norm (sigma or tau of Theorem 3.1).
-      clip_norm: per-example clipping norm R^G or R^H; informational only (it
-        scales the noise, not epsilon).
-      steps: number of noisy releases of this mechanism (T).
+    Pass ``N + 1`` for a party with ``N`` examples to cover its add-one neighbour.
     """
+    from scipy.stats import binom
 
-    name: str
-    sampling_prob: float
-    noise_multiplier: float
-    clip_norm: float | None = None
-    steps: int
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
-        _check_sampling_prob(self.sampling_prob)
-        _check_noise_multiplier(self.noise_multiplier)
-        _check_steps(self.steps)
-        if self.clip_norm is not None:
-            c = _real("clip_norm", self.clip_norm)
-            if not 0.0 < c < math.inf:
-                raise ValueError(f"clip_norm must be in (0, inf) or None, got {c!r}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DPFNASReport:
-    """Per-party DP-FNAS guarantee: each mechanism, and the per-example maximum.
-
-    The overall fields are maxima over ``train`` and ``val``: the splits are
-    disjoint, so an example is touched by one mechanism only (parallel
-    composition, DP-FNAS Appendix A) and the guarantees do not add up.
-    """
-
-    train_spec: MechanismSpec
-    val_spec: MechanismSpec
-    train: AccountingReport
-    val: AccountingReport
-    delta: float
-    mu_clt: float
-    epsilon_clt: float
-    epsilon_pld: float
-    epsilon_rdp: float
-
-    def to_table(self) -> str:
-        lines = ["DP-FNAS privacy of one party (per example, add/remove one example)"]
-        for spec, rep in ((self.train_spec, self.train), (self.val_spec, self.val)):
-            clip = "" if spec.clip_norm is None else f", clip_norm = {spec.clip_norm:g}"
-            lines += ["", f"[{spec.name}]{clip}", rep.to_table()]
-        lines += [
-            "",
-            "overall per-example guarantee = max over the two mechanisms (train and",
-            "validation data are disjoint and assigned independently of other examples,",
-            "so each example is used by one mechanism only: parallel composition):",
-            f"  CLT mu = {self.mu_clt:.4f}   epsilon: CLT {self.epsilon_clt:.4f}   "
-            f"PLD {self.epsilon_pld:.4f}   RDP {self.epsilon_rdp:.4f}   at delta = {self.delta:g}",
-            "  If an example may sit in both splits, or the split depends on the data",
-            "  (e.g. by index), add the epsilons instead (sequential composition).",
-        ]
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.to_table()
-
-
-def dpfnas_report(*, train: MechanismSpec, val: MechanismSpec, delta: float,
-                  value_discretization_interval: float =
-                  DEFAULT_VALUE_DISCRETIZATION_INTERVAL) -> DPFNASReport:
-    r"""Account M^G (weights, training split) and M^H (architecture, validation split).
-
-    Each mechanism is composed over its own steps; the party's per-example
-    guarantee is the maximum of the two (see :class:`DPFNASReport`).
-
-    >>> spec = MechanismSpec(name="weights/train", sampling_prob=0.01, noise_multiplier=1.0,
-    ...                      steps=1000)
-    >>> r = dpfnas_report(train=spec, val=dataclasses.replace(spec, name="arch/val",
-    ...                   noise_multiplier=2.0), delta=1e-5)
-    >>> r.epsilon_pld == max(r.train.epsilon_pld, r.val.epsilon_pld) == r.train.epsilon_pld
-    True
-    """
-    for name, spec in (("train", train), ("val", val)):
-        if not isinstance(spec, MechanismSpec):
-            raise ValueError(f"{name} must be a MechanismSpec, got {type(spec).__name__}")
-    d = _check_delta(delta)
-    reps = [compare_accountants(sampling_prob=s.sampling_prob,
-                                noise_multiplier=s.noise_multiplier, steps=s.steps, delta=d,
-                                value_discretization_interval=value_discretization_interval)
-            for s in (train, val)]
-    return DPFNASReport(
-        train_spec=train, val_spec=val, train=reps[0], val=reps[1], delta=d,
-        mu_clt=max(r.mu_clt for r in reps),
-        epsilon_clt=max(r.epsilon_clt for r in reps),
-        epsilon_pld=max(r.epsilon_pld for r in reps),
-        epsilon_rdp=max(r.epsilon_rdp for r in reps))
-
-
-# --------------------------------------------------------------------------
-# CLI: `jaxfednas privacy ...` (wired into jaxfednas/cli.py by the lead)
-# --------------------------------------------------------------------------
-def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``privacy`` sub-command's options to ``parser`` (an argparse subparser)."""
-    parser.add_argument("--sampling-prob", type=float, required=True,
-                        help="Poisson sampling probability p = batch size / local dataset size")
-    parser.add_argument("--noise-multiplier", type=float, required=True,
-                        help="noise std / per-example clipping norm (sigma)")
-    parser.add_argument("--steps", type=int, required=True,
-                        help="number of noisy steps T touching the dataset")
-    parser.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
-    parser.add_argument("--target-epsilon", type=float, default=None,
-                        help="also calibrate sigma for (p, T) and the step budget for (p, sigma)")
-    parser.add_argument("--accountant", choices=ACCOUNTANTS, default="pld",
-                        help="accountant used for --target-epsilon calibration (default: pld)")
-    return parser
-
-
-def run_privacy_command(args: argparse.Namespace) -> int:
-    """Print the comparison table (and calibration results); 0 on success, 2 on bad input."""
-    try:
-        report = compare_accountants(sampling_prob=args.sampling_prob,
-                                     noise_multiplier=args.noise_multiplier,
-                                     steps=args.steps, delta=args.delta)
-        print(report.to_table())
-        if args.target_epsilon is not None:
-            sigma = calibrate_noise_multiplier(
-                sampling_prob=args.sampling_prob, steps=args.steps,
-                target_epsilon=args.target_epsilon, delta=args.delta,
-                accountant=args.accountant)
-            budget = max_steps(sampling_prob=args.sampling_prob,
-                               noise_multiplier=args.noise_multiplier,
-                               target_epsilon=args.target_epsilon, delta=args.delta,
-                               accountant=args.accountant)
-            print(f"\ncalibration ({args.accountant}) for target epsilon = "
-                  f"{args.target_epsilon:g} at delta = {args.delta:g}:")
-            print(f"  smallest noise_multiplier for T = {args.steps}: {sigma:.4f}")
-            print(f"  largest T for noise_multiplier = {args.noise_multiplier:g}: {budget}")
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m jaxfednas.privacy --sampling-prob ...``."""
-    parser = argparse.ArgumentParser(
-        prog="jaxfednas privacy",
-        description="Compare CLT (Gaussian DP), PLD and RDP epsilons of DP-SGD / DP-FNAS.")
-    add_privacy_arguments(parser)
-    return run_privacy_command(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if physical_batch >= num_examples:
+        return 0.0
+    return float(binom.sf(physical_batch, num_examples, sampling_prob))

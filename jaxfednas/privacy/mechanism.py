@@ -32,7 +32,7 @@ Assumptions (each is a place where an implementation can silently lose the guara
    dropped — a uniformly random subset of the drawn ones is kept — and the number
    dropped is returned (:class:`PoissonSample` ``overflow``) so a run can report it.
    The accountant assumes no overflow. With per-release overflow probability
-   ``q = P[Binomial(N + 1, p) > physical_batch]`` (:func:`overflow_probability`) a
+   ``q = P[Binomial(N + 1, p) > physical_batch]`` (:func:`jaxfednas.privacy.overflow_probability`) a
    coupling argument gives (ε, δ + (1 + e^ε)·T·q)-DP for T releases; size the
    physical batch (:func:`auto_physical_batch`) so that ``T q`` is negligible.
 5. **Fresh noise, drawn by the party** before the release leaves it, from a key that
@@ -103,18 +103,6 @@ def poisson_sample(key: jax.Array, count: jax.Array, max_examples: int, sampling
     num = selected.sum().astype(jnp.int32)
     mask = jnp.arange(physical_batch) < num
     return PoissonSample(idx=idx, mask=mask, num_sampled=num, overflow=jnp.maximum(num - physical_batch, 0))
-
-
-def overflow_probability(num_examples: int, sampling_prob: float, physical_batch: int) -> float:
-    """``P[Binomial(num_examples, p) > physical_batch]`` (host side, SciPy).
-
-    Pass ``N + 1`` for a party with ``N`` examples to cover its add-one neighbour.
-    """
-    from scipy.stats import binom
-
-    if physical_batch >= num_examples:
-        return 0.0
-    return float(binom.sf(physical_batch, num_examples, sampling_prob))
 
 
 def auto_physical_batch(max_examples: int, sampling_prob: float, tail: float = 1e-9) -> int:
@@ -303,6 +291,6 @@ def expected_noise_std(clip_norm: float, noise_multiplier: float, expected_batch
 __all__ = [
     "DPAggregateState", "PoissonSample", "auto_physical_batch", "clip_per_example", "clipped_sum",
     "dp_aggregate", "expected_noise_std", "gaussian_noise_like", "mask_examples", "noisy_average",
-    "overflow_probability", "per_example_clipped_sum", "per_example_norms", "poisson_sample",
+    "per_example_clipped_sum", "per_example_norms", "poisson_sample",
 ]
 
