@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.models import MODELS
+from search_spaces.models import MODELS
 from jaxfednas.config import Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, run_local_epochs

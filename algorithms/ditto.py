@@ -46,7 +46,7 @@ from algorithms.common import (
 )
 from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
-from algorithms.models import make_model
+from search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs

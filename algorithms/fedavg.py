@@ -25,7 +25,7 @@ from algorithms.common import (
     make_local_train,
     train_metrics,
 )
-from algorithms.models import init_variables, make_model
+from search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo, FederatedData

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from algorithms.common import evaluate_global, make_local_train, make_logits_fn
 from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
-from algorithms.models import make_model
+from search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from algorithms.common import SupervisedConfig, evaluate_clients, make_local_train, train_metrics
-from algorithms.models import init_variables, make_model
+from search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData

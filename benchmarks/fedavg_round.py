@@ -134,7 +134,7 @@ class LoopRound:
         import numpy as np
 
         from algorithms.common import make_local_train, train_metrics
-        from algorithms.models import make_model
+        from search_spaces.models import make_model
         from jaxfednas.data.federated import ClientData
         from jaxfednas.runtime import resolve_clients_per_round, round_clients, weighted_mean
 

@@ -31,7 +31,7 @@ import jax
 
 from jaxfednas.cost import count_params
 from algorithms.dfnas import child_report
-from algorithms.models import init_variables, make_model
+from search_spaces.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import parse_set
 from jaxfednas.data.datasets import load_dataset

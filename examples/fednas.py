@@ -82,7 +82,7 @@ def _model_params(cfg, ds) -> int:
     from jaxfednas.cost import count_params  # noqa: PLC0415
     from algorithms.fednas import make_supernet  # noqa: PLC0415
     from algorithms.fednas_train import make_network  # noqa: PLC0415
-    from algorithms.models import init_variables, make_model  # noqa: PLC0415
+    from search_spaces.models import init_variables, make_model  # noqa: PLC0415
 
     info = DataInfo.of(ds, cfg.data.num_clients)
     if cfg.algorithm == "fednas":

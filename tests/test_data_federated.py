@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.models import ResNet
+from search_spaces.models import ResNet
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, epoch_permutation, run_local_epochs, stack_clients
 from jaxfednas.nn import _native, conv_canonical_grad, conv_patch_grad

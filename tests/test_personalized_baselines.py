@@ -17,7 +17,7 @@ from algorithms.common import make_local_train
 from algorithms.ditto import DittoConfig, ditto, make_personal_train, personal_keys
 from algorithms.fedavg import FedAvgConfig, fedavg
 from algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
-from algorithms.models import CNN, init_variables
+from search_spaces.models import CNN, init_variables
 from algorithms.perfedavg import PerFedAvgConfig, make_adapt, make_meta_step, make_outer_optimizer, perfedavg
 from jaxfednas.experiment import run_experiment
 from jaxfednas import rng

@@ -108,7 +108,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
     cfg = FedAvgConfig(batch_size=16)
     algo = fedavg(cfg, data.info, clients_per_round=3, placement=Placement("vmap"))
     init_vars = algo.init(jax.random.PRNGKey(0)).variables
-    from algorithms.models import make_model
+    from search_spaces.models import make_model
 
     local = jax.jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))
     rk = jax.random.PRNGKey(7)

@@ -1,6 +1,7 @@
-"""Fixed (non-searched) networks for the baselines: a small CNN and a CIFAR ResNet-18.
+"""Fixed (non-searched) networks for the baselines: a small CNN, CIFAR ResNet-18s and the
+all-k3 ShuffleNetV2 child (the DFNAS space's hand-designed network).
 
-Both take ``train`` and an optional example ``mask`` ([B] booleans) so that the
+All take ``train`` and an optional example ``mask`` ([B] booleans) so that the
 padded rows of a partial batch never enter BatchNorm statistics.
 """
 from __future__ import annotations
