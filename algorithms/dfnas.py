@@ -54,6 +54,7 @@ from jaxfednas.config import ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
+from jaxfednas.optim import active_momentum, cosine_lr
 from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
 from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
@@ -177,31 +178,30 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
 
     def local_search(variables, fixed, fixed_choice, lr, client: ClientData, key):
         params, alpha = variables["params"], variables["arch"]["alpha"]
-        momentum = jax.tree.map(jnp.zeros_like, params)
+        # 5: SGD on the units that ran (others keep weights and momentum, as PyTorch skips
+        # parameters without a gradient); weight decay on kernels only.
+        kernels = lambda tree: jax.tree.map(lambda v: v.ndim > 1, tree)  # noqa: E731
+        w_tx = optax.chain(optax.add_decayed_weights(cfg.w_weight_decay, mask=kernels),
+                           active_momentum(cfg.w_momentum), optax.scale_by_learning_rate(lr))
 
         def step(carry, batch, k):
-            params, momentum, stats, alpha, arch_state = carry
+            params, w_state, stats, alpha, arch_state = carry
             k_z, k_aug = jax.random.split(k)
             path = sample_path(k_z, alpha, fixed, fixed_choice)  # 1
             batch = {**batch, "x": augment_batch(k_aug, info.normalize(batch["x"]), aug)}
             gates = jnp.ones((alpha.shape[0],), jnp.float32)  # 2: the "1" after every block
             (_, (new_stats, ms)), (g_w, credit) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
                 params, gates, stats, batch, path)  # 3-4
-            # 5: SGD on the units that ran (others keep weights and momentum, as PyTorch
-            # skips parameters without a gradient); weight decay on kernels only.
-            active = unit_mask(params, path, nc)
-            g_w = jax.tree.map(lambda g, p: g + cfg.w_weight_decay * p if p.ndim > 1 else g, g_w, params)
-            new_m = jax.tree.map(lambda m, g: cfg.w_momentum * m + g, momentum, g_w)
-            momentum = jax.tree.map(lambda a, n, o: jnp.where(a > 0, n, o), active, new_m, momentum)
-            params = jax.tree.map(lambda a, p, m: p - lr * a * m, active, params, momentum)
+            upd, w_state = w_tx.update(g_w, w_state, params, active=unit_mask(params, path, nc))  # 5
+            params = optax.apply_updates(params, upd)
             g_a = jnp.where(fixed[:, None], 0.0, dsnas_arch_grad(credit, path, alpha))
             upd, arch_state = arch_tx.update(g_a, arch_state, alpha)
             alpha = jnp.where(fixed[:, None], alpha, optax.apply_updates(alpha, upd))  # fixed α stays as stored
             metrics = {"loss_sum": ms["loss_sum"], "correct": ms["correct"], "examples": batch["mask"].sum(),
                        "credit_sum": credit}
-            return (params, momentum, new_stats, alpha, arch_state), metrics
+            return (params, w_state, new_stats, alpha, arch_state), metrics
 
-        carry = (params, momentum, variables["batch_stats"], alpha, arch_tx.init(alpha))
+        carry = (params, w_tx.init(params), variables["batch_stats"], alpha, arch_tx.init(alpha))
         (params, _, stats, alpha, _), metrics = run_local_epochs(
             step, carry, client, key, epochs=epochs, batch_size=cfg.batch_size)
         return {"params": params, "arch": {"alpha": alpha}, "batch_stats": stats}, metrics
@@ -226,10 +226,7 @@ def dfnas(
         return DFNASState(variables=v, fixed=jnp.zeros((nb,), bool), fixed_choice=jnp.zeros((nb,), jnp.int32),
                           round=jnp.int32(0))
 
-    def learning_rate(t):
-        if cfg.lr_schedule == "constant":
-            return jnp.float32(cfg.w_lr)
-        return 0.5 * cfg.w_lr * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t, rounds) / rounds))
+    learning_rate = cosine_lr(cfg.w_lr, 0.0, rounds) if cfg.lr_schedule == "cosine" else lambda t: jnp.float32(cfg.w_lr)
 
     def round_fn(state: DFNASState, data: FederatedData, key):
         idx, keys = round_clients(key, info.num_clients, m)  # Alg. 2: select S_t

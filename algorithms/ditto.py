@@ -77,12 +77,6 @@ class DittoState:
     round: jax.Array  # int32, rounds completed
 
 
-def personal_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
-    """Keys of the personal updates: each client's round key folded with
-    :data:`jaxfednas.rng.PERSONAL`, so that (a) and (b) draw different minibatches."""
-    return rng.personal_keys(rng.client_keys(round_key, client_ids))
-
-
 def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> Callable:
     """``personal_train(v, w, client, key) -> (v, metrics)``: E local epochs of
     ``v ← v − η(∇F_k(v) + λ(v − w))`` with a fresh client optimizer; ``w`` (the

@@ -84,11 +84,11 @@ from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracies, global_accuracy
-from jaxfednas.optim import arch_hessian_vector
+from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import Placement, map_clients
-from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive
+from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 
@@ -203,8 +203,8 @@ class DPFNASState:
 
 
 def make_supernet(cfg: DPFNASConfig, info: DataInfo) -> DartsSearchNetwork:
-    return DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
-                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives], norm=cfg.norm)
+    """The DARTS supernet of ``cfg`` with per-example normalisation (``cfg.norm``)."""
+    return supernet_of(cfg, info.num_classes, norm=cfg.norm)
 
 
 def physical_batch(cfg: DPFNASConfig, max_examples: int, sampling_prob: float) -> int:
@@ -234,8 +234,8 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
     if cap == 0:
         raise ConfigError(f"algo.target_epsilon={cfg.target_epsilon} is exceeded by a single iteration "
                           f"(accountant {cfg.accountant}, delta {cfg.delta})")
-    if cfg.w_lr_decay_iterations and cfg.w_lr > 0:
-        xi_schedule = optax.cosine_decay_schedule(cfg.w_lr, cfg.w_lr_decay_iterations, alpha=cfg.w_lr_min / cfg.w_lr)
+    if cfg.w_lr_decay_iterations:
+        xi_schedule = cosine_lr(cfg.w_lr, cfg.w_lr_min, cfg.w_lr_decay_iterations)
     else:
         xi_schedule = optax.constant_schedule(cfg.w_lr)
     w_parts = [optax.clip_by_global_norm(cfg.w_clip)] if cfg.w_clip else []

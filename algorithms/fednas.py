@@ -35,13 +35,13 @@ from algorithms.common import make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
-from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, epoch_permutation, num_steps, run_local_epochs
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, num_steps, random_batch, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
-from jaxfednas.optim import cosine_epoch_lr, milenas_grads, nas_optimizer
+from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
 from search_spaces import arch_entropy
-from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, Genotype, plot_genotype
+from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of, Genotype, plot_genotype
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
@@ -99,18 +99,9 @@ class FedNASState:
     round: jax.Array
 
 
-def _draw_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict:
-    """A random minibatch (without replacement) of a client's split; masked if short."""
-    perm = epoch_permutation(key, client.count, client.y.shape[0])
-    pos = jnp.arange(batch_size)
-    idx = jnp.take(perm, pos, mode="clip")
-    return {"x": client.x[idx], "y": client.y[idx], "mask": pos < client.count}
-
-
 def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
     """The DARTS supernet of ``cfg`` (every intermediate node concatenated, as in DARTS)."""
-    return DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
-                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives], scan_edges=cfg.scan_edges)
+    return supernet_of(cfg, info.num_classes, scan_edges=cfg.scan_edges)
 
 
 def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:
@@ -131,42 +122,44 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
 
     def local_search(variables, train: ClientData, val: ClientData, key):
         steps_per_epoch = jnp.maximum(num_steps(train.count, cfg.batch_size), 1)
-        lr = cosine_epoch_lr(cfg.w_lr, cfg.w_lr_min, epochs)
-        tx = nas_optimizer(
-            w_lr=lambda count: lr(count // steps_per_epoch), w_momentum=cfg.w_momentum,
-            w_weight_decay=cfg.w_weight_decay, w_clip=cfg.w_clip or None, arch_lr=cfg.arch_lr,
-            arch_weight_decay=cfg.arch_weight_decay,
-        )
+        lr = cosine_lr(cfg.w_lr, cfg.w_lr_min, epochs)
+        w_tx = weight_optimizer(lr=lambda count: lr(count // steps_per_epoch), momentum=cfg.w_momentum,
+                                weight_decay=cfg.w_weight_decay, clip=cfg.w_clip or None)
+        a_tx = arch_optimizer(lr=cfg.arch_lr, b1=0.5, b2=0.999, weight_decay=cfg.arch_weight_decay)
         tree = {"params": variables["params"], "arch": variables["arch"]}
+
+        def apply(tree, opt_state, g_w=None, g_a=None):  # one optimizer for w, one for α
+            params, arch = tree["params"], tree["arch"]
+            if g_a is not None:
+                upd, a_state = a_tx.update(g_a, opt_state[ARCH], arch)
+                arch, opt_state = optax.apply_updates(arch, upd), {**opt_state, ARCH: a_state}
+            if g_w is not None:
+                upd, w_state = w_tx.update(g_w, opt_state[WEIGHTS], params)
+                params, opt_state = optax.apply_updates(params, upd), {**opt_state, WEIGHTS: w_state}
+            return {"params": params, "arch": arch}, opt_state
 
         def step(carry, batch, k):
             tree, stats, opt_state = carry
             k_tr, k_val, k_aug = jax.random.split(k, 3)
             tr = {**batch, "x": augment_batch(k_tr, info.normalize(batch["x"]), aug)}
-            vb = _draw_batch(val, k_val, cfg.batch_size)  # the client's own validation split
+            vb = random_batch(val, k_val, cfg.batch_size)  # the client's own validation split
             vb["x"] = augment_batch(k_aug, info.normalize(vb["x"]), aug)
             if cfg.order == "simultaneous":  # Eq. 4: both gradients at the same (w, α)
                 grads, stats, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
-                updates, opt_state = tx.update(grads, opt_state, tree)
-                tree = optax.apply_updates(tree, updates)
+                tree, opt_state = apply(tree, opt_state, g_w=grads["params"], g_a=grads["arch"])
             else:  # authors' code: α step at w, then the w step at the new α
                 grads, _, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
-                a_only = {"params": jax.tree.map(jnp.zeros_like, grads["params"]), "arch": grads["arch"]}
-                updates, opt_state_a = tx.update(a_only, opt_state, tree)
-                tree = {"params": tree["params"], "arch": optax.apply_updates(tree["arch"], updates["arch"])}
+                tree, opt_state = apply(tree, opt_state, g_a=grads["arch"])
                 (_, (stats, _)), g_w = jax.value_and_grad(loss_fn, has_aux=True)(tree["params"], tree["arch"], stats, tr)
-                w_only = {"params": g_w, "arch": jax.tree.map(jnp.zeros_like, tree["arch"])}
-                updates, opt_state_w = tx.update(w_only, opt_state, tree)
-                tree = {"params": optax.apply_updates(tree["params"], updates["params"]), "arch": tree["arch"]}
-                # keep each part's optimizer state from its own step
-                opt_state = _merge_partition_states(opt_state_a, opt_state_w)
+                tree, opt_state = apply(tree, opt_state, g_w=g_w)
             metrics = {
                 "loss_sum": ms["train"]["loss_sum"], "correct": ms["train"]["correct"], "examples": batch["mask"].sum(),
                 "val_correct": ms["val"]["correct"], "val_examples": vb["mask"].sum(),
             }
             return (tree, stats, opt_state), metrics
 
-        carry = (tree, variables["batch_stats"], tx.init(tree))
+        opt_state = {WEIGHTS: w_tx.init(tree["params"]), ARCH: a_tx.init(tree["arch"])}
+        carry = (tree, variables["batch_stats"], opt_state)
         (tree, stats, _), metrics = run_local_epochs(step, carry, train, key, epochs=epochs, batch_size=cfg.batch_size)
         return {"params": tree["params"], "arch": tree["arch"], "batch_stats": stats}, metrics
 
@@ -235,7 +228,7 @@ def fednas(
         rows, _ = map_clients(lambda c, v: adapt(v, *c), per_client, state.variables, placement=placement)
         out = client_accuracies(logits_fn, rows, data, cfg.eval_batch_size, placement=placement, personal=True)
         out.update(client_accuracies(logits_fn, state.variables, data, cfg.eval_batch_size, placement=placement,
-                                     prefix="client_test_global"))
+                                     tag="_global"))
         out["arch_entropy"] = arch_entropy(rows["arch"])
         return rows, out
 
@@ -263,14 +256,6 @@ def write_architecture_plots(genotype: Genotype, out_dir) -> None:
     """Cell diagrams ``cell_normal.png`` / ``cell_reduce.png`` of the exported genotype."""
     os.makedirs(out_dir, exist_ok=True)
     plot_genotype(genotype, os.path.join(out_dir, "cell"))
-
-
-def _merge_partition_states(state_a, state_w):
-    """Optimizer state of ``optax.partition`` taking the arch part from ``state_a``
-    and the weights part from ``state_w``."""
-    inner = dict(state_w.inner_states)
-    inner["arch"] = state_a.inner_states["arch"]
-    return state_w._replace(inner_states=inner)
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -74,8 +74,8 @@ def adaptation_keys(num_clients: int) -> jax.Array:
 def evaluate_clients_global(model, info, variables, data, batch_size, *, placement: Placement) -> dict[str, jax.Array]:
     """Each client's test accuracy with the shared (un-personalized) model, named
     ``client_test_acc_global[...]`` so it sits beside the personalized numbers."""
-    out = client_accuracies(make_logits_fn(model, info), variables, data, batch_size, placement=placement)
-    return {"client_test_acc_global" + k[len("client_test_acc"):]: v for k, v in out.items()}
+    return client_accuracies(make_logits_fn(model, info), variables, data, batch_size, placement=placement,
+                             tag="_global")
 
 
 def evaluate_adapted(

@@ -207,8 +207,8 @@ def personalized(args, overrides: dict) -> None:
     _plot_clients(results, out / "plots" / "clients.png")
     atomic_write_text(out / "results.md", f"# Personalized FedNAS vs baselines ({d.dataset}, {d.partition})\n\n{table}")
     print("\n" + table)
-    print(f"unadapted global supernet on the same splits: {pers['client_test_global_acc_mean_unweighted']:.4f} ± "
-          f"{pers['client_test_global_acc_std_unweighted']:.4f}")
+    print(f"unadapted global supernet on the same splits: {pers['client_test_acc_global_mean_unweighted']:.4f} ± "
+          f"{pers['client_test_acc_global_std_unweighted']:.4f}")
     print(f"per-client accuracies: {out / 'clients.csv'}, {out / 'plots' / 'clients.png'}; "
           f"per-client genotypes: {out / 'personal_genotypes.json'}")
 

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -80,8 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from jaxfednas.experiment import NonFiniteError, enable_compilation_cache, run_experiment
-    from jaxfednas.registry import config_from_dict, make_config
+    from jaxfednas.experiment import NonFiniteError, enable_compilation_cache, resume_config, run_experiment
+    from jaxfednas.registry import make_config
 
     flags = {
         "data.dataset": args.dataset, "data.data_dir": args.data_dir, "data.num_clients": args.clients,
@@ -93,12 +92,7 @@ def _run(args) -> int:
     if args.resume:
         if not args.out:
             raise ConfigError("--resume needs --out DIR (the run directory to continue)")
-        cfg_path = Path(args.out) / "config.json"
-        if not cfg_path.exists():
-            raise ConfigError(f"--resume: {args.out} holds no run (no config.json)")
-        from jaxfednas.config import apply_overrides
-
-        cfg = apply_overrides(config_from_dict(json.loads(cfg_path.read_text())), overrides)
+        cfg = resume_config(args.out, overrides)
     else:
         cfg = make_config(args.algorithm, preset=args.preset, overrides=overrides)
     if cfg.algorithm != args.algorithm:

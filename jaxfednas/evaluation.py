@@ -59,8 +59,11 @@ def evaluate_examples(
     return {"correct": correct.sum(), "loss_sum": loss.sum(), "count": jnp.asarray(count, jnp.int32)}
 
 
-def client_accuracy_summary(correct: jax.Array, counts: jax.Array, prefix: str = "client_test") -> dict[str, jax.Array]:
-    """Mean and std of per-client accuracy, unweighted and weighted by test size."""
+def client_accuracy_summary(
+    correct: jax.Array, counts: jax.Array, prefix: str = "client_test", tag: str = ""
+) -> dict[str, jax.Array]:
+    """Mean and std of per-client accuracy, unweighted and weighted by test size, named
+    ``{prefix}_acc{tag}`` (per client) and ``{prefix}_acc{tag}_{mean,std}_{unweighted,weighted}``."""
     counts = counts.astype(jnp.float32)
     valid = counts > 0
     acc = jnp.where(valid, correct / jnp.where(valid, counts, 1.0), 0.0)
@@ -73,11 +76,11 @@ def client_accuracy_summary(correct: jax.Array, counts: jax.Array, prefix: str =
     if_any = lambda v: jnp.where(valid.any(), v, jnp.nan)  # noqa: E731 — no client has test data
     mean_u, std_u, mean_w, std_w = map(if_any, (mean_u, std_u, mean_w, std_w))
     return {
-        f"{prefix}_acc": jnp.where(valid, acc, jnp.nan),
-        f"{prefix}_acc_mean_unweighted": mean_u,
-        f"{prefix}_acc_std_unweighted": std_u,
-        f"{prefix}_acc_mean_weighted": mean_w,
-        f"{prefix}_acc_std_weighted": std_w,
+        f"{prefix}_acc{tag}": jnp.where(valid, acc, jnp.nan),
+        f"{prefix}_acc{tag}_mean_unweighted": mean_u,
+        f"{prefix}_acc{tag}_std_unweighted": std_u,
+        f"{prefix}_acc{tag}_mean_weighted": mean_w,
+        f"{prefix}_acc{tag}_std_weighted": std_w,
     }
 
 
@@ -96,10 +99,11 @@ def client_accuracies(
     placement: Placement,
     personal: bool = False,
     split: str = "test",
-    prefix: str | None = None,
+    tag: str = "",
 ) -> dict[str, jax.Array]:
     """Every client's accuracy on its own ``split``, summarised by
-    :func:`client_accuracy_summary` under ``prefix`` (default ``client_<split>``).
+    :func:`client_accuracy_summary` as ``client_<split>_acc<tag>...`` (``tag="_global"``
+    names the shared model's numbers beside personalized ones).
 
     ``logits_of(variables)`` returns the logits function of one model. With
     ``personal=False`` every client evaluates the shared ``variables``; with
@@ -112,4 +116,4 @@ def client_accuracies(
     clients = data.all_clients(split)
     per_client = (clients, variables) if personal else clients
     r = map_clients(one, per_client, None if personal else variables, placement=placement)
-    return client_accuracy_summary(r["correct"], r["count"], prefix=prefix or f"client_{split}")
+    return client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}", tag=tag)

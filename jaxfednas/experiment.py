@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxfednas import plots
 from jaxfednas.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, sha256_text
-from jaxfednas.config import ConfigError, ExperimentConfig
+from jaxfednas.config import apply_overrides, ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
@@ -104,7 +104,7 @@ def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool
         print(f"  [{out.name}] round {r}/{cfg.run.rounds}: {describe(row)} ({time.perf_counter() - t0:.0f} s)",
               flush=True)
 
-    return run_experiment(cfg, out, resume=resume and (out / "config.json").exists(), progress=False,
+    return run_experiment(cfg, out, resume=resume and holds_run(out), progress=False,
                           on_round_end=show)
 
 
@@ -232,26 +232,39 @@ def client_table(final: dict, manifest: dict) -> tuple[str, str]:
     return buf.getvalue(), "\n".join(lines)
 
 
-def run_experiment(
-    cfg: ExperimentConfig,
-    out_dir: str | os.PathLike,
-    *,
-    resume: bool = False,
-    progress: bool | None = None,
-    on_round_end: Callable[[int, dict], None] | None = None,
-    log: Callable[[str], None] = print,
-) -> dict:
-    """Run ``cfg`` into ``out_dir`` (resuming from its checkpoint if ``resume``).
+def resume_config(out_dir: str | os.PathLike, overrides: dict | None = None) -> ExperimentConfig:
+    """The configuration of the run in ``out_dir`` with ``overrides`` applied (the CLI's
+    ``--resume``); :func:`run_experiment` then checks that only run length, evaluation and
+    checkpoint frequency changed."""
+    cfg_path = Path(out_dir) / "config.json"
+    if not cfg_path.exists():
+        raise ConfigError(f"--resume: {out_dir} holds no run (no config.json)")
+    return apply_overrides(config_from_dict(json.loads(cfg_path.read_text())), overrides or {})
 
-    ``on_round_end(round, metrics)`` is called after each completed round (a
-    hook for tests and notebooks). Ctrl-C saves a checkpoint of the last
-    completed round and re-raises ``KeyboardInterrupt``. A non-finite training
-    loss raises :class:`NonFiniteError` without overwriting the checkpoint.
-    Returns the summary dict (also written to ``summary.json``).
-    """
-    out = Path(out_dir)
-    cfg_path = out / "config.json"
-    ckpt_path = out / CHECKPOINT
+
+def holds_run(out_dir: str | os.PathLike) -> bool:
+    """Whether ``out_dir`` already holds a run (its ``config.json`` or checkpoint)."""
+    return (Path(out_dir) / "config.json").exists() or (Path(out_dir) / CHECKPOINT).exists()
+
+
+@dataclasses.dataclass
+class _Prepared:
+    dataset: Dataset
+    manifest: dict
+    table: str
+    data: Any
+    algo: Any
+    state: Any
+    start: int
+    rows: list
+
+
+def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str], None]) -> _Prepared:
+    """The run directory's rules (one place): a new run needs an empty directory; a resumed
+    one the same configuration up to run length / evaluation / checkpoint frequency, the
+    same partition, and metrics.jsonl rows up to its checkpoint. Writes config.json and the
+    partition report; returns the data, algorithm and (restored) state."""
+    cfg_path, ckpt_path = out / "config.json", out / CHECKPOINT
     if resume:
         if not cfg_path.exists():
             raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
@@ -261,14 +274,12 @@ def run_experiment(
                 f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
                 "run.eval_every and run.checkpoint_every may change when resuming"
             )
-    elif cfg_path.exists() or ckpt_path.exists():
+    elif holds_run(out):
         raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    t_start = time.perf_counter()
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     manifest = make_partition(cfg, dataset)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(cfg_path, cfg.to_json())
-    chash = config_hash(cfg)
     mpath = out / "partition" / "manifest.json"
     if resume and mpath.exists() and part.load_manifest(mpath)["sha256"] != manifest["sha256"]:
         raise ValueError(f"--resume: the partition recomputed now differs from {mpath}")
@@ -279,16 +290,23 @@ def run_experiment(
     state = algo.init(init_key(cfg.run.seed))
     start = 0
     if resume and ckpt_path.exists():
-        state, start = load_checkpoint(ckpt_path, state, config_sha256=chash)
+        state, start = load_checkpoint(ckpt_path, state, config_sha256=config_hash(cfg))
         log(f"resumed {out} at round {start}")
     rows = _read_metrics(out / "metrics.jsonl", start)
     if len(rows) != start:
         raise ValueError(f"{out}/metrics.jsonl has {len(rows)} rounds up to the checkpoint at round {start}")
+    return _Prepared(dataset, manifest, table, data, algo, state, start, rows)
 
+
+def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_round_end, log):
+    """Rounds ``run.start .. cfg.run.rounds`` with evaluation, checkpoints, Ctrl-C and
+    non-finite handling. Returns ``(state, rows, final metrics, rounds completed,
+    first round's seconds)``."""
+    algo, data, state, rows = run.algo, run.data, run.state, run.rows
+    ckpt_path, chash = out / CHECKPOINT, config_hash(cfg)
     total = cfg.run.rounds
-    bar = Progress(total, start, enabled=progress)
-    saved_round = start
-    completed = start
+    bar = Progress(total, run.start, enabled=progress)
+    saved_round = completed = run.start
     final: dict = {}
     t_first = None
 
@@ -299,7 +317,7 @@ def run_experiment(
         saved_round = r
 
     try:
-        for r in range(start, total):
+        for r in range(run.start, total):
             t0 = time.perf_counter()
             new_state, metrics = algo.round(state, data, round_key(cfg.run.seed, r))
             metrics = algo.with_host_metrics(new_state, data, jax.device_get(metrics))
@@ -334,10 +352,15 @@ def run_experiment(
         raise
     finally:
         bar.close()
-
     if not final:  # nothing ran (already finished): evaluate the restored state
         final = algo.with_host_metrics(state, data, jax.device_get(algo.evaluate(state, data)))
-    wall = time.perf_counter() - t_start
+    return state, rows, final, completed, t_first
+
+
+def _report(cfg: ExperimentConfig, out: Path, run: _Prepared, state, rows: list, final: dict, completed: int,
+            timing: dict) -> dict:
+    """Plots, ``clients.csv``, the exported architecture and ``summary.json``."""
+    algo, manifest = run.algo, run.manifest
     plots.plot_curves(rows, out / "plots" / "curves.png", title=f"{cfg.algorithm} on {cfg.data.dataset}")
     summary: dict[str, Any] = {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed}
     summary["final"] = _scalars(final)
@@ -357,13 +380,37 @@ def run_experiment(
         summary["architecture"] = json.loads(architecture.to_json())
         if algo.write_architecture is not None:
             algo.write_architecture(architecture, out / "plots")
-    summary["timing"] = {
-        "wall_time_s": round(wall, 3),
-        "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),
-    }
+    summary["timing"] = timing
     summary["device"] = device_info()
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    summary["_partition_table"] = table
+    summary["_partition_table"] = run.table
     if "client_test_acc" in final:
         summary["_client_table"] = printable
     return summary
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    out_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    progress: bool | None = None,
+    on_round_end: Callable[[int, dict], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Run ``cfg`` into ``out_dir`` (resuming from its checkpoint if ``resume``).
+
+    ``on_round_end(round, metrics)`` is called after each completed round (a
+    hook for tests and notebooks). Ctrl-C saves a checkpoint of the last
+    completed round and re-raises ``KeyboardInterrupt``. A non-finite training
+    loss raises :class:`NonFiniteError` without overwriting the checkpoint.
+    Returns the summary dict (also written to ``summary.json``).
+    """
+    out = Path(out_dir)
+    t_start = time.perf_counter()
+    run = _prepare(cfg, out, resume, log)  # the run directory
+    state, rows, final, completed, t_first = _train(cfg, out, run, progress=progress, on_round_end=on_round_end,
+                                                    log=log)  # the loop
+    timing = {"wall_time_s": round(time.perf_counter() - t_start, 3),
+              "first_round_s_incl_compile": None if t_first is None else round(t_first, 3)}
+    return _report(cfg, out, run, state, rows, final, completed, timing)  # the report

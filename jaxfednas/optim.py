@@ -14,8 +14,13 @@
   Both gradients are taken at the same ``(w, α)``: one pass on the training
   batch gives ``∇_w L_tr`` and ``∇_α L_tr`` together, a second pass on the
   validation batch gives ``∇_α L_val``.
-* :func:`cosine_epoch_lr` — DARTS' per-epoch cosine annealing
-  ``floor + (base − floor)(1 + cos(π e / E)) / 2``.
+* :func:`cosine_lr` — the library's one cosine annealing
+  ``floor + (base − floor)(1 + cos(π min(t, T) / T)) / 2``: per local epoch (FedNAS, as
+  DARTS' ``CosineAnnealingLR``), per round (DFNAS), per server iteration (DP-FNAS).
+* :func:`weight_optimizer` / :func:`arch_optimizer` — the two halves of
+  :func:`nas_optimizer`, for rules that step w and α separately.
+* :func:`active_momentum` — SGD momentum that moves only the leaves that ran this step
+  (single-path supernets: PyTorch skips a parameter without a gradient).
 * :func:`darts_arch_grad` — the second-order DARTS architecture gradient (Liu et al.,
   "DARTS: Differentiable Architecture Search", arXiv:1806.09055, Eq. 6-8; DP-FNAS
   Eq. 5), with the Hessian-vector product as the paper's central finite difference
@@ -34,13 +39,15 @@ import optax
 WEIGHTS, ARCH = "weights", "arch"
 
 
-def cosine_epoch_lr(base: float, floor: float, epochs: int) -> Callable[[jax.Array], jax.Array]:
-    """Learning rate of local epoch ``e`` (0-based) under cosine annealing over ``epochs``.
+def cosine_lr(base: float, floor: float, horizon: int) -> Callable[[jax.Array], jax.Array]:
+    """Learning rate at step ``t`` (0-based; an epoch, a round or an iteration) of a cosine
+    annealing from ``base`` to ``floor`` over ``horizon`` steps, ``floor`` after it.
 
-    Matches PyTorch's ``CosineAnnealingLR(T_max=epochs, eta_min=floor)`` stepped once per epoch.
+    Matches PyTorch's ``CosineAnnealingLR(T_max=horizon, eta_min=floor)`` stepped once per
+    ``t``. Usable as an optax schedule.
     """
-    def lr(epoch):
-        return floor + 0.5 * (base - floor) * (1.0 + jnp.cos(jnp.pi * epoch / epochs))
+    def lr(t):
+        return floor + 0.5 * (base - floor) * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t, horizon) / horizon))
 
     return lr
 
@@ -61,17 +68,48 @@ def nas_optimizer(
     arch_b2: float = 0.999,
     arch_weight_decay: float = 1e-3,
 ) -> optax.GradientTransformation:
-    """Weights: clip (global norm) → + wd·w → SGD(momentum); arch: + wd·α → Adam.
+    """Weights: :func:`weight_optimizer`; arch: :func:`arch_optimizer`, as one
+    ``optax.partition``. Apply it to ``{"params": g_w, "arch": g_α}``."""
+    w_tx = weight_optimizer(lr=w_lr, momentum=w_momentum, weight_decay=w_weight_decay, clip=w_clip)
+    a_tx = arch_optimizer(lr=arch_lr, b1=arch_b1, b2=arch_b2, weight_decay=arch_weight_decay)
+    return optax.partition({WEIGHTS: w_tx, ARCH: a_tx}, arch_labels)
 
-    Weight decay is added to the gradient before momentum/Adam, as PyTorch's
-    ``weight_decay`` does. Apply it to ``{"params": g_w, "arch": g_α}``.
+
+def weight_optimizer(
+    *, lr: float | Callable, momentum: float, weight_decay: float, clip: float | None
+) -> optax.GradientTransformation:
+    """Clip (global norm) → + wd·w → SGD(momentum): DARTS' weight step. Weight decay is
+    added to the gradient before momentum, as PyTorch's ``weight_decay`` does."""
+    parts = [optax.clip_by_global_norm(clip)] if clip else []
+    parts += [optax.add_decayed_weights(weight_decay), optax.sgd(lr, momentum=momentum or None)]
+    return optax.chain(*parts)
+
+
+def arch_optimizer(*, lr: float, b1: float, b2: float, weight_decay: float) -> optax.GradientTransformation:
+    """+ wd·α → Adam: DARTS' architecture step (L2 decay on the gradient, as PyTorch)."""
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr, b1=b1, b2=b2))
+
+
+def active_momentum(decay: float) -> optax.GradientTransformationExtraArgs:
+    """Heavy-ball momentum ``m ← decay·m + g`` (``optax.trace``'s rule) on the leaves that
+    ran this step only; the others keep their momentum and get a zero update.
+
+    ``update(grads, state, params, active=tree)`` with ``active`` a tree like the
+    params of 0/1 scalars (1: the leaf took part in this step's forward). A single-path
+    supernet's unsampled units thus keep weights *and* momentum, as PyTorch's SGD skips
+    parameters whose ``.grad`` is None. Chain with ``optax.scale_by_learning_rate``.
     """
-    w_parts = [optax.clip_by_global_norm(w_clip)] if w_clip else []
-    w_parts += [optax.add_decayed_weights(w_weight_decay), optax.sgd(w_lr, momentum=w_momentum or None)]
-    a_tx = optax.chain(
-        optax.add_decayed_weights(arch_weight_decay), optax.adam(arch_lr, b1=arch_b1, b2=arch_b2)
-    )
-    return optax.partition({WEIGHTS: optax.chain(*w_parts), ARCH: a_tx}, arch_labels)
+    def init_fn(params):
+        return optax.TraceState(trace=jax.tree.map(jnp.zeros_like, params))
+
+    def update_fn(updates, state, params=None, *, active, **extra_args):
+        del params, extra_args
+        moved = jax.tree.map(lambda g, m: g + decay * m, updates, state.trace)
+        trace = jax.tree.map(lambda a, n, o: jnp.where(a > 0, n, o), active, moved, state.trace)
+        updates = jax.tree.map(lambda a, m: jnp.where(a > 0, m, jnp.zeros_like(m)), active, trace)
+        return updates, optax.TraceState(trace=trace)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 LossFn = Callable[[Any, Any, Any, dict], tuple[jax.Array, tuple[Any, dict]]]

@@ -11,6 +11,7 @@ if "xla_force_host_platform_device_count" not in _flags:
 import contextlib  # noqa: E402
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 _CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax")
@@ -56,3 +57,48 @@ def tiny_data():
     ds = load_dataset("synthetic", num_train=256, num_test=64)
     manifest = make_partition(cfg, ds)
     return make_federated_data(ds, part.manifest_splits(manifest))
+
+
+def assert_accuracy(acc, n: int) -> None:
+    """``acc`` is the accuracy of ``n`` examples: ``k / n`` for an integer ``0 <= k <= n``."""
+    k = float(acc) * n
+    assert 0.0 <= float(acc) <= 1.0 and abs(k - round(k)) < max(1e-3, 1e-6 * n), (acc, n)
+
+
+def assert_client_summary(out: dict, counts, tag: str = "") -> None:
+    """The unweighted and test-size-weighted means in ``out`` are those of its per-client
+    accuracies ``client_test_acc<tag>`` (clients without test data excluded)."""
+    acc = np.asarray(out[f"client_test_acc{tag}"], np.float64)
+    counts = np.asarray(counts, np.float64)
+    valid = counts > 0
+    for k, c in zip(acc[valid], counts[valid]):
+        assert_accuracy(k, int(c))
+    np.testing.assert_allclose(float(out[f"client_test_acc{tag}_mean_unweighted"]), acc[valid].mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(out[f"client_test_acc{tag}_mean_weighted"]),
+                               (acc[valid] * counts[valid]).sum() / counts[valid].sum(), rtol=1e-5)
+
+
+def assert_summary_consistent(run_dir) -> None:
+    """A finished run directory's summary agrees with its own files: the final global
+    accuracy is an accuracy of the test set's size and the last metrics row's value; the
+    per-client mean is that of ``clients.csv``'s accuracies (clients with test data)."""
+    import csv
+    import json
+    from pathlib import Path
+
+    from jaxfednas.data.datasets import load_dataset
+
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    final = summary["final"]
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    n_test = load_dataset(config["data"]["dataset"], config["data"].get("data_dir")).y_test.shape[0]
+    assert_accuracy(final["global_test_acc"], n_test)
+    assert final["global_test_acc"] == last["global_test_acc"]
+    with open(run_dir / "clients.csv") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["n_test"]) > 0]
+    for r in rows:
+        assert_accuracy(float(r["test_acc"]), int(r["n_test"]))
+    np.testing.assert_allclose(final["client_test_acc_mean_unweighted"],
+                               np.mean([float(r["test_acc"]) for r in rows]), rtol=1e-5)

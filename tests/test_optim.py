@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfednas.optim import cosine_epoch_lr, milenas_grads, nas_optimizer
+from jaxfednas.optim import cosine_lr, milenas_grads, nas_optimizer
 
 
 def _loss(params, arch, stats, batch):
@@ -56,8 +56,32 @@ def test_nas_optimizer_matches_pytorch_style_first_step():
     np.testing.assert_allclose(upd["arch"]["a"], -0.001 * np.sign(ga), rtol=1e-4)
 
 
-def test_cosine_epoch_lr():
-    lr = cosine_epoch_lr(0.025, 0.001, 5)
+def test_cosine_lr():
+    lr = cosine_lr(0.025, 0.001, 5)
     np.testing.assert_allclose(lr(0), 0.025)
     np.testing.assert_allclose(lr(5), 0.001, rtol=1e-6)
     np.testing.assert_allclose(lr(2.5), 0.013, rtol=1e-6)
+    np.testing.assert_allclose(lr(9), 0.001, rtol=1e-6)  # the floor after the horizon
+    # PyTorch's CosineAnnealingLR closed form at an interior step
+    np.testing.assert_allclose(lr(1), 0.001 + 0.012 * (1 + np.cos(np.pi / 5)), rtol=1e-6)
+
+
+def test_active_momentum_moves_only_active_leaves():
+    from jaxfednas.optim import active_momentum
+
+    tx = optax.chain(active_momentum(0.9), optax.scale_by_learning_rate(0.1))
+    params = {"a": jnp.array([1.0, 2.0]), "b": jnp.array(3.0)}
+    state = tx.init(params)
+    g1 = {"a": jnp.array([1.0, -1.0]), "b": jnp.array(2.0)}
+    upd, state = tx.update(g1, state, params, active={"a": 1.0, "b": 1.0})
+    np.testing.assert_allclose(upd["a"], [-0.1, 0.1], rtol=1e-6)
+    np.testing.assert_allclose(upd["b"], -0.2, rtol=1e-6)
+    # "b" did not run: its update is zero and its momentum is kept for the next time it runs
+    g2 = {"a": jnp.array([0.0, 0.0]), "b": jnp.array(100.0)}
+    upd, state = tx.update(g2, state, params, active={"a": 1.0, "b": 0.0})
+    np.testing.assert_allclose(upd["a"], [-0.09, 0.09], rtol=1e-6)  # 0.9 m + 0
+    assert float(upd["b"]) == 0.0
+    g3 = {"a": jnp.array([0.0, 0.0]), "b": jnp.array(1.0)}
+    upd, _ = tx.update(g3, state, params, active={"a": 0.0, "b": 1.0})
+    np.testing.assert_allclose(upd["b"], -0.1 * (0.9 * 2.0 + 1.0), rtol=1e-6)
+    np.testing.assert_array_equal(upd["a"], [0.0, 0.0])

@@ -11,6 +11,7 @@ from jaxfednas.data.federated import (
     FederatedData,
     epoch_permutation,
     get_batch,
+    random_batch,
     make_federated_data,
     num_steps,
     run_local_epochs,

@@ -165,6 +165,12 @@ def get_batch(client: ClientData, perm: jax.Array, step: jax.Array, batch_size: 
     return {"x": client.x[idx], "y": client.y[idx], "mask": pos < client.count}
 
 
+def random_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict[str, jax.Array]:
+    """``batch_size`` examples drawn without replacement from a client's split (the first
+    batch of a fresh epoch permutation); ``mask`` marks real rows when the split is short."""
+    return get_batch(client, epoch_permutation(key, client.count, client.y.shape[0]), jnp.int32(0), batch_size)
+
+
 def tree_where(pred: jax.Array, a: Any, b: Any) -> Any:
     return jax.tree.map(lambda u, v: jnp.where(pred, u, v), a, b)
 

@@ -283,14 +283,9 @@ def dp_aggregate(clip_norm: float, noise_multiplier: float, expected_batch_size:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def expected_noise_std(clip_norm: float, noise_multiplier: float, expected_batch_size: float) -> float:
-    """Per-coordinate std of the noise in a privatised average: ``σ R / (p N)``."""
-    return noise_multiplier * clip_norm / expected_batch_size
-
-
 __all__ = [
     "DPAggregateState", "PoissonSample", "auto_physical_batch", "clip_per_example", "clipped_sum",
-    "dp_aggregate", "expected_noise_std", "gaussian_noise_like", "mask_examples", "noisy_average",
+    "dp_aggregate", "gaussian_noise_like", "mask_examples", "noisy_average",
     "per_example_clipped_sum", "per_example_norms", "poisson_sample",
 ]
 

@@ -32,7 +32,8 @@ from .operations import (
     Zero,
 )
 from .plot import plot_cell, plot_genotype
-from .search import cell_plan, DartsSearchNetwork, edge_table, MixedOp, num_edges, SearchCell, unroll_variables, unstack_scanned
+from .search import (cell_plan, DartsSearchNetwork, edge_table, MixedOp, num_edges, SearchCell, supernet_of, unroll_variables,
+                     unstack_scanned)
 
 __all__ = [
     "AUX_WEIGHT", "AuxiliaryHeadCIFAR", "AvgPool3x3", "BN_EPS", "BN_MOMENTUM", "Conv7x1_1x7", "DARTS",
@@ -41,5 +42,5 @@ __all__ = [
     "MixedOp", "NORMS", "OPS", "PRIMITIVE_SETS", "PRIMITIVES", "PRIMITIVES_S2", "ReLUConvBN", "SearchCell", "SepConv", "SeparableConv", "Zero",
     "build", "cell_plan", "default_depthwise_impl", "depthwise_conv", "derive",
     "derive_from_weights", "drop_path", "make_op", "num_edges", "plot_cell", "plot_genotype",
-    "unroll_variables", "unstack_scanned", "edge_table",
+    "supernet_of", "unroll_variables", "unstack_scanned", "edge_table",
 ]

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from jaxfednas.nn import Conv
 
-from .operations import NORMS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
+from .operations import NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
 
 
 def num_edges(steps: int = 4) -> int:
@@ -419,3 +419,12 @@ class DartsSearchNetwork(nn.Module):
         _, s1 = run_cells(cell_groups(plan, self.scan_cells), make_cell, call_cell, s, s)
         feat = jnp.mean(s1, axis=(1, 2))
         return nn.Dense(self.num_classes, name="classifier")(feat)
+
+
+def supernet_of(cfg: Any, num_classes: int, **options) -> DartsSearchNetwork:
+    """The supernet an algorithm config describes: ``cfg.C``, ``cfg.layers``, ``cfg.steps``
+    and ``cfg.primitives`` (a name in ``PRIMITIVE_SETS``), every intermediate node
+    concatenated as in DARTS (``multiplier = steps``); ``options`` pass on the rest
+    (``scan_edges``, ``norm``, ...). One constructor for FedNAS, DP-FNAS and SPIDER."""
+    return DartsSearchNetwork(C=cfg.C, num_classes=num_classes, layers=cfg.layers, steps=cfg.steps,
+                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives], **options)
