@@ -161,6 +161,9 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="also calibrate sigma for (p, T) and the step budget for (p, sigma)")
     parser.add_argument("--accountant", choices=("pld", "rdp", "clt"), default="pld",
                         help="accountant used for --target-epsilon calibration (default: pld)")
+    parser.add_argument("--pld-interval", type=float, default=None,
+                        help="PLD value discretisation interval (default 1e-4, dp-accounting's; "
+                             "coarser is faster and looser)")
     return parser
 
 
@@ -171,7 +174,9 @@ def run_privacy_command(args: argparse.Namespace) -> int:
     try:
         report = compare_accountants(sampling_prob=args.sampling_prob,
                                      noise_multiplier=args.noise_multiplier,
-                                     steps=args.steps, delta=args.delta)
+                                     steps=args.steps, delta=args.delta,
+                                     **({} if args.pld_interval is None
+                                        else {"value_discretization_interval": args.pld_interval}))
         print(report.to_table())
         if args.target_epsilon is not None:
             sigma = calibrate_noise_multiplier(

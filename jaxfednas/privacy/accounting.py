@@ -103,7 +103,7 @@ __all__ = [
 ]
 
 ACCOUNTANTS = ("pld", "rdp", "clt")
-DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
+DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4  # dp-accounting's own PLDAccountant default
 # Calibration searches sigma in this range.  Below ~0.05 a subsampled-Gaussian
 # PLD has privacy losses in the thousands and gets slow and memory hungry.
 _SIGMA_MIN = 0.05
@@ -444,6 +444,7 @@ class AccountingReport:
       epsilon_rdp: RDP upper bound (looser).
       clt_optimistic: ``epsilon_clt < epsilon_pld``.
       ratio_pld_over_clt: ``epsilon_pld / epsilon_clt`` (inf if epsilon_clt is 0).
+      value_discretization_interval: the PLD's privacy-loss grid (coarser: looser bound).
     """
 
     sampling_prob: float
@@ -456,6 +457,7 @@ class AccountingReport:
     epsilon_rdp: float
     clt_optimistic: bool
     ratio_pld_over_clt: float
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
 
     def to_table(self) -> str:
         """Fixed-width text table (what ``jaxfednas privacy`` prints)."""
@@ -469,7 +471,8 @@ class AccountingReport:
             f"{'accountant':<22}{'epsilon':>12}  note",
             f"{'CLT (Bu et al.)':<22}{self.epsilon_clt:>12.4f}  "
             f"mu = {self.mu_clt:.4f}-GDP; asymptotic approximation, not a bound",
-            f"{'PLD (dp-accounting)':<22}{self.epsilon_pld:>12.4f}  upper bound (the guarantee)",
+            f"{'PLD (dp-accounting)':<22}{self.epsilon_pld:>12.4f}  upper bound (the guarantee; "
+            f"value discretisation interval {self.value_discretization_interval:g})",
             f"{'RDP (dp-accounting)':<22}{self.epsilon_rdp:>12.4f}  upper bound (looser)",
             f"PLD / CLT = {self.ratio_pld_over_clt:.3f}: {verdict}",
         ]
@@ -504,7 +507,7 @@ def compare_accountants(*, sampling_prob: float, noise_multiplier: float, steps:
     return AccountingReport(
         sampling_prob=p, noise_multiplier=sigma, steps=t, delta=d, mu_clt=mu,
         epsilon_clt=eps_clt, epsilon_pld=eps_pld, epsilon_rdp=eps_rdp,
-        clt_optimistic=bool(eps_clt < eps_pld), ratio_pld_over_clt=ratio)
+        clt_optimistic=bool(eps_clt < eps_pld), ratio_pld_over_clt=ratio, value_discretization_interval=vdi)
 
 
 # --------------------------------------------------------------------------
