@@ -10,7 +10,7 @@ Layout of ``out_dir``::
     checkpoint.msgpack          whole algorithm state after the last saved round (atomic)
     clients.csv                 final per-client accuracies
     plots/curves.png, plots/client_accuracy.png
-    architecture.json           (NAS algorithms) the exported architecture; cell diagrams in plots/
+    architecture.json           (NAS algorithms) the exported architecture (SPIDER: personal_genotypes.json); cell diagrams in plots/
     summary.json                final metrics, wall time, device info
 
 Everything except the ``timing`` and ``device`` entries of ``summary.json`` is
@@ -376,7 +376,8 @@ def _report(cfg: ExperimentConfig, out: Path, run: _Prepared, state, rows: list,
         )
     if algo.export is not None:
         architecture = algo.export(state)
-        atomic_write_text(out / "architecture.json", architecture.to_json() + "\n")
+        # an export may name its file (SPIDER: personal_genotypes.json)
+        atomic_write_text(out / getattr(architecture, "FILENAME", "architecture.json"), architecture.to_json() + "\n")
         summary["architecture"] = json.loads(architecture.to_json())
         if algo.write_architecture is not None:
             algo.write_architecture(architecture, out / "plots")

@@ -24,6 +24,7 @@ ALGORITHMS: dict[str, str] = {
     "local_adaptation": "algorithms.local_adaptation",
     "ditto": "algorithms.ditto",
     "perfedavg": "algorithms.perfedavg",
+    "spider": "algorithms.spider",
 }
 
 

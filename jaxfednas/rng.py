@@ -14,7 +14,8 @@ draws (everything is a function of ``(seed, round, client, step)``)::
         │   ├─ e                             local epoch e's data permutation (data.federated)
         │   ├─ STEP ─ t                      step_key(client key, t): minibatch slot t
         │   │                                (augmentation, sampled paths, ...)
-        │   └─ PERSONAL                      Ditto's personal update (other minibatches)
+        │   ├─ PERSONAL                      Ditto's personal update (other minibatches)
+        │   └─ SEARCH                        search_keys(client keys): SPIDER's random edge / node
         └─ DP_ITERATIONS ─ j                 dp_iteration_key(round key, j): DP-FNAS
             └─ (client_keys of it) ─ DP_*    a party's Poisson samples, noise, augmentation
     PRNGKey(ADAPT_SEED) ─ CLIENT ─ k         evaluation-time fine-tuning (no round: evaluating
@@ -44,6 +45,7 @@ DP_ITERATIONS = 1  # DP-FNAS only; equal to CLIENT by value (see the module docs
 # Under a client's key (local epochs fold their index 0, 1, ... into it directly)
 STEP = 1_000_003  # far above any local-epoch index
 PERSONAL = 0x7D177000  # Ditto
+SEARCH = 0x5E4C0000  # SPIDER-Searcher's random choices
 # Under a DP-FNAS party's iteration key
 DP_TRAIN_SAMPLE, DP_TRAIN_NOISE, DP_VAL_SAMPLE, DP_VAL_NOISE, DP_TRAIN_AUG, DP_VAL_AUG = range(6)
 # A seed of its own: evaluation-time adaptation of the personalization baselines
@@ -85,6 +87,11 @@ def step_key(client_key: jax.Array, t: jax.Array | int) -> jax.Array:
 def personal_keys(client_keys: jax.Array) -> jax.Array:
     """Ditto: keys of the personal updates, one per client key."""
     return jax.vmap(lambda k: jax.random.fold_in(k, PERSONAL))(client_keys)
+
+
+def search_keys(client_keys: jax.Array) -> jax.Array:
+    """SPIDER: keys of the searcher's random edge / node choices, one per client key."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, SEARCH))(client_keys)
 
 
 def dp_iteration_key(round_key: jax.Array, j: jax.Array | int) -> jax.Array:

@@ -15,15 +15,19 @@ one compilation). A row of zeros removes the edge.
   (two inputs per node, one op per input) to and from a mask;
 * :func:`mask_weights` -- the float ``arch_weights`` of a mask (leading axes kept, so a
   stack of per-client masks maps with ``vmap``);
-* :func:`check_mask` -- shape and 0/1 checks with a one-line error.
+* :func:`check_mask` -- shape and 0/1 checks with a one-line error;
+* :func:`variable_mask` -- which supernet variables a mask keeps (for updates and
+  regularisers restricted to a subnet, e.g. SPIDER's ``w_share``; for parameter counts);
+* :func:`incoming_edges` -- each node's incoming edges (topology projection).
 """
 from __future__ import annotations
 
-import numpy as np
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .genotypes import Genotype
-from .search import edge_table, num_edges
+from .search import edge_table, num_edges, reduction_indices
 
 CELLS = ("normal", "reduce")
 
@@ -100,4 +104,73 @@ def mask_weights(mask: dict) -> dict:
     return {c: jnp.asarray(mask[c], jnp.float32) for c in CELLS}
 
 
-__all__ = ["CELLS", "check_mask", "full_mask", "genotype_from_mask", "mask_from_genotype", "mask_weights"]
+def incoming_edges(steps: int) -> np.ndarray:
+    """``[steps, steps + 1]`` int32: the edges into node ``i`` in DARTS order, padded
+    with ``-1`` (node ``i`` has ``2 + i`` inputs)."""
+    out = -np.ones((steps, steps + 1), np.int32)
+    for e, _, node in edge_table(steps):
+        row = out[node]
+        row[np.argmax(row < 0)] = e
+    return out
+
+
+def _edge_groups(steps: int) -> dict[str, list[int]]:
+    """Edge indices of each scanned edge group of a :class:`SearchCell` (its layout)."""
+    table = edge_table(steps)
+    return {"edges": [t[0] for t in table], "input_edges": [t[0] for t in table if t[1] < 2],
+            "node_edges": [t[0] for t in table if t[1] >= 2]}
+
+
+def variable_mask(mask: dict, tree: dict, primitives, steps: int, layers: int) -> dict:
+    """A tree like ``tree`` (a :class:`DartsSearchNetwork`'s ``params`` or ``batch_stats``,
+    scanned or unrolled layout) of 0/1 float32 arrays broadcastable to its leaves: 1 for
+    every variable the subnet ``mask`` uses, 0 for the variables of removed (edge, op)
+    pairs. Stem, preprocessing and classifier are always kept. ``mask`` may be traced
+    (the result then is too), so one compiled program serves every client's mask."""
+    primitives = tuple(primitives)
+    groups = _edge_groups(steps)
+    reductions = set(reduction_indices(layers))
+
+    def op_rows(m, edge_ids, op):  # [n_edges] 0/1 of ``op`` on these edges
+        return jnp.asarray(m)[jnp.asarray(edge_ids), primitives.index(op)]
+
+    def ones_like(sub):
+        return jax.tree.map(lambda x: jnp.ones((1,) * jnp.ndim(x), jnp.float32), sub)
+
+    def cell(sub: dict, m, scanned: bool) -> dict:
+        out = {}
+        for key, group in sub.items():
+            if key in groups:
+                edge_ids = groups[key]
+            elif key.startswith("edge_"):
+                edge_ids = [int(key[5:])]
+            else:
+                out[key] = ones_like(group)
+                continue
+            ops = {}
+            for name, leaves in group.items():
+                op = name[:-3] if name.endswith("_bn") else name  # a pool's BN belongs to its op
+                rows = op_rows(m, edge_ids, op)
+                if key.startswith("edge_"):
+                    rows = rows[0]
+                lead = (1,) if scanned else ()
+
+                def shaped(x, rows=rows, lead=lead):
+                    return rows.reshape(lead + rows.shape + (1,) * (jnp.ndim(x) - len(lead) - rows.ndim))
+
+                ops[name] = jax.tree.map(shaped, leaves)
+            out[key] = ops
+        return out
+
+    out = {}
+    for key, sub in tree.items():
+        if key.startswith("cell_") or key.startswith("cells_"):
+            first = int(key.split("_")[1])
+            kind = "reduce" if first in reductions else "normal"
+            out[key] = cell(sub, mask[kind], scanned=key.startswith("cells_"))
+        else:
+            out[key] = ones_like(sub)
+    return out
+
+
+__all__ = ["CELLS", "check_mask", "full_mask", "incoming_edges", "genotype_from_mask", "mask_from_genotype", "mask_weights", "variable_mask"]

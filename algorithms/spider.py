@@ -1,0 +1,538 @@
+"""SPIDER — Mushtaq, He, Ding, Avestimehr, "Distributed Architecture Search Over
+Heterogeneous Distributions" (TMLR; code: ErumMushtaq/SPIDER), Algorithm 1
+(SPIDER-Trainer), Algorithm 2 (SPIDER-Searcher), Eq. 4-6.
+
+Every client k keeps two networks over one DARTS supernet (the s2 space by default):
+the global supernet w, shared by everyone, and a personal model v_k whose architecture
+A_k is a mask over the supernet's (edge, op) table (:mod:`search_spaces.darts.masks`).
+Each op's weight is the constant 1 (the authors' code: an edge outputs the plain sum of
+its kept ops). Round t (Algorithm 1), for every sampled client k:
+
+  line 10   A_k ← SPIDER-Searcher(A_k, t_s, τ, t)                       (Algorithm 2)
+  line 12-14  w_share = the received w^t restricted to the (edge, op) pairs A_k keeps
+  line 16-18  per minibatch (the same batch for both models):
+              w_k ← w_k − η_w ∇_w F_k(w_k, A)
+              v_k ← v_k − η_v (∇_v F_k(v_k, A_k) + λ (v_k − w_share))   (Eq. 4)
+  line 6    w^{t+1} = Σ_k N_k/N w_k (BatchNorm statistics included)
+
+SPIDER-Searcher (Algorithm 2, Phase 2), at the client's round t ≥ t_s with t a multiple
+of τ: for the normal, then the reduce cell, pick an undecided edge at random, measure
+the local validation accuracy with each of its ops removed, and keep the op whose
+removal *lowers accuracy most* (the paper's prose, "only the operation with the highest
+impact on the accuracy is kept", and the authors' code; Algorithm 2's printed line 8
+says the opposite — ``criterion="paper_text"`` follows it). Once every edge has its op,
+the same triggers run the code's topology projection (docs/authors_code.md §5.3): for one
+random node per cell type, remove the incoming edge whose removal gives the highest
+validation accuracy until two remain — the first in the round of the last op choice, as
+in the code. Phase 3: a client whose architecture is final trains on train + validation
+(§5.1; ``final_on_val``). Validation accuracy during the search is measured with
+BatchNorm in training mode (batch statistics), as darts-pt and the SPIDER code do,
+without moving the running statistics.
+
+Timeline: ``t`` is the *client's own* count of participations (its search clock), so a
+client that is not sampled neither trains nor advances its search; with every client in
+every round (the paper's setting and the only one the code supports) it is the round
+number, and with t_s = 30, τ = 20 the first choice happens at round 40 (the first multiple
+of 20 ≥ 30), as in the code. Every 0/1 mask has the supernet's static shape, so one
+compiled round serves every client's architecture; removed ops are computed and
+multiplied by 0, and their weights are frozen in v_k.
+
+Options for parity with the authors' code (docs/authors_code.md §5): ``local_grad_clip=0``
+(its personal-model clip never runs), ``personal_init="independent"`` (default: personal
+supernets start from one initialisation independent of the global one). Kept from the
+code where the paper is silent: SGD momentum 0.9, weight decay 1e-3, both learning rates
+annealed per round by a cosine to ``lr_min`` (0) over the run, personal optimizer state
+kept across rounds (the global model's is fresh every round, as FedAvg's clients).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from algorithms.common import make_batch_grad
+from jaxfednas import rng
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ExperimentConfig, Validated, param
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
+from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
+from jaxfednas.optim import cosine_lr
+from jaxfednas.runtime import (Placement, gather_rows, map_clients, resolve_clients_per_round, round_clients,
+                               scatter_rows, weighted_mean)
+from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, num_edges, plot_genotype, supernet_of
+from search_spaces.darts.masks import CELLS, full_mask, genotype_from_mask, incoming_edges, variable_mask
+
+DESCRIPTION = "SPIDER (Mushtaq et al.): FedAvg'd supernet + personal subnets pulled to it, perturbation search"
+CRITERIA = ("removal_hurts_most", "paper_text")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpiderConfig(Validated):
+    SECTION = "algo"
+    C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
+    layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
+    steps: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
+    primitives: str = param("s2", "candidate ops (paper: s2 = skip_connect, sep_conv_3x3); a zero op 'none' is "
+                            "never kept (removal is a mask zero)", choices=tuple(PRIMITIVE_SETS))
+    local_epochs: int = param(1, "local epochs per round (code 1)", range=(1, 10_000))
+    batch_size: int = param(32, "local minibatch size (paper 32)", range=(1, 1_000_000))
+    lr: float = param(0.01, "global-model SGD learning rate at round 0 (paper grid {0.01, 0.03})", range=(0.0, 100.0))
+    local_lr: float = param(0.01, "personal-model SGD learning rate at round 0", range=(0.0, 100.0))
+    lr_min: float = param(0.0, "floor of both learning rates' per-round cosine over run.rounds (code: 0)",
+                          range=(0.0, 100.0))
+    momentum: float = param(0.9, "SGD momentum of both models", range=(0.0, 1.0))
+    weight_decay: float = param(1e-3, "weight decay of both models (the code's hard-coded 1e-3)", range=(0.0, 1.0))
+    grad_clip: float = param(5.0, "global-norm clip of the global model's gradient (0: off)", range=(0.0, None))
+    local_grad_clip: float = param(5.0, "global-norm clip of the personal model's gradient (0: off, as the "
+                                   "authors' code, whose personal clip never runs)", range=(0.0, None))
+    lam: float = param(0.01, "λ of Eq. 4, the pull of v_k toward w_share (paper grid {0.01, 0.1, 1}); "
+                       "0 = local-only NAS (App. D.2)", range=(0.0, 1e4))
+    warmup_rounds: int = param(30, "t_s: a client's own rounds before its search starts (paper 30)",
+                               range=(0, 1_000_000))
+    recovery_rounds: int = param(20, "τ: a client searches at its rounds t >= t_s that are multiples of τ "
+                                 "(paper 20)", range=(1, 1_000_000))
+    criterion: str = param("removal_hurts_most", "op choice: keep the op whose removal lowers validation "
+                           "accuracy most (prose, code) or paper_text (Alg. 2 line 8 as printed)", choices=CRITERIA)
+    final_on_val: bool = param(True, "phase 3: a client with a final architecture trains on train + validation")
+    personal_init: str = param("independent", "personal supernets start from one initialisation independent of "
+                               "the global one (code) or as copies of it", choices=("independent", "global"))
+    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    eval_batch_size: int = param(500, "evaluation (and search-evaluation) batch size", range=(1, None))
+    gain_epochs: int = param(30, "fine-tuning epochs per entry of the personalization-gain matrix (Eq. 6; "
+                             "paper 30)", range=(1, 10_000))
+
+
+CONFIG = SpiderConfig
+# §5.1: each client's data 60 % train / 20 % validation (search) / 20 % local test.
+DEFAULTS = {"data.split": (0.6, 0.2, 0.2)}
+PRESETS = {
+    "smoke": {"run.rounds": 7, "algo.C": 4, "algo.layers": 3, "algo.steps": 2, "algo.warmup_rounds": 1,
+              "algo.recovery_rounds": 1},
+    # §5.1 / App. A and docs/authors_code.md §5: CIFAR-100, 8 clients Dir(0.2), all participating,
+    # 1000 rounds, batch 32, s2 space C=16 with 8 cells, t_s=30, τ=20, λ=0.01, lr 0.01.
+    "paper": {
+        "data.dataset": "cifar100", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.2,
+        "run.rounds": 1000, "run.eval_every": 10, "algo.C": 16, "algo.layers": 8,
+    },
+}
+
+
+@flax.struct.dataclass
+class SpiderState:
+    variables: dict  # the global supernet w: {"params", "batch_stats"}
+    personal: dict  # personal models v_k: {"params", "batch_stats"}, leading axis K
+    opt_state: Any  # each personal model's SGD momentum, leading axis K
+    arch: dict  # A_k as 0/1 masks {"normal": [K, E, |O|], "reduce": [K, E, |O|]}
+    edge_done: jax.Array  # [K, 2, E] bool: (cell type, edge) whose op is chosen (E \ E_s)
+    node_done: jax.Array  # [K, 2, steps] bool: nodes whose two incoming edges are chosen
+    clock: jax.Array  # [K] int32: rounds each client took part in (its search clock t)
+    round: jax.Array  # int32, rounds completed
+
+
+class Subnet(NamedTuple):
+    """The supernet with fixed op weights (a mask): applied like a Flax module."""
+
+    net: DartsSearchNetwork
+    arch_weights: dict  # {"normal": [E, |O|], "reduce": [E, |O|]}
+
+    def apply(self, variables, x, **kwargs):
+        shape = (num_edges(self.net.steps), len(self.net.primitives))
+        unused = {"alphas_normal": jnp.zeros(shape), "alphas_reduce": jnp.zeros(shape)}  # op weights are fixed
+        return self.net.apply({**variables, "arch": unused}, x, arch_weights=self.arch_weights, **kwargs)
+
+
+def initial_mask(primitives, steps: int) -> dict[str, np.ndarray]:
+    """A_k at phase 1: the whole supernet, every op of every edge (a zero op excepted)."""
+    keep = np.array([p != "none" for p in primitives], np.float32)
+    return {c: m * keep for c, m in full_mask(primitives, steps).items()}
+
+
+def stack_cells(mask: dict) -> jax.Array:
+    return jnp.stack([mask[c] for c in CELLS])
+
+
+def unstack_cells(mask: jax.Array) -> dict:
+    return {c: mask[i] for i, c in enumerate(CELLS)}
+
+
+def sgd(clip: float, cfg: SpiderConfig) -> optax.GradientTransformation:
+    """PyTorch's SGD without its learning rate (applied per round): clip, + wd·p, momentum."""
+    parts = [optax.clip_by_global_norm(clip)] if clip > 0 else []
+    return optax.chain(*parts, optax.add_decayed_weights(cfg.weight_decay), optax.trace(cfg.momentum))
+
+
+def combined_split(train: ClientData, val: ClientData, use_val: jax.Array) -> ClientData:
+    """Phase 3's data (§5.1): the client's train rows followed by its validation rows when
+    ``use_val``, else its train rows; static shape ``M_train + M_val`` either way."""
+    mt, mv = train.y.shape[0], val.y.shape[0]
+    i = jnp.arange(mt + mv)
+    src = jnp.minimum(jnp.where(i < train.count, i, mt + i - train.count), mt + mv - 1)
+    x, y = jnp.concatenate([train.x, val.x])[src], jnp.concatenate([train.y, val.y])[src]
+    return ClientData(x=x, y=y, count=train.count + jnp.where(use_val, val.count, 0))
+
+
+def op_choice(acc_without: jax.Array, present: jax.Array, criterion: str) -> jax.Array:
+    """Algorithm 2, line 8: the op to keep on an edge from ``acc_without[j]``, the validation
+    accuracy with op j removed. ``removal_hurts_most``: the op whose removal gives the lowest
+    accuracy; ``paper_text``: the highest (the printed rule). Ties go to the first op."""
+    if criterion == "removal_hurts_most":
+        return jnp.argmin(jnp.where(present, acc_without, jnp.inf))
+    return jnp.argmax(jnp.where(present, acc_without, -jnp.inf))
+
+
+def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) -> Callable:
+    """``search(variables, mask, edge_done, node_done, val, key)``: one trigger of
+    SPIDER-Searcher for one client (masks stacked ``[2, E, |O|]``, normal then reduce)."""
+    primitives = tuple(net.primitives)
+    n_ops, n_edges, steps = len(primitives), num_edges(cfg.steps), cfg.steps
+    into = jnp.asarray(incoming_edges(steps))  # [steps, steps + 1], -1 padded
+
+    def val_accuracy(variables, mask, val: ClientData):
+        """Accuracy on the whole validation split, BatchNorm on batch statistics."""
+        m = val.y.shape[0]
+        b = min(cfg.eval_batch_size, m)
+
+        def one(i):
+            pos = i * b + jnp.arange(b)
+            valid = pos < val.count
+            idx = jnp.minimum(pos, m - 1)
+            logits, _ = Subnet(net, unstack_cells(mask)).apply(
+                variables, info.normalize(val.x[idx]), train=True, mask=valid, mutable=["batch_stats"])
+            return ((jnp.argmax(logits, -1) == val.y[idx]) & valid).sum()
+
+        correct = jax.lax.map(one, jnp.arange(-(-m // b))).sum()
+        return correct / jnp.maximum(val.count, 1)
+
+    def accuracies(variables, candidates, val):
+        return jax.lax.map(lambda mk: val_accuracy(variables, mk, val), candidates)
+
+    def choose_op(variables, mask, c, e, val):
+        """Algorithm 2, lines 6-9, on edge ``e`` of cell type ``c``."""
+        acc = accuracies(variables, jnp.stack([mask.at[c, e, j].set(0.0) for j in range(n_ops)]), val)
+        keep = op_choice(acc, mask[c, e] > 0, cfg.criterion)
+        return mask.at[c, e].set(jax.nn.one_hot(keep, n_ops, dtype=mask.dtype))
+
+    def project_node(variables, mask, c, n, val):
+        """Topology projection (code): drop the incoming edge of node ``n`` whose removal
+        gives the highest validation accuracy, until two remain."""
+        slots = into[n]
+        edge = jnp.maximum(slots, 0)
+
+        def drop_one(_, mask):
+            kept = (slots >= 0) & (mask[c, edge].sum(-1) > 0)
+
+            def drop(mask):
+                cands = jnp.stack([mask.at[c, edge[s]].set(0.0) for s in range(steps + 1)])
+                acc = jnp.where(kept, accuracies(variables, cands, val), -jnp.inf)
+                return mask.at[c, edge[jnp.argmax(acc)]].set(0.0)
+
+            return jax.lax.cond(kept.sum() > 2, drop, lambda m: m, mask)
+
+        return jax.lax.fori_loop(0, steps - 1, drop_one, mask)
+
+    def search(variables, mask, edge_done, node_done, val, key):
+        def cell(c, carry):
+            mask, edge_done, node_done = carry
+            k_edge, k_node = jax.random.split(jax.random.fold_in(key, c))
+            open_edges = ~edge_done[c]
+
+            def op_step(args):  # Algorithm 2, line 4: i = RANDOM(E_s)
+                mask, edge_done = args
+                e = jax.random.choice(k_edge, n_edges, p=open_edges / open_edges.sum())
+                return choose_op(variables, mask, c, e, val), edge_done.at[c, e].set(True)
+
+            mask, edge_done = jax.lax.cond(open_edges.any(), op_step, lambda a: a, (mask, edge_done))
+            open_nodes = ~node_done[c]
+
+            def node_step(args):
+                mask, node_done = args
+                n = jax.random.choice(k_node, steps, p=open_nodes / open_nodes.sum())
+                return project_node(variables, mask, c, n, val), node_done.at[c, n].set(True)
+
+            ready = edge_done[c].all() & open_nodes.any()
+            mask, node_done = jax.lax.cond(ready, node_step, lambda a: a, (mask, node_done))
+            return mask, edge_done, node_done
+
+        return jax.lax.fori_loop(0, len(CELLS), cell, (mask, edge_done, node_done))
+
+    return search
+
+
+def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, full: dict) -> Callable:
+    """``train(w, personal, opt_state, mask, data, key, lr_w, lr_v)``: Algorithm 1, lines
+    12-18, for one client: local epochs of the global model's SGD step and the personal
+    model's step on Eq. 4, on the same minibatches."""
+    primitives = tuple(net.primitives)
+    w_tx, v_tx = sgd(cfg.grad_clip, cfg), sgd(cfg.local_grad_clip, cfg)
+
+    def train(w, personal, opt_state, mask, data: ClientData, key, lr_w, lr_v):
+        w_share = w["params"]  # line 14: the received w^t; `keep` restricts it to A_k's ops
+        keep = variable_mask(unstack_cells(mask), w_share, primitives, cfg.steps, cfg.layers)
+        grad_w = make_batch_grad(Subnet(net, full), info, cfg.augment)
+        grad_v = make_batch_grad(Subnet(net, unstack_cells(mask)), info, cfg.augment)
+
+        def step(carry, batch, key):
+            (wp, ws, w_opt), (vp, vs, v_opt) = carry
+            gw, ws, mw = grad_w(wp, ws, batch, key)  # line 17
+            gv, vs, mv = grad_v(vp, vs, batch, key)
+            # line 18: ∇_v F_k(v, A_k) + λ (v − w_share), on the parameters A_k keeps (the
+            # gradient of a removed op is exactly 0; its weights stay frozen)
+            gv = jax.tree.map(lambda g, v, a, k: k * (g + cfg.lam * (v - a)), gv, vp, w_share, keep)
+            uw, w_opt = w_tx.update(gw, w_opt, wp)
+            uv, v_opt = v_tx.update(gv, v_opt, vp)
+            wp = jax.tree.map(lambda p, u: p - lr_w * u, wp, uw)
+            vp = jax.tree.map(lambda p, u, k: p - lr_v * k * u, vp, uv, keep)
+            return ((wp, ws, w_opt), (vp, vs, v_opt)), {**mw, **{f"personal_{k}": x for k, x in mv.items()}}
+
+        carry = ((w["params"], w["batch_stats"], w_tx.init(w["params"])),
+                 (personal["params"], personal["batch_stats"], opt_state))
+        ((wp, ws, _), (vp, vs, opt_state)), metrics = run_local_epochs(
+            step, carry, data, key, epochs=cfg.local_epochs, batch_size=cfg.batch_size)
+        return {"params": wp, "batch_stats": ws}, {"params": vp, "batch_stats": vs}, opt_state, metrics
+
+    return train
+
+
+def spider(
+    cfg: SpiderConfig,
+    info: DataInfo,
+    *,
+    rounds: int,
+    clients_per_round: int | float = 1.0,
+    placement: Placement = Placement(),
+) -> FederatedAlgorithm:
+    """Build SPIDER for data described by ``info``; ``rounds`` sets the learning rates'
+    per-round cosine."""
+    net = supernet_of(cfg, info.num_classes)
+    primitives = tuple(net.primitives)
+    num_clients, steps = info.num_clients, cfg.steps
+    m = resolve_clients_per_round(clients_per_round, num_clients)
+    start = initial_mask(primitives, steps)
+    full = {c: jnp.asarray(v) for c, v in start.items()}  # the global supernet: every op, weight 1
+    search = make_searcher(cfg, info, net)
+    train = make_trainer(cfg, info, net, full)
+    v_tx = sgd(cfg.local_grad_clip, cfg)
+    lr_w, lr_v = cosine_lr(cfg.lr, cfg.lr_min, rounds), cosine_lr(cfg.local_lr, cfg.lr_min, rounds)
+
+    def rows(tree):
+        return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), tree)
+
+    def init(key):
+        k_global, k_personal = jax.random.split(key)
+        x = jnp.zeros((1,) + info.image_shape, jnp.float32)
+        w = _init_variables(net, full, k_global, x)
+        v = w if cfg.personal_init == "global" else _init_variables(net, full, k_personal, x)
+        node_done = np.zeros((len(CELLS), steps), bool)
+        node_done[:, 0] = True  # node 0 has only its two inputs: nothing to choose
+        return SpiderState(
+            variables=w, personal=rows(v), opt_state=rows(v_tx.init(v["params"])),
+            arch=rows({c: jnp.asarray(a) for c, a in start.items()}),
+            edge_done=jnp.zeros((num_clients, len(CELLS), num_edges(steps)), bool),
+            node_done=rows(jnp.asarray(node_done)), clock=jnp.zeros((num_clients,), jnp.int32),
+            round=jnp.zeros((), jnp.int32),
+        )
+
+    def round_fn(state: SpiderState, data: FederatedData, key: jax.Array):
+        idx, keys = round_clients(key, num_clients, m)
+        t = state.clock[idx]
+        mask = stack_cells(gather_rows(state.arch, idx)).swapaxes(0, 1)  # [m, 2, E, |O|]
+        edge_done, node_done = state.edge_done[idx], state.node_done[idx]
+        personal, val = gather_rows(state.personal, idx), data.clients("val", idx)
+        # Algorithm 1, line 10 / Algorithm 2, line 3 (on each client's own clock)
+        unfinished = ~(edge_done.all((1, 2)) & node_done.all((1, 2)))
+        trigger = (t >= cfg.warmup_rounds) & (t % cfg.recovery_rounds == 0) & unfinished
+
+        def searched(args):
+            def one(c, _):
+                v, mk, ed, nd, vd, k, go = c
+                return jax.lax.cond(go, lambda: search(v, mk, ed, nd, vd, k), lambda: (mk, ed, nd))
+
+            return map_clients(one, (personal, *args, val, rng.search_keys(keys), trigger), placement=placement)
+
+        mask, edge_done, node_done = jax.lax.cond(
+            trigger.any(), searched, lambda args: args, (mask, edge_done, node_done))
+        final = edge_done.all((1, 2)) & node_done.all((1, 2))
+        train_data = jax.vmap(combined_split)(data.clients("train", idx), val, final & cfg.final_on_val) \
+            if cfg.final_on_val else data.clients("train", idx)
+
+        def client(c, shared):
+            w, lw, lv = shared
+            v, opt, mk, d, k = c
+            return train(w, v, opt, mk, d, k, lw, lv)
+
+        new_w, new_v, new_opt, metrics = map_clients(
+            client, (personal, gather_rows(state.opt_state, idx), mask, train_data, keys),
+            (state.variables, lr_w(state.round), lr_v(state.round)), placement=placement)
+        w = weighted_mean(new_w, train_data.count)  # line 6: Σ N_k/N w_k
+        new_arch = unstack_cells(mask.swapaxes(0, 1))
+        state = SpiderState(
+            variables=w, personal=scatter_rows(state.personal, idx, new_v),
+            opt_state=scatter_rows(state.opt_state, idx, new_opt), arch=scatter_rows(state.arch, idx, new_arch),
+            edge_done=state.edge_done.at[idx].set(edge_done), node_done=state.node_done.at[idx].set(node_done),
+            clock=state.clock.at[idx].add(1), round=state.round + 1,
+        )
+        n = jnp.maximum(metrics["examples"].sum(), 1)
+        return state, {
+            "train_loss": metrics["loss_sum"].sum() / n, "train_acc": metrics["correct"].sum() / n,
+            "personal_train_loss": metrics["personal_loss_sum"].sum() / n,
+            "personal_train_acc": metrics["personal_correct"].sum() / n,
+            "train_examples": metrics["examples"].sum(), "searching_clients": trigger.sum(),
+            "edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),
+        }
+
+    def logits_of_subnet(v):
+        return lambda x: Subnet(net, v["arch"]).apply(
+            {"params": v["params"], "batch_stats": v["batch_stats"]}, info.normalize(x), train=False)
+
+    def evaluate(state: SpiderState, data: FederatedData):
+        supernet = {**state.variables, "arch": full}
+        out = global_accuracy(logits_of_subnet(supernet), data, cfg.eval_batch_size)
+        out.update(client_accuracies(logits_of_subnet, supernet, data, cfg.eval_batch_size, placement=placement,
+                                     tag="_global"))
+        out.update(client_accuracies(logits_of_subnet, {**state.personal, "arch": state.arch}, data,
+                                     cfg.eval_batch_size, placement=placement, personal=True))
+        sizes = jax.vmap(lambda a: _kept_parameters(a, state.variables["params"], primitives, cfg))(state.arch)
+        out.update({"edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),
+                    "personal_params_mean": sizes.mean(),
+                    "supernet_params": sum(x.size for x in jax.tree.leaves(state.variables["params"]))})
+        return out
+
+    def export(state: SpiderState) -> PersonalArchitectures:
+        return PersonalArchitectures.of(state, primitives, steps)
+
+    return FederatedAlgorithm(
+        name="spider", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+        export=export, write_architecture=PersonalArchitectures.plot,
+    )
+
+
+def _init_variables(net: DartsSearchNetwork, full: dict, key: jax.Array, x: jax.Array) -> dict:
+    v = net.init(key, x, arch_weights=full)
+    return {"params": v["params"], "batch_stats": v["batch_stats"]}
+
+
+def _final(state: SpiderState) -> jax.Array:
+    return state.edge_done.all((1, 2)) & state.node_done.all((1, 2))
+
+
+def _kept_parameters(mask: dict, params: dict, primitives, cfg: SpiderConfig) -> jax.Array:
+    keep = variable_mask(mask, params, primitives, cfg.steps, cfg.layers)
+    return sum((jnp.broadcast_to(k, p.shape)).sum() for k, p in zip(jax.tree.leaves(keep), jax.tree.leaves(params)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PersonalArchitectures:
+    """What SPIDER exports: each client's architecture — its genotype once the search is
+    final, else the ops each edge still keeps. Written as ``personal_genotypes.json``."""
+
+    FILENAME = "personal_genotypes.json"
+    clients: dict  # client id -> {"final": bool, "genotype": dict | None, "normal": [[op, ...]], "reduce": ...}
+
+    @classmethod
+    def of(cls, state: SpiderState, primitives, steps: int) -> PersonalArchitectures:
+        arch = jax.tree.map(np.asarray, jax.device_get(state.arch))
+        final = np.asarray(jax.device_get(_final(state)))
+        clients = {}
+        for k in range(len(final)):
+            mask = {c: arch[c][k] for c in CELLS}
+            kept = {c: [[primitives[j] for j in np.flatnonzero(row)] for row in mask[c]] for c in CELLS}
+            genotype = genotype_from_mask(mask, primitives, steps).to_dict() if final[k] else None
+            clients[str(k)] = {"final": bool(final[k]), "genotype": genotype, **kept}
+        return cls(clients)
+
+    def genotypes(self) -> dict:
+        """Client id -> :class:`Genotype` for the clients whose search is final."""
+        from search_spaces.darts import Genotype
+        return {int(k): Genotype.from_dict(v["genotype"]) for k, v in self.clients.items() if v["final"]}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.clients, sort_keys=True, **kwargs)
+
+    @classmethod
+    def from_json(cls, s: str) -> PersonalArchitectures:
+        return cls(json.loads(s))
+
+    def plot(self, out_dir) -> None:
+        """Cell diagrams ``client_<k>_normal.png`` / ``_reduce.png`` of every final architecture."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for k, genotype in self.genotypes().items():
+            plot_genotype(genotype, out_dir / f"client_{k}")
+
+
+# --- Personalization gain (Eq. 6) --------------------------------------------------------------
+
+
+def personalization_gain(p: np.ndarray) -> np.ndarray:
+    """Eq. 6: ``g_i = Σ_{j≠i} (p_ii − p_ij) / (c − 1)`` from the matrix ``p[i, j]`` =
+    accuracy on client i's data of client j's architecture. Mean over i = SPIDER's gain."""
+    p = np.asarray(p, np.float64)
+    c = p.shape[0]
+    if p.shape != (c, c) or c < 2:
+        raise ValueError(f"the personalization matrix must be square with at least 2 clients, got {p.shape}")
+    return (c * np.diag(p) - p.sum(1)) / (c - 1)  # Σ_{j≠i} (p_ii − p_ij) = c p_ii − Σ_j p_ij
+
+
+def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: FederatedData, *,
+                epochs: int | None = None, placement: Placement = Placement()) -> np.ndarray:
+    """The matrix P of §5.2.2: ``p[i, j]`` = client i's local test accuracy of client j's
+    final architecture A_j, fine-tuned on client i's train + validation data for ``epochs``
+    (default ``cfg.gain_epochs``) epochs of SGD (``local_lr``, momentum, weight decay,
+    ``local_grad_clip``; no λ term) from the global supernet's weights, so a row compares
+    architectures from the same weights on the same data. The paper reports the best
+    accuracy over the fine-tuning epochs (test-set selection); this reports the last.
+    Every client's search must be final."""
+    final = np.asarray(jax.device_get(_final(state)))
+    if not final.all():
+        raise ValueError(f"clients {np.flatnonzero(~final).tolist()} have not finished their search: "
+                         "run more rounds (or a shorter algo.warmup_rounds / algo.recovery_rounds)")
+    net = supernet_of(cfg, info.num_classes)
+    primitives = tuple(net.primitives)
+    tx = sgd(cfg.local_grad_clip, cfg)
+    masks = stack_cells(state.arch).swapaxes(0, 1)  # [K, 2, E, |O|]
+    w = state.variables
+    epochs = epochs or cfg.gain_epochs
+
+    def fine_tune(mask, client: ClientData, test: ClientData, key):
+        subnet = Subnet(net, unstack_cells(mask))
+        grad = make_batch_grad(subnet, info, cfg.augment)
+        keep = variable_mask(unstack_cells(mask), w["params"], primitives, cfg.steps, cfg.layers)
+
+        def step(carry, batch, key):
+            params, stats, opt = carry
+            g, stats, metrics = grad(params, stats, batch, key)
+            u, opt = tx.update(jax.tree.map(lambda a, k: a * k, g, keep), opt, params)
+            params = jax.tree.map(lambda p, u, k: p - cfg.local_lr * k * u, params, u, keep)
+            return (params, stats, opt), metrics
+
+        (params, stats, _), _ = run_local_epochs(step, (w["params"], w["batch_stats"], tx.init(w["params"])),
+                                                 client, key, epochs=epochs, batch_size=cfg.batch_size)
+        logits = lambda x: subnet.apply({"params": params, "batch_stats": stats},  # noqa: E731
+                                        info.normalize(x), train=False)
+        r = evaluate_examples(logits, test.x, test.y, test.count, batch_size=cfg.eval_batch_size)
+        return r["correct"] / jnp.maximum(r["count"], 1)
+
+    @jax.jit
+    def row(client: ClientData, test: ClientData, key):  # p[i, :] for one client i
+        return map_clients(lambda mask, _: fine_tune(mask, client, test, key), masks, placement=placement)
+
+    def one(split: str, i: int) -> ClientData:
+        return jax.tree.map(lambda a: a[0], data.clients(split, jnp.asarray([i])))
+
+    keys = rng.adaptation_keys(jnp.arange(info.num_clients))
+    return np.stack([
+        np.asarray(row(combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i), keys[i]))
+        for i in range(info.num_clients)
+    ])
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
+                  placement=Placement.from_run(config.run))
