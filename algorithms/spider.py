@@ -213,51 +213,42 @@ def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) ->
     def accuracies(variables, candidates, val):
         return jax.lax.map(lambda mk: val_accuracy(variables, mk, val), candidates)
 
-    def choose_op(variables, mask, c, e, val):
-        """Algorithm 2, lines 6-9, on edge ``e`` of cell type ``c``."""
-        acc = accuracies(variables, jnp.stack([mask.at[c, e, j].set(0.0) for j in range(n_ops)]), val)
-        keep = op_choice(acc, mask[c, e] > 0, cfg.criterion)
-        return mask.at[c, e].set(jax.nn.one_hot(keep, n_ops, dtype=mask.dtype))
-
-    def project_node(variables, mask, c, n, val):
-        """Topology projection (code): drop the incoming edge of node ``n`` whose removal
-        gives the highest validation accuracy, until two remain."""
-        slots = into[n]
-        edge = jnp.maximum(slots, 0)
-
-        def drop_one(_, mask):
-            kept = (slots >= 0) & (mask[c, edge].sum(-1) > 0)
-
-            def drop(mask):
-                cands = jnp.stack([mask.at[c, edge[s]].set(0.0) for s in range(steps + 1)])
-                acc = jnp.where(kept, accuracies(variables, cands, val), -jnp.inf)
-                return mask.at[c, edge[jnp.argmax(acc)]].set(0.0)
-
-            return jax.lax.cond(kept.sum() > 2, drop, lambda m: m, mask)
-
-        return jax.lax.fori_loop(0, steps - 1, drop_one, mask)
+    n_slots = max(n_ops, steps + 1)  # candidates per evaluation: ops of an edge, or edges into a node
 
     def search(variables, mask, edge_done, node_done, val, key):
         def cell(c, carry):
             mask, edge_done, node_done = carry
             k_edge, k_node = jax.random.split(jax.random.fold_in(key, c))
-            open_edges = ~edge_done[c]
+            open_edges, open_nodes = ~edge_done[c], ~node_done[c]
+            # Algorithm 2, line 4: i = RANDOM(E_s); the node for topology projection likewise
+            e = jax.random.choice(k_edge, n_edges, p=open_edges / jnp.maximum(open_edges.sum(), 1))
+            n = jax.random.choice(k_node, steps, p=open_nodes / jnp.maximum(open_nodes.sum(), 1))
+            edge_done = jnp.where(open_edges.any(), edge_done.at[c, e].set(True), edge_done)
+            ready = edge_done[c].all() & open_nodes.any()  # every op chosen: project node n now
+            slots = into[n]
+            edge_in = jnp.maximum(slots, 0)
 
-            def op_step(args):  # Algorithm 2, line 4: i = RANDOM(E_s)
-                mask, edge_done = args
-                e = jax.random.choice(k_edge, n_edges, p=open_edges / open_edges.sum())
-                return choose_op(variables, mask, c, e, val), edge_done.at[c, e].set(True)
+            def move(i, mask):
+                """Move 0: Algorithm 2, lines 6-9 on edge e (choose its op). Moves 1..: drop the
+                incoming edge of node n whose removal gives the highest validation accuracy
+                while more than two remain (the code's topology projection). One call site
+                evaluates every candidate set, so the search compiles one forward pass."""
+                kept = jnp.zeros(n_slots, bool).at[: steps + 1].set((slots >= 0) & (mask[c, edge_in].sum(-1) > 0))
+                op_move = i == 0
+                active = jnp.where(op_move, open_edges.any(), ready & (kept.sum() > 2))
+                cands = jnp.where(
+                    op_move,
+                    jnp.stack([mask.at[c, e, min(j, n_ops - 1)].set(0.0) for j in range(n_slots)]),
+                    jnp.stack([mask.at[c, edge_in[min(s, steps)]].set(0.0) for s in range(n_slots)]),
+                )
+                acc = jax.lax.cond(active, lambda: accuracies(variables, cands, val), lambda: jnp.zeros(n_slots))
+                keep = op_choice(acc[:n_ops], mask[c, e] > 0, cfg.criterion)
+                chose_op = mask.at[c, e].set(jax.nn.one_hot(keep, n_ops, dtype=mask.dtype))
+                dropped = mask.at[c, edge_in[jnp.argmax(jnp.where(kept, acc, -jnp.inf))]].set(0.0)
+                return jnp.where(active, jnp.where(op_move, chose_op, dropped), mask)
 
-            mask, edge_done = jax.lax.cond(open_edges.any(), op_step, lambda a: a, (mask, edge_done))
-            open_nodes = ~node_done[c]
-
-            def node_step(args):
-                mask, node_done = args
-                n = jax.random.choice(k_node, steps, p=open_nodes / open_nodes.sum())
-                return project_node(variables, mask, c, n, val), node_done.at[c, n].set(True)
-
-            ready = edge_done[c].all() & open_nodes.any()
-            mask, node_done = jax.lax.cond(ready, node_step, lambda a: a, (mask, node_done))
+            mask = jax.lax.fori_loop(0, steps, move, mask)
+            node_done = jnp.where(ready, node_done.at[c, n].set(True), node_done)
             return mask, edge_done, node_done
 
         return jax.lax.fori_loop(0, len(CELLS), cell, (mask, edge_done, node_done))
@@ -275,13 +266,23 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
     def train(w, personal, opt_state, mask, data: ClientData, key, lr_w, lr_v):
         w_share = w["params"]  # line 14: the received w^t; `keep` restricts it to A_k's ops
         keep = variable_mask(unstack_cells(mask), w_share, primitives, cfg.steps, cfg.layers)
-        grad_w = make_batch_grad(Subnet(net, full), info, cfg.augment)
-        grad_v = make_batch_grad(Subnet(net, unstack_cells(mask)), info, cfg.augment)
+        archs = jnp.stack([stack_cells(full), mask])
+
+        def grads(wp, ws, vp, vs, batch, key):
+            """Both models' minibatch gradients through one compiled forward/backward
+            (``lax.map`` over the pair: half the compile time of two call sites)."""
+            def one(args):
+                params, stats, arch = args
+                return make_batch_grad(Subnet(net, unstack_cells(arch)), info, cfg.augment)(params, stats, batch, key)
+
+            pair = jax.tree.map(lambda a, b: jnp.stack([a, b]), (wp, ws), (vp, vs))
+            g, s, m = jax.lax.map(one, (*pair, archs))
+            first, second = (jax.tree.map(lambda x: x[i], (g, s, m)) for i in (0, 1))
+            return first, second
 
         def step(carry, batch, key):
             (wp, ws, w_opt), (vp, vs, v_opt) = carry
-            gw, ws, mw = grad_w(wp, ws, batch, key)  # line 17
-            gv, vs, mv = grad_v(vp, vs, batch, key)
+            (gw, ws, mw), (gv, vs, mv) = grads(wp, ws, vp, vs, batch, key)  # line 17 and ∇_v F_k(v, A_k)
             # line 18: ∇_v F_k(v, A_k) + λ (v − w_share), on the parameters A_k keeps (the
             # gradient of a removed op is exactly 0; its weights stay frozen)
             gv = jax.tree.map(lambda g, v, a, k: k * (g + cfg.lam * (v - a)), gv, vp, w_share, keep)
@@ -325,10 +326,11 @@ def spider(
         return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), tree)
 
     def init(key):
-        k_global, k_personal = jax.random.split(key)
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)
-        w = _init_variables(net, full, k_global, x)
-        v = w if cfg.personal_init == "global" else _init_variables(net, full, k_personal, x)
+        # the global and the personal supernets' initialisations, one trace of init for both
+        both = jax.vmap(lambda k: _init_variables(net, full, k, x))(jax.random.split(key))
+        w = jax.tree.map(lambda a: a[0], both)
+        v = w if cfg.personal_init == "global" else jax.tree.map(lambda a: a[1], both)
         node_done = np.zeros((len(CELLS), steps), bool)
         node_done[:, 0] = True  # node 0 has only its two inputs: nothing to choose
         return SpiderState(
@@ -394,8 +396,6 @@ def spider(
     def evaluate(state: SpiderState, data: FederatedData):
         supernet = {**state.variables, "arch": full}
         out = global_accuracy(logits_of_subnet(supernet), data, cfg.eval_batch_size)
-        out.update(client_accuracies(logits_of_subnet, supernet, data, cfg.eval_batch_size, placement=placement,
-                                     tag="_global"))
         out.update(client_accuracies(logits_of_subnet, {**state.personal, "arch": state.arch}, data,
                                      cfg.eval_batch_size, placement=placement, personal=True))
         sizes = jax.vmap(lambda a: _kept_parameters(a, state.variables["params"], primitives, cfg))(state.arch)

@@ -1,0 +1,392 @@
+"""SPIDER (Mushtaq, He, Ding, Avestimehr, "Distributed Architecture Search Over
+Heterogeneous Distributions", TMLR; earlier version arXiv:2112.13939): personalized
+architectures per client, against local-only NAS, a global federated NAS and
+personalized baselines on the same clients (the paper's §5.1, Table 1, App. D.1, D.2).
+
+    python examples/spider.py                               # digits, 8 Dir(0.2) clients (CPU, a few minutes)
+    python examples/spider.py --only spider,ditto           # a subset of the methods
+    python examples/spider.py --preset paper --data-dir DIR # CIFAR-100, the paper's settings (a GPU)
+    python examples/spider.py --out runs/spider --resume    # continue an interrupted run
+
+Methods, each a run directory of its own under ``--out`` (default ``runs/spider``):
+
+  * ``spider/``     — SPIDER (Algorithms 1-2, λ = 0.01): a FedAvg'd supernet and a personal
+    subnet per client pulled toward it (Eq. 4), pruned by perturbation on the client's own
+    validation split; phase 3 trains the final architecture on train + validation;
+  * ``local_nas/``  — local-only NAS (App. D.2): the same run with ``algo.lam=0``, so no
+    personal model learns from the others (the global supernet is still trained and
+    averaged, and its time is in the wall time, but it never reaches v_k);
+  * ``fednas/search``, ``fednas/train`` — FedNAS-global (App. D.1 analogue): one global
+    cell searched with FedNAS (MiLeNAS, Eq. 4 of He et al.) on the same DARTS space
+    (``s2`` ops, same C / cells / nodes) and the clients' 60/20 train / validation
+    splits, then the derived genotype trained with FedAvg (``fednas_train``) on train +
+    validation; its accuracy is the shared model's on every client's local test split.
+    The paper's D.1 searches with perturbation at the server instead of MiLeNAS;
+  * ``ditto/``, ``perfedavg/``, ``local_adaptation/`` — personalized baselines with their
+    default digits network (a small CNN; ResNet18 with ``--preset paper``).
+
+Every method is tested on IDENTICAL local test splits: SPIDER and the FedNAS search split
+each client's data 60/20/20 (train / validation / test, §5.1); the other methods 80/20,
+as the paper does ("for a fair comparison"). The split shuffles each client's indices
+once and cuts the test part off the end, so both give the same test indices; the script
+checks this on every run's ``partition/manifest.json`` and stops if any differs.
+
+Reported (``results.md``, ``results.json``, printed): mean ± std (unweighted over clients)
+of local test accuracy, min and max over clients, parameters, wall time; SPIDER's
+per-client genotypes (cell diagrams in ``spider/plots/client_<k>_normal.png`` /
+``_reduce.png``); the personalization-gain matrix P of §5.2.2 (``p[i, j]``: client i's
+local test accuracy of client j's architecture fine-tuned on client i's train +
+validation data from the global supernet's weights, ``--gain-epochs`` epochs; the paper:
+30 and the best epoch, here the last) with g_i and their mean (Eq. 6), as
+``plots/gain_matrix.png``.
+
+Digits settings (the embedded data set is ~40x smaller than CIFAR-100 and 8x8 pixels):
+a supernet with C=8, 3 cells and 3 intermediate nodes (9 edges per cell: 9 op choices
+plus 2 topology projections, 10 searcher triggers), t_s = 4 and τ = 2 (the paper's 30 and
+20 for 1000 rounds), 30 rounds: every client's search ends after round 23, then 7 rounds
+of phase 3. SPIDER's learning rates 0.03 (the paper's grid {0.01, 0.03}). FedNAS searches
+15 rounds (arch lr 1e-2 as examples/fednas.py), then trains 30 rounds; every other method
+trains 30 rounds, batch 32, one local epoch. ``--set`` changes SPIDER's settings
+(``algo.*``: SPIDER and local NAS; ``data.*`` / ``run.*``: every method, which all take
+data, rounds, seed and placement from SPIDER's configuration).
+
+``--preset paper``: CIFAR-100, 8 clients Dir(0.2), 1000 rounds, batch 32, s2 space C=16
+with 8 cells and 4 nodes, t_s = 30, τ = 20, λ = 0.01, lr 0.01; FedNAS 50 search rounds
+(the FedNAS paper) then 1000 training rounds; baselines ResNet18, lr 0.01 (the paper
+tunes each method's rate over a grid; these are untuned). ``--resume`` continues
+whichever run was interrupted; a finished run is not trained again.
+
+The default run takes ~8.5 minutes on 2 (shared) CPU cores with an empty compilation
+cache, about half of it compiling; SPIDER's round compiles once per λ.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from algorithms import spider as sp
+from jaxfednas.checkpoint import atomic_write_text
+from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
+from jaxfednas.data import partition as part
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.federated import DataInfo
+from jaxfednas.experiment import holds_run, load_run, run_script, run_stage
+from jaxfednas.registry import make_config
+from jaxfednas.runtime import Placement
+
+METHODS = ("spider", "local_nas", "fednas", "ditto", "perfedavg", "local_adaptation")
+LABELS = {"spider": "SPIDER", "local_nas": "local-only NAS (SPIDER λ=0, App. D.2)",
+          "fednas": "FedNAS-global: search + FedAvg (App. D.1)", "ditto": "Ditto", "perfedavg": "perFedAvg",
+          "local_adaptation": "local adaptation"}
+
+DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.2}
+SPIDER_DIGITS = {"run.rounds": 30, "run.eval_every": 5, "algo.C": 8, "algo.layers": 3, "algo.steps": 3,
+                 "algo.warmup_rounds": 4, "algo.recovery_rounds": 2, "algo.lr": 0.03, "algo.local_lr": 0.03}
+SEARCH_ROUNDS = {"digits": 15, "paper": 50}  # FedNAS-global's search; its training runs SPIDER's rounds
+FEDNAS_SEARCH = {"digits": {"algo.arch_lr": 1e-2}, "paper": {}}
+FEDNAS_TRAIN = {"digits": {"algo.client_lr": 0.05, "algo.weight_decay": 3e-4},
+                "paper": {"algo.client_lr": 0.01, "algo.weight_decay": 3e-4}}
+BASELINES = {
+    "digits": {  # examples/fednas.py's digits settings, the default network (a small CNN)
+        "ditto": {"algo.client_lr": 0.05, "algo.lam": 0.1},
+        "perfedavg": {"algo.client_lr": 0.01, "algo.inner_lr_multiple": 5},
+        "local_adaptation": {"algo.client_lr": 0.05, "algo.finetune_epochs": 5},
+    },
+    "paper": {  # Table 1's ResNet18, lr 0.01 from the paper's grid (untuned)
+        "ditto": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.lam": 0.1},
+        "perfedavg": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.inner_lr_multiple": 3,
+                      "algo.momentum": 0.0},
+        "local_adaptation": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.finetune_epochs": 5},
+    },
+}
+GAIN_EPOCHS = {"digits": 3, "paper": 30}
+WALL_TIMES = "wall_times.json"
+SHORT_OPS = {"skip_connect": "skip", "sep_conv_3x3": "sep3", "sep_conv_5x5": "sep5", "dil_conv_3x3": "dil3",
+             "dil_conv_5x5": "dil5", "avg_pool_3x3": "avg3", "max_pool_3x3": "max3"}
+
+
+def _describe(row: dict) -> str:
+    parts = [f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "personal_train_acc",
+                                           "client_test_acc_mean_unweighted") if k in row]
+    if "edges_decided" in row:
+        parts.append(f"edges decided {row['edges_decided']:.2f}, final clients {int(row['final_clients'])}")
+    return ", ".join(parts)
+
+
+def configs(args, overrides: dict) -> tuple[dict[str, ExperimentConfig], dict]:
+    """Every run's configuration by run directory, and the overrides of FedNAS-global's
+    training run (its genotype comes from the search). Data, rounds, seed and placement
+    of every method are SPIDER's."""
+    mode = "paper" if args.preset else "digits"
+    base = {} if args.preset else {**DIGITS, **SPIDER_DIGITS}
+    spider = make_config("spider", preset=args.preset, overrides={**base, **overrides})
+    d, r, a = spider.data, spider.run, spider.algo
+    shared = {
+        "data.dataset": d.dataset, "data.data_dir": d.data_dir, "data.num_clients": d.num_clients,
+        "data.partition": d.partition, "data.alpha": d.alpha, "data.classes_per_client": d.classes_per_client,
+        "data.min_size": d.min_size, "data.partition_seed": d.partition_seed, "run.seed": r.seed,
+        "run.rounds": r.rounds, "run.clients_per_round": r.clients_per_round, "run.eval_every": r.eval_every,
+        "run.placement": r.placement, "run.client_chunk_size": r.client_chunk_size,
+        "algo.batch_size": a.batch_size, "algo.local_epochs": a.local_epochs,
+    }
+    # train on SPIDER's train + validation rows (the paper's 80 %), test on the same 20 %
+    merged = {**shared, "data.split": (d.split[0] + d.split[1], 0.0, d.split[2])}
+    out = {
+        "spider": spider,
+        "local_nas": make_config("spider", preset=args.preset, overrides={**base, **overrides, "algo.lam": 0.0}),
+        "fednas/search": make_config("fednas", overrides={
+            **shared, **FEDNAS_SEARCH[mode], "data.split": d.split, "run.rounds": args.fednas_rounds or SEARCH_ROUNDS[mode],
+            "algo.primitives": a.primitives, "algo.C": a.C, "algo.layers": a.layers, "algo.steps": a.steps}),
+    }
+    train = {**merged, **FEDNAS_TRAIN[mode], "algo.C": a.C, "algo.layers": a.layers}
+    make_config("fednas_train", overrides=train)  # bad settings fail now, not after the search
+    for name, extra in BASELINES[mode].items():
+        out[name] = make_config(name, overrides={**merged, **extra})
+    return out, train
+
+
+class Runner:
+    """Runs stages into ``out`` and checks that every run tests on the same local test
+    indices as the first. Wall times (``wall_times.json``) survive ``--resume``: a run that
+    was finished keeps the time it took; an interrupted one counts the call that finished it."""
+
+    def __init__(self, out: Path, resume: bool):
+        self.out, self.resume = out, resume
+        path = out / WALL_TIMES
+        self.times = json.loads(path.read_text()) if path.exists() else {}
+        self.test_splits = None
+
+    def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
+        d = self.out / name
+        print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
+              f"{cfg.run.rounds} rounds -> {d}", flush=True)
+        resumed = self.resume and holds_run(d)
+        done = resumed and (d / "summary.json").exists() and \
+            json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
+        s = run_stage(cfg, d, resume=self.resume, describe=_describe)
+        if not (done and name in self.times):  # a finished run extended by --resume adds this call's time
+            before = self.times.get(name, 0.0) if resumed else 0.0
+            self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
+            atomic_write_text(self.out / WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
+        tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
+        if self.test_splits is None:
+            self.test_splits = (name, tests)
+        elif tests != self.test_splits[1]:  # the comparison means something only on the same test rows
+            raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
+        return s, self.times[name]
+
+
+def _client_acc(run_dir: Path) -> np.ndarray:
+    with open(run_dir / "clients.csv") as f:
+        return np.array([float(r["test_acc"]) for r in csv.DictReader(f)])
+
+
+def _model_params(cfg: ExperimentConfig, info: DataInfo, image_shape) -> int:
+    """Weights of a fixed network (the baselines', FedNAS-global's), from shapes only."""
+    from algorithms.fednas_train import make_network  # noqa: PLC0415
+    from jaxfednas.cost import count_params  # noqa: PLC0415
+    from search_spaces.models import init_variables, make_model  # noqa: PLC0415
+
+    model = make_network(cfg.algo, info) if cfg.algorithm == "fednas_train" else \
+        make_model(cfg.algo.model, info.num_classes, cfg.data.dataset)
+    v = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), image_shape))
+    return count_params(v["params"])
+
+
+def _row(method: str, runs: list[str], acc: np.ndarray, wall: float, params: float, final: dict, **extra) -> dict:
+    return {"method": method, "label": LABELS[method], "runs": runs, "client_test_acc": acc.round(6).tolist(),
+            "mean": float(np.nanmean(acc)), "std": float(np.nanstd(acc)), "min": float(np.nanmin(acc)),
+            "max": float(np.nanmax(acc)), "shared_model_acc": final.get("client_test_acc_global_mean_unweighted"),
+            "params": params, "wall_s": round(wall, 1), **extra}
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    t_call = time.perf_counter()
+    overrides = parse_set(args.set)
+    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir)):
+        if value is not None:
+            overrides[key] = value
+    mode = "paper" if args.preset else "digits"
+    cfgs, train_over = configs(args, overrides)
+    spider_cfg = cfgs["spider"]
+    ds = load_dataset(spider_cfg.data.dataset, spider_cfg.data.data_dir)
+    info = DataInfo.of(ds, spider_cfg.data.num_clients)
+    runner = Runner(out, args.resume)
+    rows = []
+    for method in args.only:
+        if method in ("spider", "local_nas"):
+            s, wall = runner.stage(method, cfgs[method])
+            f = s["final"]
+            rows.append(_row(method, [method], _client_acc(out / method), wall, f["personal_params_mean"], f,
+                             lam=cfgs[method].algo.lam, final_clients=int(f["final_clients"]),
+                             edges_decided=f["edges_decided"]))
+        elif method == "fednas":
+            s, w_search = runner.stage("fednas/search", cfgs["fednas/search"])
+            train_cfg = make_config("fednas_train", overrides={
+                **train_over, "algo.genotype": json.dumps(s["architecture"], sort_keys=True)})
+            t, w_train = runner.stage("fednas/train", train_cfg)
+            rows.append(_row(method, ["fednas/search", "fednas/train"], _client_acc(out / "fednas" / "train"),
+                             w_search + w_train, _model_params(train_cfg, info, ds.image_shape), {},
+                             genotype=s["architecture"], search_wall_s=round(w_search, 1)))
+        else:
+            s, wall = runner.stage(method, cfgs[method])
+            rows.append(_row(method, [method], _client_acc(out / method), wall,
+                             _model_params(cfgs[method], info, ds.image_shape), s["final"]))
+
+    result = {"dataset": spider_cfg.data.dataset, "clients": spider_cfg.data.num_clients,
+              "partition": f"{spider_cfg.data.partition}({spider_cfg.data.alpha})", "rounds": spider_cfg.run.rounds,
+              "same_test_splits": True, "rows": rows}
+    genotypes = None
+    if "spider" in args.only:
+        archs = sp.PersonalArchitectures.from_json((out / "spider" / sp.PersonalArchitectures.FILENAME).read_text())
+        genotypes = archs.genotypes()
+        result["genotypes"] = {str(k): g.to_dict() for k, g in genotypes.items()}
+        epochs = args.gain_epochs or GAIN_EPOCHS[mode]
+        result["gain"] = gain(out, epochs, args.resume) if len(genotypes) == spider_cfg.data.num_clients else None
+        if result["gain"] is None:
+            print(f"note: {spider_cfg.data.num_clients - len(genotypes)} clients have not finished their search; "
+                  "no personalization gain (run more rounds or shorten algo.warmup_rounds / algo.recovery_rounds)")
+    result["this_call_s"] = round(time.perf_counter() - t_call, 1)
+    text = report(result, spider_cfg, genotypes)
+    atomic_write_text(out / "results.md", text)
+    atomic_write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
+    print("\n" + text)
+    print(f"results: {out / 'results.md'}; cell diagrams: {out / 'spider' / 'plots'}/client_<k>_normal.png, "
+          f"_reduce.png; this call {result['this_call_s']:.0f} s")
+
+
+def gain(out: Path, epochs: int, resume: bool) -> dict:
+    """The personalization-gain matrix of SPIDER's final state (§5.2.2, Eq. 6), reused on
+    ``--resume`` when it was computed for the same rounds and epochs."""
+    path = out / "gain.json"
+    rounds = json.loads((out / "spider" / "summary.json").read_text())["rounds"]
+    if resume and path.exists():
+        g = json.loads(path.read_text())
+        if g["epochs"] == epochs and g["spider_rounds"] == rounds:
+            return g
+    print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client",
+          flush=True)
+    t0 = time.perf_counter()
+    run = load_run(out / "spider")
+    p = sp.gain_matrix(run.config.algo, run.data.info, run.state, run.data, epochs=epochs,
+                       placement=Placement.from_run(run.config.run))
+    g = sp.personalization_gain(p)
+    result = {"epochs": epochs, "spider_rounds": run.rounds, "matrix": p.round(6).tolist(), "gain": g.round(6).tolist(),
+              "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1)}
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    plot_gain(p, g, out / "plots" / "gain_matrix.png", epochs)
+    return result
+
+
+def plot_gain(p: np.ndarray, g: np.ndarray, path: Path, epochs: int) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    k = p.shape[0]
+    fig = Figure(figsize=(0.75 * k + 2.5, 0.65 * k + 1.8))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(p, cmap="viridis", vmin=0.0, vmax=1.0)
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, f"{p[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="black" if p[i, j] > 0.6 else "white", fontweight="bold" if i == j else "normal")
+    ax.set_xticks(range(k))
+    ax.set_yticks(range(k), [f"{i} (g={g[i]:+.2f})" for i in range(k)])
+    ax.set_xlabel("architecture of client j")
+    ax.set_ylabel("data of client i")
+    ax.set_title(f"SPIDER p[i, j] after {epochs} fine-tuning epochs; mean gain {g.mean():+.3f}", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+
+
+def _cell(pairs) -> str:
+    """``op(input)+op(input)`` per node, nodes separated by ``/``."""
+    ops = [f"{SHORT_OPS.get(op, op)}({i})" for op, i in pairs]
+    return " / ".join("+".join(ops[n:n + 2]) for n in range(0, len(ops), 2))
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -> str:
+    a, d = spider_cfg.algo, spider_cfg.data
+    lines = [f"# SPIDER vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']})", "",
+             f"{result['rounds']} rounds; SPIDER: C={a.C}, {a.layers} cells, {a.steps} nodes, {a.primitives} ops, "
+             f"t_s={a.warmup_rounds}, τ={a.recovery_rounds}, λ={a.lam}, lr {a.lr}, split {tuple(d.split)} "
+             f"(other methods {d.split[0] + d.split[1]:.2g}/{d.split[2]:.2g}); identical local test splits in every "
+             "run (checked on the partition manifests).", "",
+             "| method | params | local test acc (mean ± std over clients) | min | max | shared model on local tests "
+             "| wall (s) |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        label = f"{r['label']} (λ={r['lam']})" if r["method"] == "spider" else r["label"]
+        if "final_clients" in r:
+            label += f" [search final: {r['final_clients']}/{d.num_clients}]"
+        lines.append(f"| {label} | {r['params']:,.0f} | {r['mean']:.4f} ± {r['std']:.4f} | {r['min']:.4f} | "
+                     f"{r['max']:.4f} | {_f(r['shared_model_acc'])} | {r['wall_s']:.0f} |")
+    lines += ["", "params: SPIDER / local NAS: the personal subnets' weights, mean over clients; shared model: the "
+              "global supernet (SPIDER) or the global model before personalization (baselines), mean over clients."]
+    if genotypes:
+        lines += ["", "## SPIDER's per-client architectures", "",
+                  "Per node `op(input)+op(input)`; inputs 0 and 1 are the two previous cells, 2+ earlier nodes. "
+                  "Diagrams: `spider/plots/client_<k>_normal.png`, `_reduce.png`.", "",
+                  "| client | normal cell | reduce cell |", "|---|---|---|"]
+        lines += [f"| {k} | {_cell(g.normal)} | {_cell(g.reduce)} |" for k, g in sorted(genotypes.items())]
+    g = result.get("gain")
+    if g:
+        p, k = np.asarray(g["matrix"]), len(g["gain"])
+        lines += ["", f"## Personalization gain (§5.2.2, Eq. 6; {g['epochs']} fine-tuning epochs, last epoch)", "",
+                  "p[i, j]: client i's local test accuracy of client j's architecture fine-tuned on client i's train + "
+                  "validation data from the global supernet's weights; g_i = Σ_j≠i (p_ii − p_ij) / (c − 1). "
+                  "Heatmap: `plots/gain_matrix.png`.", "",
+                  "| data \\ arch | " + " | ".join(map(str, range(k))) + " | g_i |", "|---" * (k + 2) + "|"]
+        lines += [f"| {i} | " + " | ".join(f"{x:.3f}" for x in p[i]) + f" | {g['gain'][i]:+.4f} |" for i in range(k)]
+        lines += ["", f"mean personalization gain: {g['mean_gain']:+.4f} ({g['wall_s']:.0f} s)"]
+    return "\n".join(lines) + "\n"
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+    return tuple(m for m in METHODS if m in names)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=("paper",), help="the paper's CIFAR-100 settings (a GPU; needs --data-dir)")
+    p.add_argument("--data-dir", help="prepared CIFAR-100 (tfds data_dir) for --preset paper")
+    p.add_argument("--rounds", type=int, help="rounds of SPIDER and of every other method's training (default 30 "
+                   "on digits, 1000 with --preset paper)")
+    p.add_argument("--fednas-rounds", type=int, help="FedNAS-global's search rounds (default 15 on digits, 50 paper)")
+    p.add_argument("--gain-epochs", type=int, help="fine-tuning epochs per entry of the personalization-gain "
+                   "matrix (default 3 on digits, 30 with --preset paper)")
+    p.add_argument("--only", type=_methods, default=METHODS, metavar="METHOD[,METHOD]",
+                   help=f"run a subset of {', '.join(METHODS)}")
+    p.add_argument("--out", default="runs/spider")
+    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a SPIDER setting (see `jaxfednas run spider --help`); data./run. fields apply to "
+                   "every method; repeatable")
+    args = p.parse_args(argv)
+    try:
+        parse_set(args.set)
+    except ConfigError as e:
+        p.error(str(e))
+    return run_script("examples/spider.py", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""SPIDER (algorithms/spider.py): the personal update of Eq. 4 against its formula, the op
+choice of Algorithm 2 (both criteria), the searcher against a brute-force evaluation,
+per-client rows under client sampling, a whole search to final genotypes through the
+runner (files, phase 3), the personalization gain of Eq. 6, and one-line config errors.
+
+The masked forward equals the hand-pruned network in tests/test_darts_masks.py; one
+compilation per round and bit-exact resume of every per-client row in tests/test_contract.py.
+"""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from algorithms import spider as sp
+from jaxfednas.config import ConfigError
+from jaxfednas.experiment import load_run, run_experiment
+from jaxfednas.registry import make_config
+from jaxfednas.rng import init_key, round_key
+from jaxfednas.runtime import round_clients
+from search_spaces.darts import supernet_of
+from search_spaces.darts.masks import CELLS
+
+# Compiling a DARTS supernet dominates these tests' time on CPU: one reduction cell.
+TINY = {"algo.C": 4, "algo.layers": 1, "algo.steps": 2, "algo.primitives": "tiny", "algo.augment": "none"}
+ONE_CELL = {"steps": 1}  # one cell of two edges: the cheapest compile
+
+
+def _cfg(**over):
+    flat = {"data.dataset": "synthetic", "data.num_clients": 4, **TINY, **{f"algo.{k}": v for k, v in over.items()}}
+    return make_config("spider", overrides=flat).algo
+
+
+def _client(data, split, i):
+    return jax.tree.map(lambda a: a[0], data.clients(split, jnp.asarray([i])))
+
+
+def test_personal_step_is_ce_gradient_plus_lambda_pull_on_kept_ops(tiny_data):
+    """Algorithm 1, lines 17-18 on one minibatch (the whole client, plain SGD): w' = w − η_w ∇F(w, A),
+    v' = v − η_v (∇F(v, A_k) + λ (v − w_share)) on the kept ops; removed ops' weights unchanged."""
+    cfg = _cfg(momentum=0.0, weight_decay=0.0, grad_clip=0.0, local_grad_clip=0.0, lam=0.5, batch_size=512,
+               **ONE_CELL)
+    info = tiny_data.info
+    net = supernet_of(cfg, info.num_classes)
+    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
+    x0 = jnp.zeros((1,) + info.image_shape)
+    w, v = sp._init_variables(net, full, jax.random.key(0), x0), sp._init_variables(net, full, jax.random.key(1), x0)
+    mask = {c: np.array([[1, 0, 1], [0, 1, 1]], np.float32) for c in CELLS}  # edge 0 drops avg_pool, 1 skip
+    client = _client(tiny_data, "train", 0)
+    lr_w, lr_v, lam = 0.3, 0.2, 0.5
+
+    train = sp.make_trainer(cfg, info, net, full)
+    tx_v = sp.sgd(cfg.local_grad_clip, cfg)
+    w1, v1, _, metrics = jax.jit(train)(w, v, tx_v.init(v["params"]), sp.stack_cells(mask), client,
+                                        jax.random.key(2), lr_w, lr_v)
+    assert int(metrics["steps"]) == 1
+
+    x, y, n = info.normalize(client.x), client.y, int(client.count)
+
+    @jax.jit
+    @jax.grad
+    def ce(params, stats, arch):
+        logits, _ = sp.Subnet(net, arch).apply({"params": params, "batch_stats": stats}, x[:n], train=True,
+                                               mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y[:n]).mean()
+
+    gw = ce(w["params"], w["batch_stats"], full)
+    gv = ce(v["params"], v["batch_stats"], {c: jnp.asarray(m) for c, m in mask.items()})
+    keep = sp.variable_mask(mask, v["params"], net.primitives, cfg.steps, cfg.layers)
+    want_w = jax.tree.map(lambda p, g: p - lr_w * g, w["params"], gw)
+    want_v = jax.tree.map(lambda p, g, a, k: p - lr_v * k * (g + lam * (p - a)), v["params"], gv, w["params"], keep)
+    for got, want in ((w1["params"], want_w), (v1["params"], want_v)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+    assert any(np.any(np.asarray(k) == 0) for k in jax.tree.leaves(keep)), "the mask removes some op weights"
+    frozen = jax.tree.map(lambda a, b, k: np.where(np.broadcast_to(k, a.shape) == 0, a - b, 0.0),
+                          v1["params"], v["params"], keep)
+    assert all(np.all(f == 0) for f in jax.tree.leaves(frozen)), "removed ops' weights moved"
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), v1["params"], v["params"])
+    assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_op_choice_keeps_the_op_whose_removal_hurts_most_or_the_printed_rule():
+    acc_without = jnp.array([0.9, 0.4, 0.7, 0.1])
+    present = jnp.array([True, True, True, False])  # op 3 is already gone: never chosen
+    assert int(sp.op_choice(acc_without, present, "removal_hurts_most")) == 1
+    assert int(sp.op_choice(acc_without, present, "paper_text")) == 0
+    # ties go to the first op
+    assert int(sp.op_choice(jnp.array([0.5, 0.5, 0.5]), jnp.ones(3, bool), "removal_hurts_most")) == 0
+
+
+@pytest.mark.parametrize("criterion", sp.CRITERIA)
+def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion):
+    """One trigger: on the edge it picked, the kept op is the argmin (argmax) of the validation
+    accuracy with each op removed, computed here independently."""
+    cfg = _cfg(criterion=criterion, **ONE_CELL)
+    info = tiny_data.info
+    net = supernet_of(cfg, info.num_classes)
+    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
+    v = sp._init_variables(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
+    mask = sp.stack_cells(full)
+    edge_done = jnp.zeros((2, mask.shape[1]), bool)
+    node_done = jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
+    val = _client(tiny_data, "test", 1)  # any labelled split of one client
+    new_mask, new_edges, _ = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
+                                                                         jax.random.key(4))
+    assert np.asarray(new_edges).sum() == 2, "one edge per cell type"
+    x, y, n = info.normalize(val.x[: int(val.count)]), np.asarray(val.y[: int(val.count)]), int(val.count)
+    c = 1  # the network's one cell is a reduction cell, decided after the normal cell's edge
+    e = int(np.flatnonzero(np.asarray(new_edges[c]))[0])
+    base = mask.at[0].set(new_mask[0])
+    accs = []
+    for j in range(mask.shape[2]):
+        m = base.at[c, e, j].set(0.0)
+        logits, _ = sp.Subnet(net, sp.unstack_cells(m)).apply(v, x, train=True, mutable=["batch_stats"])
+        accs.append(float((np.argmax(logits, -1) == y).sum()) / n)
+    assert len(set(accs)) > 1, accs  # the removals make a difference here
+    kept = int(np.flatnonzero(np.asarray(new_mask[c, e]))[0])
+    pick = np.argmin if criterion == "removal_hurts_most" else np.argmax
+    assert accs[kept] == accs[int(pick(accs))], (accs, kept)
+    assert np.asarray(new_mask[c]).sum() == mask[c].sum() - (mask.shape[2] - 1)  # one op left on edge e
+
+
+ROUNDS = 16
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """A whole SPIDER run through the runner: 2 of 4 clients per round, each searching from
+    its first round, one choice per participation (5 edges per cell with 2 nodes: final
+    after a client's 5th round), then phase 3."""
+    out = tmp_path_factory.mktemp("spider")
+    cfg = make_config("spider", overrides={
+        "data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": ROUNDS, "run.clients_per_round": 2,
+        **TINY, "algo.warmup_rounds": 0, "algo.recovery_rounds": 1})
+    summary = run_experiment(cfg, out, progress=False, log=lambda s: None)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return cfg, out, summary, rows, load_run(out)
+
+
+def _sampled(r):
+    return np.asarray(round_clients(round_key(0, r), 4, 2)[0])
+
+
+def test_a_run_searches_every_client_to_a_genotype_and_writes_its_files(searched):
+    cfg, out, summary, rows, _ = searched
+    final = summary["final"]
+    assert final["final_clients"] == 4 and final["edges_decided"] == 1.0
+    archs = json.loads((out / "personal_genotypes.json").read_text())
+    assert sorted(archs) == ["0", "1", "2", "3"]
+    for k, a in archs.items():
+        assert a["final"] and a["genotype"]["normal_concat"] == [2, 3]
+        for c in CELLS:
+            assert len(a["genotype"][c]) == 4  # two inputs per node, one op each
+            assert sum(len(ops) for ops in a[c]) == 4
+        assert (out / "plots" / f"client_{k}_reduce.png").exists()
+    lines = (out / "clients.csv").read_text().splitlines()
+    assert len(lines) == 5 and "test_acc" in lines[0]
+    assert final["personal_params_mean"] < final["supernet_params"]
+    # a client searches in each of its first 5 rounds (its own clock t = 0..4), then never again
+    clock, searching = np.zeros(4, int), []
+    for r in range(ROUNDS):
+        ids = _sampled(r)
+        searching.append(int((clock[ids] < 5).sum()))
+        clock[ids] += 1
+    assert [row["searching_clients"] for row in rows] == searching
+
+
+def test_phase_three_trains_on_train_plus_validation(searched):
+    """A client whose architecture is final trains on its train and validation rows."""
+    _, _, _, rows, run = searched
+    train, val = np.asarray(run.data.train.counts), np.asarray(run.data.val.counts)
+    clock = np.zeros(4, int)
+    for r, row in enumerate(rows):
+        ids = _sampled(r)
+        final = clock[ids] >= 5  # searched in 5 earlier rounds (the 5th choice comes before training)
+        final |= clock[ids] == 4
+        assert row["train_examples"] == (train[ids] + np.where(final, val[ids], 0)).sum(), r
+        clock[ids] += 1
+    both = sp.combined_split(_client(run.data, "train", 0), _client(run.data, "val", 0), jnp.asarray(True))
+    n_t, n_v = int(train[0]), int(val[0])
+    assert int(both.count) == n_t + n_v
+    np.testing.assert_array_equal(both.y[:n_t], run.data.train.y[0, :n_t])
+    np.testing.assert_array_equal(both.y[n_t:n_t + n_v], run.data.val.y[0, :n_v])
+
+
+def test_gain_matrix_and_eq6(searched):
+    _, _, _, _, run = searched
+    p = sp.gain_matrix(run.config.algo, run.data.info, run.state, run.data, epochs=1)
+    assert p.shape == (4, 4)
+    counts = np.asarray(run.data.test.counts)
+    for i in range(4):
+        k = p[i] * counts[i]
+        np.testing.assert_allclose(k, np.round(k), atol=1e-4)  # whole test examples
+    g = sp.personalization_gain(p)
+    want = [np.mean([p[i, i] - p[i, j] for j in range(4) if j != i]) for i in range(4)]
+    np.testing.assert_allclose(g, want, atol=1e-12)
+    np.testing.assert_allclose(sp.personalization_gain(np.array([[0.9, 0.5], [0.2, 0.6]])), [0.4, 0.4])
+    with pytest.raises(ValueError, match="square"):
+        sp.personalization_gain(np.ones((2, 3)))
+
+
+def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched):
+    _, _, _, _, run = searched
+    algo, data = run.algorithm, run.data
+    s0 = algo.init(init_key(0))
+    s1, _ = algo.round(s0, data, round_key(0, 0))
+    s2, m2 = algo.round(s1, data, round_key(0, 1))
+    for r, (a, b) in enumerate(((s0, s1), (s1, s2))):
+        ids = set(_sampled(r).tolist())
+        for field in ("personal", "opt_state", "arch", "edge_done", "node_done", "clock"):
+            for k in range(4):
+                same = all(np.array_equal(np.asarray(x)[k], np.asarray(y)[k])
+                           for x, y in zip(jax.tree.leaves(getattr(a, field)), jax.tree.leaves(getattr(b, field))))
+                if k not in ids:
+                    assert same, (r, k, field)
+                elif field in ("personal", "clock", "edge_done"):
+                    assert not same, (r, k, field)  # a sampled client trains and (t_s = 0) searches
+        np.testing.assert_array_equal(np.asarray(b.clock) - np.asarray(a.clock), [int(k in ids) for k in range(4)])
+    # the search clock is the client's own: each sampled client made exactly its own number of choices
+    np.testing.assert_array_equal(np.asarray(s2.edge_done).sum((1, 2)), 2 * np.asarray(s2.clock))
+    assert int(m2["searching_clients"]) == 2
+
+
+@pytest.mark.parametrize("key,value", [("algo.recovery_rounds", 0), ("algo.lam", -0.1), ("algo.warmup_rounds", -1),
+                                       ("algo.criterion", "largest")])
+def test_bad_settings_fail_with_one_line_naming_the_setting(key, value):
+    with pytest.raises(ConfigError) as err:
+        make_config("spider", overrides={key: value})
+    msg = str(err.value)
+    assert key.split(".")[1] in msg and "\n" not in msg
