@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -533,6 +534,22 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
     ])
 
 
+def search_schedule(cfg: SpiderConfig) -> list[int]:
+    """The client rounds t (0-based, the client's own clock) at which SPIDER-Searcher acts:
+    one op choice per cell type at each of the first E triggers, then one topology
+    projection per remaining node, the first in the round of the last op choice."""
+    first = -(-cfg.warmup_rounds // cfg.recovery_rounds) * cfg.recovery_rounds  # first multiple of τ >= t_s
+    triggers = num_edges(cfg.steps) + max(cfg.steps - 2, 0)
+    return [first + i * cfg.recovery_rounds for i in range(triggers)]
+
+
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    last = search_schedule(config.algo)[-1]
+    if config.run.rounds <= last:
+        warnings.warn(
+            f"spider: run.rounds={config.run.rounds} ends before any client's search does (its last choice comes "
+            f"at the client's round {last + 1} with algo.warmup_rounds={config.algo.warmup_rounds}, "
+            f"algo.recovery_rounds={config.algo.recovery_rounds}, {num_edges(config.algo.steps)} edges): "
+            "personal architectures stay partial", stacklevel=2)
     return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                   placement=Placement.from_run(config.run))

@@ -1,27 +1,59 @@
-"""Atomic msgpack checkpoints of a whole algorithm state (never pickle).
+"""Atomic, checksummed msgpack checkpoints of a whole algorithm state (never pickle).
 
-A checkpoint holds ``{"format", "round", "config_sha256", "state"}``, where
-``state`` is ``flax.serialization.to_state_dict`` of the algorithm state pulled
-to host. Writes go to a temporary file in the same directory, are fsynced and
-renamed over the old file, so an interruption leaves the previous checkpoint
-intact.
+A checkpoint file is one header line and a msgpack payload::
+
+    jaxfednas-checkpoint-v2 bytes=<payload length> sha256=<hex digest of the payload>\\n
+    <payload>
+
+The payload is ``{"format", "round", "config_sha256", "state"}``, where ``state``
+is ``flax.serialization.to_state_dict`` of the algorithm state pulled to host
+(``tail -n +2 FILE | sha256sum`` checks it by hand). Files from before the header
+(the payload alone) are still read; only their msgpack structure can be checked.
+
+Writes go to a temporary file in the same directory, are fsynced and renamed over
+the old file. Because a rename is not atomic everywhere (some network file
+systems, a copy cut short), :func:`save_checkpoint` also keeps the previous
+``keep - 1`` good checkpoints beside the newest, named by their round
+(``checkpoint.msgpack`` -> ``checkpoint.<round>.msgpack``), and
+:func:`load_checkpoint` verifies each file and falls back to the newest good one
+with a one-line warning naming the bad ones.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import flax.serialization
 import jax
 import numpy as np
 
-FORMAT = "jaxfednas-checkpoint-v1"
+FORMAT = "jaxfednas-checkpoint-v1"  # the payload's layout (unchanged since v1)
+HEADER = "jaxfednas-checkpoint-v2"  # the checksummed file around it
+KEEP = 2  # checkpoints kept: the newest and the one before it
+_HEADER_RE = re.compile(rb"jaxfednas-checkpoint-v2 bytes=(\d+) sha256=([0-9a-f]{64})\n")
+# Test-only: "ROUND:POINT" makes save_checkpoint SIGKILL its own process at POINT of the
+# save of ROUND ("partial": half the temporary file written; "rotated": the previous
+# checkpoint renamed aside, the new one not yet renamed into place; "torn": then half the
+# new file written in place, as a non-atomic rename or a copy cut short leaves it). See tests/test_checkpoint_robustness.py.
+_KILL_ENV = "JAXFEDNAS_TEST_KILL_IN_SAVE"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+class CheckpointError(FileNotFoundError, ValueError):
+    """No usable checkpoint: every candidate file is missing or damaged.
+
+    A ``FileNotFoundError`` (the CLI and example scripts print it as one line) and a
+    ``ValueError`` (what :func:`load_checkpoint` raised for a bad file before)."""
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *,
+                       before_replace: Callable[[], None] | None = None) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, call
+    ``before_replace()`` (if given) and rename the file over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -30,6 +62,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -45,38 +79,154 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_sha256: str) -> None:
-    """Serialise ``state`` (any flax-serialisable pytree) after ``round`` completed rounds."""
+def checkpoint_files(path: str | os.PathLike) -> list[Path]:
+    """The existing checkpoints of ``path`` newest first: ``path`` itself, then the
+    older ``<stem>.<round><suffix>`` kept beside it by decreasing round."""
+    path = Path(path)
+    older = []
+    for p in path.parent.glob(f"{path.stem}.*{path.suffix}"):
+        r = _round_in_name(path, p)
+        if r is not None:
+            older.append((r, p))
+    return ([path] if path.exists() else []) + [p for _, p in sorted(older, reverse=True)]
+
+
+def _round_in_name(path: Path, older: Path) -> int | None:
+    middle = older.name[len(path.stem) + 1:len(older.name) - len(path.suffix)]
+    return int(middle) if middle.isdigit() else None
+
+
+def _read(path: Path) -> dict:
+    """The verified payload of one checkpoint file; ``ValueError`` saying what is wrong."""
+    data = path.read_bytes()
+    if not data:
+        raise ValueError("empty file")
+    m = _HEADER_RE.match(data)
+    if m is not None:
+        payload, size = data[m.end():], int(m.group(1))
+        if len(payload) != size:
+            raise ValueError(f"truncated ({len(payload)} of {size} payload bytes)" if len(payload) < size
+                             else f"{len(payload) - size} bytes after the payload")
+        if hashlib.sha256(payload).hexdigest() != m.group(2).decode():
+            raise ValueError("sha256 mismatch")
+    elif data.startswith(HEADER.encode()[:12]):
+        raise ValueError("damaged header")
+    else:
+        payload = data  # written before checksums: only the msgpack structure can be checked
+    try:
+        raw = flax.serialization.msgpack_restore(payload)
+    except Exception as e:  # noqa: BLE001 - msgpack raises several types for damaged input
+        raise ValueError(f"unreadable msgpack ({e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("round"), int):
+        raise ValueError(f"not a {FORMAT} payload")
+    return raw
+
+
+def _kill_hook(round: int, point: str) -> bool:
+    return os.environ.get(_KILL_ENV) == f"{round}:{point}"
+
+
+def _die() -> None:
+    import signal  # noqa: PLC0415
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_sha256: str,
+                    keep: int = KEEP) -> None:
+    """Serialise ``state`` (any flax-serialisable pytree) after ``round`` completed rounds
+    to ``path``, keeping the ``keep - 1`` newest earlier good checkpoints beside it.
+
+    The new file is written to a temporary file first; only then is the previous ``path``
+    verified and renamed to ``<stem>.<its round><suffix>`` (a damaged one is simply
+    replaced) and the new one renamed into place, so ``path`` holds a complete
+    checkpoint except between those two renames, and a good one exists at every
+    instant. Then older ones beyond ``keep`` and any of a round >= ``round`` (left by a
+    run that fell back) are removed.
+    """
+    path = Path(path)
     host = jax.tree.map(np.asarray, jax.device_get(state))
-    payload = {
+    payload = flax.serialization.msgpack_serialize({
         "format": FORMAT,
         "round": int(round),
         "config_sha256": config_sha256,
         "state": flax.serialization.to_state_dict(host),
-    }
-    atomic_write_bytes(path, flax.serialization.msgpack_serialize(payload))
+    })
+    data = f"{HEADER} bytes={len(payload)} sha256={hashlib.sha256(payload).hexdigest()}\n".encode() + payload
+    for stale in path.parent.glob(f".{path.name}.*"):  # temporary files of a killed save
+        stale.unlink()
+    if _kill_hook(round, "partial"):
+        fd, _ = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.write(fd, data[:len(data) // 2])
+        os.fsync(fd)
+        _die()
+
+    def set_previous_aside():
+        if keep > 1 and path.exists():
+            try:
+                previous = _read(path)["round"]
+            except ValueError:
+                previous = None
+            if previous is not None and previous < round:
+                os.replace(path, path.with_name(f"{path.stem}.{previous}{path.suffix}"))
+        if _kill_hook(round, "rotated"):
+            _die()
+        if _kill_hook(round, "torn"):
+            path.write_bytes(data[:len(data) // 2])
+            _die()
+
+    atomic_write_bytes(path, data, before_replace=set_previous_aside)
+    kept = 1
+    for p in checkpoint_files(path)[1:]:
+        if _round_in_name(path, p) >= round or kept >= keep:
+            p.unlink()
+        else:
+            kept += 1
 
 
-def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None) -> tuple[Any, int]:
+def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None,
+                    max_round: int | None = None, warn: Callable[[str], None] | None = None) -> tuple[Any, int]:
     """Restore a state shaped like ``template`` and placed like it (the shardings of its
-    ``jax.Array`` leaves); returns ``(state, completed_rounds)``.
+    ``jax.Array`` leaves) from the newest good checkpoint of ``path`` (see
+    :func:`checkpoint_files`); returns ``(state, completed_rounds)``.
 
-    Raises ``ValueError`` if the file is not a jaxfednas checkpoint, was written
-    for a different configuration, or does not match the template's structure.
+    A damaged file (truncated, empty, checksum mismatch, unreadable) or one of a round
+    above ``max_round`` is skipped for the next older one, and ``warn`` (default: a
+    ``warning:`` line on stderr) gets one line naming what was skipped. Raises
+    :class:`CheckpointError` when no file is usable, and ``ValueError`` when the good one
+    was written for a different configuration or does not match the template's structure.
     """
-    raw = flax.serialization.msgpack_restore(Path(path).read_bytes())
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} file")
+    path = Path(path)
+    skipped, found = [], None
+    for p in checkpoint_files(path):
+        try:
+            raw = _read(p)
+        except ValueError as e:
+            skipped.append(f"{p.name}: {e}")
+            continue
+        if max_round is not None and raw["round"] > max_round:
+            skipped.append(f"{p.name}: round {raw['round']} is past the {max_round} rounds of metrics.jsonl")
+            continue
+        found = p
+        break
+    if found is None:
+        why = "; ".join(skipped) if skipped else f"{path.name} does not exist"
+        raise CheckpointError(f"no usable checkpoint in {path.parent} ({why})")
+    if skipped or found != path:
+        if not path.exists():
+            skipped.insert(0, f"{path.name}: missing")
+        msg = f"{path.parent}: skipped {'; '.join(skipped)}; using {found.name} (round {raw['round']})"
+        (warn or (lambda s: print(f"warning: {s}", file=sys.stderr)))(msg)
     if config_sha256 is not None and raw["config_sha256"] != config_sha256:
         raise ValueError(
-            f"{path} was written for a different configuration (config sha256 {raw['config_sha256'][:12]} "
+            f"{found} was written for a different configuration (config sha256 {raw['config_sha256'][:12]} "
             f"!= {config_sha256[:12]}); resume with the run directory's own config"
         )
     template_host = jax.device_get(template)
     state = flax.serialization.from_state_dict(template_host, raw["state"])
     for a, b in zip(jax.tree.leaves(template_host), jax.tree.leaves(state)):
         if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
-            raise ValueError(f"{path}: checkpoint leaf {np.shape(b)}/{np.asarray(b).dtype} does not match "
+            raise ValueError(f"{found}: checkpoint leaf {np.shape(b)}/{np.asarray(b).dtype} does not match "
                              f"the state {np.shape(a)}/{np.asarray(a).dtype}")
     # Each leaf goes where the template's lives (e.g. replicated over the clients mesh),
     # so the first round after a resume runs the already-compiled program.

@@ -7,7 +7,8 @@ Layout of ``out_dir``::
     partition/label_counts.txt  per-client label counts
     partition/label_heatmap.png
     metrics.jsonl               one line per round (train metrics; eval metrics on eval rounds)
-    checkpoint.msgpack          whole algorithm state after the last saved round (atomic)
+    checkpoint.msgpack          whole algorithm state after the last saved round (atomic, sha256 header)
+    checkpoint.<round>.msgpack  the previous saved round, kept to fall back on (see jaxfednas.checkpoint)
     clients.csv                 final per-client accuracies
     plots/curves.png, plots/client_accuracy.png
     architecture.json           (NAS algorithms) the exported architecture (SPIDER: personal_genotypes.json); cell diagrams in plots/
@@ -15,7 +16,9 @@ Layout of ``out_dir``::
 
 Everything except the ``timing`` and ``device`` entries of ``summary.json`` is
 a function of the configuration alone: equal seeds give equal bytes, and a
-resumed run ends with the bytes of an uninterrupted one.
+resumed run ends with the bytes of an uninterrupted one. A resume restores the
+newest checkpoint that verifies and that ``metrics.jsonl`` covers (a damaged one
+is skipped with a one-line warning) and cuts ``metrics.jsonl`` back to its round.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ import jax
 import numpy as np
 
 from jaxfednas import plots
-from jaxfednas.checkpoint import atomic_write_text, load_checkpoint, save_checkpoint, sha256_text
+from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError, load_checkpoint,
+                                  save_checkpoint, sha256_text)
 from jaxfednas.config import apply_overrides, ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
@@ -128,7 +132,7 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     e.g. personalization after a search). The partition is recomputed and must equal
     the saved manifest."""
     out = Path(out_dir)
-    if not (out / "config.json").exists() or not (out / CHECKPOINT).exists():
+    if not (out / "config.json").exists() or not checkpoint_files(out / CHECKPOINT):
         raise FileNotFoundError(f"{out} holds no finished run (config.json and {CHECKPOINT} are needed)")
     cfg = config_from_dict(json.loads((out / "config.json").read_text()))
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
@@ -192,15 +196,27 @@ def _scalars(metrics: dict) -> dict[str, float | int]:
     return out
 
 
-def _read_metrics(path: Path, upto: int) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["round"] <= upto]
+def _read_metrics(path: Path) -> list[dict]:
+    """The rows of rounds 1, 2, ... up to the first missing or unreadable line (a file
+    cut short loses its tail, not the run)."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(row, dict) or row.get("round") != len(rows) + 1:
+            break
+        rows.append(row)
+    return rows
+
+
+def _metrics_bytes(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 
 
 def _write_metrics(path: Path, rows: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    atomic_write_bytes(path, _metrics_bytes(rows))
 
 
 def device_info() -> dict[str, Any]:
@@ -243,8 +259,8 @@ def resume_config(out_dir: str | os.PathLike, overrides: dict | None = None) -> 
 
 
 def holds_run(out_dir: str | os.PathLike) -> bool:
-    """Whether ``out_dir`` already holds a run (its ``config.json`` or checkpoint)."""
-    return (Path(out_dir) / "config.json").exists() or (Path(out_dir) / CHECKPOINT).exists()
+    """Whether ``out_dir`` already holds a run (its ``config.json`` or a checkpoint)."""
+    return (Path(out_dir) / "config.json").exists() or bool(checkpoint_files(Path(out_dir) / CHECKPOINT))
 
 
 @dataclasses.dataclass
@@ -262,8 +278,10 @@ class _Prepared:
 def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str], None]) -> _Prepared:
     """The run directory's rules (one place): a new run needs an empty directory; a resumed
     one the same configuration up to run length / evaluation / checkpoint frequency, the
-    same partition, and metrics.jsonl rows up to its checkpoint. Writes config.json and the
-    partition report; returns the data, algorithm and (restored) state."""
+    same partition, and metrics.jsonl rows up to its checkpoint: the newest checkpoint that
+    verifies and that metrics.jsonl covers, to whose round metrics.jsonl is cut back.
+    Writes config.json and the partition report; returns the data, algorithm and
+    (restored) state."""
     cfg_path, ckpt_path = out / "config.json", out / CHECKPOINT
     if resume:
         if not cfg_path.exists():
@@ -288,13 +306,21 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
 
     algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
     state = algo.init(init_key(cfg.run.seed))
-    start = 0
-    if resume and ckpt_path.exists():
-        state, start = load_checkpoint(ckpt_path, state, config_sha256=config_hash(cfg))
-        log(f"resumed {out} at round {start}")
-    rows = _read_metrics(out / "metrics.jsonl", start)
-    if len(rows) != start:
-        raise ValueError(f"{out}/metrics.jsonl has {len(rows)} rounds up to the checkpoint at round {start}")
+    start, rows, mpath = 0, [], out / "metrics.jsonl"
+    if resume:
+        rows = _read_metrics(mpath)
+        if checkpoint_files(ckpt_path):
+            try:
+                state, start = load_checkpoint(ckpt_path, state, config_sha256=config_hash(cfg), max_round=len(rows),
+                                               warn=lambda m: log(f"warning: {m}"))
+            except CheckpointError as e:
+                raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None
+            log(f"resumed {out} at round {start}")
+        # cut back to the restored round now, so the directory is consistent even
+        # if this run stops before its next save
+        rows = rows[:start]
+        if mpath.exists() and mpath.read_bytes() != _metrics_bytes(rows):
+            _write_metrics(mpath, rows)
     return _Prepared(dataset, manifest, table, data, algo, state, start, rows)
 
 
@@ -312,8 +338,9 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
 
     def save(r):
         nonlocal saved_round
-        save_checkpoint(ckpt_path, state, round=r, config_sha256=chash)
+        # metrics first: rows past the checkpoint are cut on resume, missing ones could not be
         _write_metrics(out / "metrics.jsonl", rows)
+        save_checkpoint(ckpt_path, state, round=r, config_sha256=chash)
         saved_round = r
 
     try:
