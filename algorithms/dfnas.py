@@ -55,7 +55,7 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, cosine_lr
-from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
 from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
     auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES,
@@ -235,7 +235,7 @@ def dfnas(
         shared = (state.variables, state.fixed, state.fixed_choice, lr)
         new_vars, met = map_clients(
             lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
-        avg = weighted_mean(new_vars, per_client[0].count)  # Alg. 2: w and α with n_i / n
+        avg = weighted_mean(new_vars, per_client[0].count, fallback=state.variables)  # Alg. 2: w and α with n_i / n
         # fixed blocks keep their stored α exactly (an average of equal values can round)
         old_alpha = state.variables["arch"]["alpha"]
         avg["arch"] = {"alpha": jnp.where(state.fixed[:, None], old_alpha, avg["arch"]["alpha"])}
@@ -248,6 +248,7 @@ def dfnas(
             "lr": lr,
             "arch_entropy": arch_entropy(avg["arch"]["alpha"]),
             "fixed_blocks": fixed.sum(),
+            "server_update_skipped": nothing_to_aggregate(per_client[0].count),
         }
         return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1), metrics
 

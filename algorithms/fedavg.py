@@ -29,7 +29,7 @@ from search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
 
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
@@ -86,11 +86,12 @@ def fedavg(
             state.variables,
             placement=placement,
         )
-        avg = weighted_mean(new_vars, clients.count)
+        avg = weighted_mean(new_vars, clients.count, fallback=state.variables)
         old = state.variables["params"]
         params = jax.tree.map(lambda w, a: w + cfg.server_lr * (a - w), old, avg["params"])
         variables = {"params": params, "batch_stats": avg["batch_stats"]}
-        return state.replace(variables=variables, round=state.round + 1), train_metrics(metrics)
+        metrics = {**train_metrics(metrics), "server_update_skipped": nothing_to_aggregate(clients.count)}
+        return state.replace(variables=variables, round=state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)

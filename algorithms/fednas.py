@@ -39,7 +39,7 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, num_st
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
 from search_spaces import arch_entropy
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of, Genotype, plot_genotype
 
@@ -190,7 +190,7 @@ def fednas(
             lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement
         )
         weights = per_client[0].count
-        avg = weighted_mean(new_vars, weights)  # Eq. 5: w, BN statistics and α, each with N_k / N
+        avg = weighted_mean(new_vars, weights, fallback=state.variables)  # Eq. 5: w, BN statistics and α, each with N_k / N
         if cfg.alpha_aggregation == "client0":
             avg["arch"] = jax.tree.map(lambda a: a[0], new_vars["arch"])
         n = jnp.maximum(met["examples"].sum(), 1)
@@ -200,6 +200,7 @@ def fednas(
             "search_val_acc": met["val_correct"].sum() / jnp.maximum(met["val_examples"].sum(), 1),
             "local_steps": met["steps"].sum(),
             "arch_entropy": arch_entropy(avg["arch"]),
+            "server_update_skipped": nothing_to_aggregate(weights),
         }
         return state.replace(variables=avg, round=state.round + 1), metrics
 

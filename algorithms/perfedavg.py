@@ -54,7 +54,7 @@ from jaxfednas.data.federated import (
     run_local_epochs,
     tree_where,
 )
-from jaxfednas.runtime import Placement, map_clients, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
 
 DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
 
@@ -201,8 +201,9 @@ def perfedavg(
             lambda c, v: meta_train(v, c[0], c[1]), (clients, keys), state.variables,
             placement=placement,
         )
-        variables = weighted_mean(new_vars, clients.count)
-        return state.replace(variables=variables, round=state.round + 1), train_metrics(metrics)
+        variables = weighted_mean(new_vars, clients.count, fallback=state.variables)
+        metrics = {**train_metrics(metrics), "server_update_skipped": nothing_to_aggregate(clients.count)}
+        return state.replace(variables=variables, round=state.round + 1), metrics
 
     def evaluate(state: PerFedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)

@@ -65,8 +65,8 @@ from jaxfednas.config import ExperimentConfig, Validated, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
-from jaxfednas.runtime import (Placement, gather_rows, map_clients, resolve_clients_per_round, round_clients,
-                               scatter_rows, weighted_mean)
+from jaxfednas.runtime import (Placement, gather_rows, map_clients, nothing_to_aggregate, resolve_clients_per_round,
+                               round_clients, scatter_rows, weighted_mean)
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, num_edges, plot_genotype, supernet_of
 from search_spaces.darts.masks import CELLS, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
@@ -373,7 +373,7 @@ def spider(
         new_w, new_v, new_opt, metrics = map_clients(
             client, (personal, gather_rows(state.opt_state, idx), mask, train_data, keys),
             (state.variables, lr_w(state.round), lr_v(state.round)), placement=placement)
-        w = weighted_mean(new_w, train_data.count)  # line 6: Σ N_k/N w_k
+        w = weighted_mean(new_w, train_data.count, fallback=state.variables)  # line 6: Σ N_k/N w_k
         new_arch = unstack_cells(mask.swapaxes(0, 1))
         state = SpiderState(
             variables=w, personal=scatter_rows(state.personal, idx, new_v),
@@ -388,6 +388,7 @@ def spider(
             "personal_train_acc": metrics["personal_correct"].sum() / n,
             "train_examples": metrics["examples"].sum(), "searching_clients": trigger.sum(),
             "edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),
+            "server_update_skipped": nothing_to_aggregate(train_data.count),
         }
 
     def logits_of_subnet(v):

@@ -217,10 +217,23 @@ def normalized_weights(weights: jax.Array) -> jax.Array:
     return w / jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny)
 
 
-def weighted_mean(tree: Any, weights: jax.Array) -> Any:
-    """``sum_k w_k x_k / sum_k w_k`` over the leading client axis of every leaf."""
+def weighted_mean(tree: Any, weights: jax.Array, fallback: Any = None) -> Any:
+    """``sum_k w_k x_k / sum_k w_k`` over the leading client axis of every leaf.
+
+    When every weight is zero (e.g. every sampled client has an empty training split)
+    the mean is undefined: ``fallback`` (the previous server state) is returned if given,
+    else zeros. See :func:`nothing_to_aggregate` for the matching metric."""
     w = normalized_weights(weights)
-    return jax.tree.map(lambda x: jnp.tensordot(w, x.astype(jnp.float32), axes=1).astype(x.dtype), tree)
+    mean = jax.tree.map(lambda x: jnp.tensordot(w, x.astype(jnp.float32), axes=1).astype(x.dtype), tree)
+    if fallback is None:
+        return mean
+    return jax.tree.map(lambda a, b: jnp.where(nothing_to_aggregate(weights) > 0, b, a), mean, fallback)
+
+
+def nothing_to_aggregate(weights: jax.Array) -> jax.Array:
+    """1.0 when all aggregation weights are zero (the server kept its state), else 0.0:
+    reported by every algorithm as the ``server_update_skipped`` metric."""
+    return (jnp.asarray(weights, jnp.float32).sum() <= 0).astype(jnp.float32)
 
 
 def masked_weighted_mean(tree: Any, masks: Any, weights: jax.Array, fallback: Any) -> Any:

@@ -14,6 +14,7 @@ from jaxfednas.runtime import (
     gather_rows,
     map_clients,
     masked_weighted_mean,
+    nothing_to_aggregate,
     resolve_clients_per_round,
     sample_clients,
     scatter_rows,
@@ -30,6 +31,30 @@ def test_weighted_mean_by_hand():
     out = weighted_mean(tree, jnp.array([1, 3]))
     np.testing.assert_allclose(out["w"], [(1 + 15) / 4, (2 + 18) / 4])
     np.testing.assert_allclose(out["bn"]["mean"], [3.0])
+
+
+def test_weighted_mean_with_no_weight_keeps_the_fallback():
+    tree = {"w": jnp.array([[1.0, 2.0], [5.0, 6.0]])}
+    prev = {"w": jnp.array([7.0, 8.0])}
+    np.testing.assert_array_equal(weighted_mean(tree, jnp.array([0, 0]), fallback=prev)["w"], [7.0, 8.0])
+    np.testing.assert_array_equal(weighted_mean(tree, jnp.array([1, 3]), fallback=prev)["w"],
+                                  weighted_mean(tree, jnp.array([1, 3]))["w"])
+    assert float(nothing_to_aggregate(jnp.array([0, 0]))) == 1.0
+    assert float(nothing_to_aggregate(jnp.array([0, 2]))) == 0.0
+
+
+def test_fedavg_round_without_training_examples_keeps_the_server_state(tiny_data):
+    """Every sampled client has an empty train split (label skew on tiny clients): the
+    average is undefined, so the server keeps w and BatchNorm statistics and says so."""
+    empty = tiny_data.replace(train=tiny_data.train.replace(counts=jnp.zeros_like(tiny_data.train.counts)))
+    algo = fedavg(FedAvgConfig(batch_size=16), tiny_data.info, clients_per_round=3, placement=Placement("map"))
+    s0 = algo.init(jax.random.PRNGKey(0))
+    s1, m1 = algo.round(s0, empty, jax.random.PRNGKey(7))
+    for a, b in zip(jax.tree.leaves(s0.variables), jax.tree.leaves(s1.variables)):
+        np.testing.assert_array_equal(a, b)
+    assert float(m1["server_update_skipped"]) == 1.0
+    _, m2 = algo.round(s0, tiny_data, jax.random.PRNGKey(7))
+    assert float(m2["server_update_skipped"]) == 0.0
 
 
 def test_masked_weighted_mean_by_hand():
