@@ -55,7 +55,8 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, cosine_lr
-from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+                               round_clients, weighted_mean)
 from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
     auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES,
@@ -211,7 +212,7 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
 
 def dfnas(
     cfg: DFNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(),
+    placement: Placement = Placement(), dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon)."""
     model = make_supernet(cfg, info)
@@ -235,7 +236,8 @@ def dfnas(
         shared = (state.variables, state.fixed, state.fixed_choice, lr)
         new_vars, met = map_clients(
             lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
-        avg = weighted_mean(new_vars, per_client[0].count, fallback=state.variables)  # Alg. 2: w and α with n_i / n
+        weights = per_client[0].count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
+        avg = weighted_mean(new_vars, weights, fallback=state.variables)  # Alg. 2: w and α with n_i / n
         # fixed blocks keep their stored α exactly (an average of equal values can round)
         old_alpha = state.variables["arch"]["alpha"]
         avg["arch"] = {"alpha": jnp.where(state.fixed[:, None], old_alpha, avg["arch"]["alpha"])}
@@ -248,7 +250,7 @@ def dfnas(
             "lr": lr,
             "arch_entropy": arch_entropy(avg["arch"]["alpha"]),
             "fixed_blocks": fixed.sum(),
-            "server_update_skipped": nothing_to_aggregate(per_client[0].count),
+            **reported_metrics(weights, key, idx, dropout_rate),
         }
         return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1), metrics
 
@@ -305,5 +307,5 @@ def child_report(arch: ShuffleArch, info: DataInfo) -> dict:
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return dfnas(
         config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

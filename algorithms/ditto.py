@@ -51,7 +51,8 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas import rng
-from jaxfednas.runtime import Placement, gather_rows, map_clients, resolve_clients_per_round, round_clients, scatter_rows
+from jaxfednas.runtime import (Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
+                               round_clients, scatter_rows)
 
 DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client personal models pulled toward it by λ"
 
@@ -113,12 +114,13 @@ def ditto(
     clients_per_round: int | float = 1.0,
     placement: Placement = Placement(),
     model: nn.Module | None = None,
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
     when given (e.g. a DARTS network from a genotype)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model)
+    base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate)
     personal_train = make_personal_train(model, info, cfg)
 
     def init(key):
@@ -139,7 +141,7 @@ def ditto(
         )
         pm = train_metrics(pm)
         metrics.update({"personal_train_loss": pm["train_loss"], "personal_train_acc": pm["train_acc"]})
-        personal = scatter_rows(state.personal, idx, new_rows)
+        personal = scatter_rows(state.personal, idx, new_rows, keep=reporting_clients(key, idx, dropout_rate))
         return DittoState(variables=g.variables, personal=personal, round=g.round), metrics
 
     def evaluate(state: DittoState, data: FederatedData):
@@ -156,5 +158,5 @@ def ditto(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return ditto(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

@@ -427,6 +427,9 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     if not (cpr == 1.0 or cpr == config.data.num_clients):
         raise ConfigError(f"run.clients_per_round={cpr}: every party takes part in every iteration of "
                           "Algorithm 1 (the accountant assumes it); use 1.0")
+    if config.run.dropout_rate > 0:
+        raise ConfigError(f"run.dropout_rate={config.run.dropout_rate}: DP-FNAS's Algorithm 1 and its accountant "
+                          "have every party in every iteration; use 0")
     return dp_fnas(config.algo, info, placement=Placement.from_run(config.run))
 
 

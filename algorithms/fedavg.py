@@ -29,7 +29,8 @@ from search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+                               round_clients, weighted_mean)
 
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
@@ -68,8 +69,10 @@ def fedavg(
     clients_per_round: int | float = 1.0,
     placement: Placement = Placement(),
     model: nn.Module | None = None,
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
-    """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given)."""
+    """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
+    ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     local_train = make_local_train(model, info, cfg)
@@ -86,11 +89,12 @@ def fedavg(
             state.variables,
             placement=placement,
         )
-        avg = weighted_mean(new_vars, clients.count, fallback=state.variables)
+        weights = clients.count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
+        avg = weighted_mean(new_vars, weights, fallback=state.variables)
         old = state.variables["params"]
         params = jax.tree.map(lambda w, a: w + cfg.server_lr * (a - w), old, avg["params"])
         variables = {"params": params, "batch_stats": avg["batch_stats"]}
-        metrics = {**train_metrics(metrics), "server_update_skipped": nothing_to_aggregate(clients.count)}
+        metrics = {**train_metrics(metrics), **reported_metrics(weights, key, idx, dropout_rate)}
         return state.replace(variables=variables, round=state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData):
@@ -106,5 +110,5 @@ def fedavg(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

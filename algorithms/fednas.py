@@ -39,7 +39,8 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, num_st
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+                               round_clients, weighted_mean)
 from search_spaces import arch_entropy
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of, Genotype, plot_genotype
 
@@ -167,7 +168,8 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
 
 
 def fednas(
-    cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+    cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5."""
     primitives = PRIMITIVE_SETS[cfg.primitives]
@@ -189,7 +191,7 @@ def fednas(
         new_vars, met = map_clients(
             lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement
         )
-        weights = per_client[0].count
+        weights = per_client[0].count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
         avg = weighted_mean(new_vars, weights, fallback=state.variables)  # Eq. 5: w, BN statistics and α, each with N_k / N
         if cfg.alpha_aggregation == "client0":
             avg["arch"] = jax.tree.map(lambda a: a[0], new_vars["arch"])
@@ -200,7 +202,7 @@ def fednas(
             "search_val_acc": met["val_correct"].sum() / jnp.maximum(met["val_examples"].sum(), 1),
             "local_steps": met["steps"].sum(),
             "arch_entropy": arch_entropy(avg["arch"]),
-            "server_update_skipped": nothing_to_aggregate(weights),
+            **reported_metrics(weights, key, idx, dropout_rate),
         }
         return state.replace(variables=avg, round=state.round + 1), metrics
 
@@ -267,5 +269,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
         )
     return fednas(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

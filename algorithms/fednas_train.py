@@ -80,17 +80,19 @@ def make_network(cfg: FedNASTrainConfig, info: DataInfo) -> DartsNetwork:
 
 
 def fednas_train(
-    cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+    cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``."""
-    algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info))
+    algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
+                  dropout_rate=dropout_rate)
     return algo._replace(name="fednas_train")
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas_train(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )
 
 

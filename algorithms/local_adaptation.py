@@ -110,11 +110,13 @@ def local_adaptation(
     clients_per_round: int | float = 1.0,
     placement: Placement = Placement(),
     model: nn.Module | None = None,
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
     ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
-    base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model)
+    base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model,
+                  dropout_rate=dropout_rate)
     finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs))
 
     def evaluate(state: FedAvgState, data: FederatedData):
@@ -133,5 +135,5 @@ def local_adaptation(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_adaptation(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

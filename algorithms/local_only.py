@@ -20,7 +20,8 @@ from search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import Placement, gather_rows, map_clients, resolve_clients_per_round, round_clients, scatter_rows
+from jaxfednas.runtime import (Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
+                               round_clients, scatter_rows)
 
 DESCRIPTION = "Local-only training: each client trains a personal model on its own data"
 
@@ -49,7 +50,8 @@ class LocalOnlyState:
 
 
 def local_only(
-    cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement()
+    cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     model = make_model(cfg.model, info.num_classes, info.name)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
@@ -69,7 +71,8 @@ def local_only(
             None,
             placement=placement,
         )
-        state = state.replace(clients=scatter_rows(state.clients, idx, new_rows), round=state.round + 1)
+        rows = scatter_rows(state.clients, idx, new_rows, keep=reporting_clients(key, idx, dropout_rate))
+        state = state.replace(clients=rows, round=state.round + 1)
         return state, train_metrics(metrics)
 
     def evaluate(state: LocalOnlyState, data: FederatedData):
@@ -81,5 +84,5 @@ def local_only(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_only(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

@@ -54,7 +54,8 @@ from jaxfednas.data.federated import (
     run_local_epochs,
     tree_where,
 )
-from jaxfednas.runtime import Placement, map_clients, nothing_to_aggregate, resolve_clients_per_round, round_clients, weighted_mean
+from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+                               round_clients, weighted_mean)
 
 DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
 
@@ -183,6 +184,7 @@ def perfedavg(
     clients_per_round: int | float = 1.0,
     placement: Placement = Placement(),
     model: nn.Module | None = None,
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """Build first-order Per-FedAvg for data described by ``info``. ``model`` replaces
     ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
@@ -201,8 +203,9 @@ def perfedavg(
             lambda c, v: meta_train(v, c[0], c[1]), (clients, keys), state.variables,
             placement=placement,
         )
-        variables = weighted_mean(new_vars, clients.count, fallback=state.variables)
-        metrics = {**train_metrics(metrics), "server_update_skipped": nothing_to_aggregate(clients.count)}
+        weights = clients.count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
+        variables = weighted_mean(new_vars, weights, fallback=state.variables)
+        metrics = {**train_metrics(metrics), **reported_metrics(weights, key, idx, dropout_rate)}
         return state.replace(variables=variables, round=state.round + 1), metrics
 
     def evaluate(state: PerFedAvgState, data: FederatedData):
@@ -217,5 +220,5 @@ def perfedavg(
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return perfedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run),
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
     )

@@ -65,8 +65,8 @@ from jaxfednas.config import ExperimentConfig, Validated, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
-from jaxfednas.runtime import (Placement, gather_rows, map_clients, nothing_to_aggregate, resolve_clients_per_round,
-                               round_clients, scatter_rows, weighted_mean)
+from jaxfednas.runtime import (Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
+                               resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, num_edges, plot_genotype, supernet_of
 from search_spaces.darts.masks import CELLS, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
@@ -309,9 +309,11 @@ def spider(
     rounds: int,
     clients_per_round: int | float = 1.0,
     placement: Placement = Placement(),
+    dropout_rate: float = 0.0,
 ) -> FederatedAlgorithm:
     """Build SPIDER for data described by ``info``; ``rounds`` sets the learning rates'
-    per-round cosine."""
+    per-round cosine. A client that fails to report (``dropout_rate``) is left out of the
+    aggregate and keeps its rows (model, architecture, search progress, clock)."""
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
     num_clients, steps = info.num_clients, cfg.steps
@@ -373,14 +375,15 @@ def spider(
         new_w, new_v, new_opt, metrics = map_clients(
             client, (personal, gather_rows(state.opt_state, idx), mask, train_data, keys),
             (state.variables, lr_w(state.round), lr_v(state.round)), placement=placement)
-        w = weighted_mean(new_w, train_data.count, fallback=state.variables)  # line 6: Σ N_k/N w_k
-        new_arch = unstack_cells(mask.swapaxes(0, 1))
-        state = SpiderState(
-            variables=w, personal=scatter_rows(state.personal, idx, new_v),
-            opt_state=scatter_rows(state.opt_state, idx, new_opt), arch=scatter_rows(state.arch, idx, new_arch),
-            edge_done=state.edge_done.at[idx].set(edge_done), node_done=state.node_done.at[idx].set(node_done),
-            clock=state.clock.at[idx].add(1), round=state.round + 1,
-        )
+        reported = reporting_clients(key, idx, dropout_rate)
+        weights = train_data.count * reported
+        w = weighted_mean(new_w, weights, fallback=state.variables)  # line 6: Σ N_k/N w_k
+        rows = scatter_rows(
+            {"personal": state.personal, "opt_state": state.opt_state, "arch": state.arch,
+             "edge_done": state.edge_done, "node_done": state.node_done, "clock": state.clock}, idx,
+            {"personal": new_v, "opt_state": new_opt, "arch": unstack_cells(mask.swapaxes(0, 1)),
+             "edge_done": edge_done, "node_done": node_done, "clock": t + 1}, keep=reported)
+        state = SpiderState(variables=w, round=state.round + 1, **rows)
         n = jnp.maximum(metrics["examples"].sum(), 1)
         return state, {
             "train_loss": metrics["loss_sum"].sum() / n, "train_acc": metrics["correct"].sum() / n,
@@ -388,7 +391,7 @@ def spider(
             "personal_train_acc": metrics["personal_correct"].sum() / n,
             "train_examples": metrics["examples"].sum(), "searching_clients": trigger.sum(),
             "edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),
-            "server_update_skipped": nothing_to_aggregate(train_data.count),
+            **reported_metrics(weights, key, idx, dropout_rate),
         }
 
     def logits_of_subnet(v):
@@ -553,4 +556,4 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
             f"algo.recovery_rounds={config.algo.recovery_rounds}, {num_edges(config.algo.steps)} edges): "
             "personal architectures stay partial", stacklevel=2)
     return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-                  placement=Placement.from_run(config.run))
+                  placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)

@@ -39,7 +39,8 @@ _HEADER_RE = re.compile(rb"jaxfednas-checkpoint-v2 bytes=(\d+) sha256=([0-9a-f]{
 # Test-only: "ROUND:POINT" makes save_checkpoint SIGKILL its own process at POINT of the
 # save of ROUND ("partial": half the temporary file written; "rotated": the previous
 # checkpoint renamed aside, the new one not yet renamed into place; "torn": then half the
-# new file written in place, as a non-atomic rename or a copy cut short leaves it). See tests/test_checkpoint_robustness.py.
+# new file written in place, as a non-atomic rename or a copy cut short leaves it).
+# See tests/test_checkpoint_robustness.py.
 _KILL_ENV = "JAXFEDNAS_TEST_KILL_IN_SAVE"
 
 

@@ -121,6 +121,9 @@ class RunConfig(Validated):
     clients_per_round: int | float = param(
         1.0, "clients sampled per round: an integer count, or a float fraction in (0, 1]", range=(1e-9, None)
     )
+    dropout_rate: float = param(0.0, "probability that a sampled client fails to report in a round (seeded by "
+                                "seed, round, client; left out of the aggregate, its rows not updated)",
+                                range=(0.0, 0.999))
     seed: int = param(0, "seed of initialisation, client sampling and local randomness", range=(0, 2**31 - 1))
     placement: str = param("auto", "how clients are laid on devices", choices=("auto", "vmap", "map", "shard_map"))
     client_chunk_size: int | None = param(None, "clients per lax.map chunk (placement=map)", range=(1, None))

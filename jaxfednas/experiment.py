@@ -37,8 +37,8 @@ import jax
 import numpy as np
 
 from jaxfednas import plots
-from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError, load_checkpoint,
-                                  save_checkpoint, sha256_text)
+from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError,
+                                  load_checkpoint, save_checkpoint, sha256_text)
 from jaxfednas.config import apply_overrides, ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data

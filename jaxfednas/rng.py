@@ -10,6 +10,7 @@ draws (everything is a function of ``(seed, round, client, step)``)::
     │   └─ PERSONALIZE                       personalize_key(seed): FedNAS §2.5 after search
     └─ ROUNDS ─ r                            round_key(seed, r): round r
         ├─ SAMPLE                            sample_key(round key): which clients run
+        ├─ DROPOUT ─ k                       dropout_key(round key): whether client k reports
         ├─ CLIENT ─ k                        client_keys(round key, ids): client k's key
         │   ├─ e                             local epoch e's data permutation (data.federated)
         │   ├─ STEP ─ t                      step_key(client key, t): minibatch slot t
@@ -41,6 +42,7 @@ PERSONALIZE = 1
 # Under a round key
 SAMPLE = 0
 CLIENT = 1
+DROPOUT = 2
 DP_ITERATIONS = 1  # DP-FNAS only; equal to CLIENT by value (see the module docstring)
 # Under a client's key (local epochs fold their index 0, 1, ... into it directly)
 STEP = 1_000_003  # far above any local-epoch index
@@ -70,6 +72,11 @@ def personalize_key(seed: int) -> jax.Array:
 def sample_key(round_key: jax.Array) -> jax.Array:
     """The key that picks this round's clients."""
     return jax.random.fold_in(round_key, SAMPLE)
+
+
+def dropout_key(round_key: jax.Array) -> jax.Array:
+    """Whether a round's clients report (``run.dropout_rate``); client k folds in k."""
+    return jax.random.fold_in(round_key, DROPOUT)
 
 
 def client_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:

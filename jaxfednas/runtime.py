@@ -135,6 +135,21 @@ def sample_clients(key: jax.Array, num_clients: int, clients_per_round: int) -> 
     return jnp.sort(idx).astype(jnp.int32)
 
 
+def reporting_clients(round_key: jax.Array, ids: jax.Array, dropout_rate: float) -> jax.Array:
+    """``[m]`` bool: which of the round's clients ``ids`` report their update. Each fails
+    independently with probability ``dropout_rate`` (``run.dropout_rate``), drawn from
+    ``(seed, round, client)`` (:func:`jaxfednas.rng.dropout_key`), so a resumed run drops
+    the same clients. A client that fails does its local work but the server never sees
+    it: it is left out of the aggregate and its persistent rows are not updated. Rate 0:
+    every client reports (nothing is drawn)."""
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+    if dropout_rate == 0.0:
+        return jnp.ones(ids.shape, bool)
+    key = rng.dropout_key(round_key)
+    return jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i)))(ids) >= dropout_rate
+
+
 def round_clients(round_key: jax.Array, num_clients: int, clients_per_round: int) -> tuple[jax.Array, jax.Array]:
     """``(ids, keys)``: the sorted ids of this round's clients (:func:`sample_clients`
     on :func:`jaxfednas.rng.sample_key`) and one key per sampled client
@@ -230,6 +245,12 @@ def weighted_mean(tree: Any, weights: jax.Array, fallback: Any = None) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(nothing_to_aggregate(weights) > 0, b, a), mean, fallback)
 
 
+def reported_metrics(weights: jax.Array, round_key: jax.Array, ids: jax.Array, dropout_rate: float) -> dict:
+    """``clients_reported`` (of the round's sampled clients) and ``server_update_skipped``."""
+    return {"clients_reported": reporting_clients(round_key, ids, dropout_rate).sum(),
+            "server_update_skipped": nothing_to_aggregate(weights)}
+
+
 def nothing_to_aggregate(weights: jax.Array) -> jax.Array:
     """1.0 when all aggregation weights are zero (the server kept its state), else 0.0:
     reported by every algorithm as the ``server_update_skipped`` metric."""
@@ -263,6 +284,9 @@ def gather_rows(tree: Any, idx: jax.Array) -> Any:
     return jax.tree.map(lambda a: a[idx], tree)
 
 
-def scatter_rows(tree: Any, idx: jax.Array, rows: Any) -> Any:
-    """Write ``rows`` back at ``idx``; all other clients' rows are untouched."""
+def scatter_rows(tree: Any, idx: jax.Array, rows: Any, keep: jax.Array | None = None) -> Any:
+    """Write ``rows`` back at ``idx``; all other clients' rows are untouched. With ``keep``
+    (``[len(idx)]`` bool, e.g. :func:`reporting_clients`), only the rows where it is True."""
+    if keep is not None:
+        rows = jax.tree.map(lambda a, r: jnp.where(keep.reshape((-1,) + (1,) * (r.ndim - 1)), r, a[idx]), tree, rows)
     return jax.tree.map(lambda a, r: a.at[idx].set(r), tree, rows)

@@ -2,6 +2,7 @@
 empty, bit-flipped or missing newest one is skipped for the older one with a one-line
 warning, none usable is a one-line error, and a run SIGKILLed in the middle of a save
 resumes to the bytes of an uninterrupted run (issue 15, checkpoint reliability)."""
+import hashlib
 import json
 import os
 import shutil
@@ -70,9 +71,8 @@ def test_keeps_the_last_two_with_a_checksum_header(tmp_path):
     path = _saved(tmp_path)
     assert [p.name for p in checkpoint_files(path)] == ["checkpoint.msgpack", "checkpoint.2.msgpack"]
     header, payload = path.read_bytes().split(b"\n", 1)
-    import hashlib
-
-    assert header == f"jaxfednas-checkpoint-v2 bytes={len(payload)} sha256={hashlib.sha256(payload).hexdigest()}".encode()
+    digest = hashlib.sha256(payload).hexdigest()
+    assert header == f"jaxfednas-checkpoint-v2 bytes={len(payload)} sha256={digest}".encode()
     assert flax.serialization.msgpack_restore(payload)["round"] == 3
     state, r = load_checkpoint(path, STATE, config_sha256="c")
     assert r == 3 and np.array_equal(state["w"], _state(3)["w"])

@@ -15,6 +15,7 @@ from jaxfednas.runtime import (
     map_clients,
     masked_weighted_mean,
     nothing_to_aggregate,
+    reporting_clients,
     resolve_clients_per_round,
     sample_clients,
     scatter_rows,
@@ -55,6 +56,41 @@ def test_fedavg_round_without_training_examples_keeps_the_server_state(tiny_data
     assert float(m1["server_update_skipped"]) == 1.0
     _, m2 = algo.round(s0, tiny_data, jax.random.PRNGKey(7))
     assert float(m2["server_update_skipped"]) == 0.0
+
+
+def test_dropped_clients_are_left_out_of_the_aggregate_and_keep_their_rows(tiny_data):
+    """run.dropout_rate: the aggregate is the n_k-weighted mean over the clients that
+    reported (hand-computed from the same per-client function), a dropped client's persistent
+    row is untouched, the draw is a function of (round key, client), and rate 0 changes
+    nothing."""
+    data, n = tiny_data, tiny_data.info.num_clients
+    ids = jnp.arange(n, dtype=jnp.int32)
+    rk = next(jax.random.PRNGKey(s) for s in range(100)
+              if 0 < int(reporting_clients(jax.random.PRNGKey(s), ids, 0.5).sum()) < n)
+    rep = np.asarray(reporting_clients(rk, ids, 0.5))
+    np.testing.assert_array_equal(rep, reporting_clients(rk, ids, 0.5))  # seeded: same key, same draw
+    assert reporting_clients(rk, ids, 0.0).all()
+    cfg = FedAvgConfig(batch_size=16)
+    algo = fedavg(cfg, data.info, clients_per_round=n, placement=Placement("map"), dropout_rate=0.5)
+    s0 = algo.init(jax.random.PRNGKey(0))
+    s1, m1 = algo.round(s0, data, rk)
+    assert int(m1["clients_reported"]) == rep.sum() and float(m1["server_update_skipped"]) == 0.0
+    from search_spaces.models import make_model
+
+    local = jax.jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))
+    keys = client_keys(rk, ids)
+    outs = [local(s0.variables, data.clients("train", i), keys[i])[0] for i in range(n) if rep[i]]
+    want = weighted_mean(jax.tree.map(lambda *a: jnp.stack(a), *outs), data.train.counts[rep])
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(s1.variables)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+    # local-only: a dropped client's row is untouched, a reporting one's moved
+    lo = local_only(LocalOnlyConfig(batch_size=16), data.info, clients_per_round=n, placement=Placement("map"),
+                    dropout_rate=0.5)
+    r0 = lo.init(jax.random.PRNGKey(0))
+    r1, _ = lo.round(r0, data, rk)
+    for k in range(n):
+        same = all(np.array_equal(a[k], b[k]) for a, b in zip(jax.tree.leaves(r0.clients), jax.tree.leaves(r1.clients)))
+        assert same == (not rep[k]), k
 
 
 def test_masked_weighted_mean_by_hand():
