@@ -1,5 +1,6 @@
 """SPIDER — Mushtaq, He, Ding, Avestimehr, "Distributed Architecture Search Over
-Heterogeneous Distributions" (TMLR; code: ErumMushtaq/SPIDER), Algorithm 1
+Heterogeneous Distributions" (TMLR 2023; earlier version "SPIDER: Searching Personalized
+Neural Architecture for Federated Learning", arXiv:2112.13939; code: ErumMushtaq/SPIDER), Algorithm 1
 (SPIDER-Trainer), Algorithm 2 (SPIDER-Searcher), Eq. 4-6.
 
 Every client k keeps two networks over one DARTS supernet (the s2 space by default):

@@ -56,7 +56,7 @@ with 8 cells and 4 nodes, t_s = 30, τ = 20, λ = 0.01, lr 0.01; FedNAS 50 searc
 tunes each method's rate over a grid; these are untuned). ``--resume`` continues
 whichever run was interrupted; a finished run is not trained again.
 
-The default run takes ~8.5 minutes on 2 (shared) CPU cores with an empty compilation
+The default run took 7-8.5 minutes on 2 (shared) CPU cores with an empty compilation
 cache, about half of it compiling; SPIDER's round compiles once per λ.
 """
 from __future__ import annotations

@@ -2,7 +2,11 @@
 set, t_s=0 and τ=1 so every client's search ends after round 2, 3 rounds; FedNAS-global
 searches 1 round; gain fine-tuning 1 epoch): every method's row, the finished search,
 personal_genotypes.json, the gain heatmap, identical local test splits across runs, and
-resume of the finished runs. One call of main does all runs (every program compiles once)."""
+resume of the finished runs. One call of main does all runs (every program compiles once).
+
+The default suite runs SPIDER with one baseline (Ditto: the other split, the table, the
+gain, resume); every method together compiles seven runs (~165 s cold on 2 cores) and is
+the opt-in ``slow`` test."""
 import importlib.util
 import json
 from pathlib import Path
@@ -31,6 +35,33 @@ def _manifest(out: Path, run: str) -> list[dict]:
     return json.loads((out / run / "partition" / "manifest.json").read_text())["clients"]
 
 
+def test_spider_example_spider_against_ditto(tmp_path, capsys):
+    ex, out = _example(), tmp_path / "s"
+    assert ex.main(TINY + ["--only", "spider,ditto", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["spider", "ditto"] and result["same_test_splits"]
+    for r in rows.values():
+        acc = np.asarray(r["client_test_acc"])
+        assert acc.shape == (8,) and r["min"] <= r["mean"] <= r["max"]
+        assert r["mean"] == pytest.approx(acc.mean(), abs=1e-5) and r["params"] > 0
+    assert rows["spider"]["final_clients"] == 8 and rows["spider"]["edges_decided"] == 1.0
+    archs = json.loads((out / "spider" / "personal_genotypes.json").read_text())
+    assert all(a["final"] and a["genotype"] == result["genotypes"][k] for k, a in archs.items())
+    g = result["gain"]
+    np.testing.assert_allclose(g["gain"], personalization_gain(np.asarray(g["matrix"])), atol=1e-5)
+    assert (out / "plots" / "gain_matrix.png").stat().st_size > 0
+    ref, other = _manifest(out, "spider"), _manifest(out, "ditto")
+    assert [c["test"] for c in other] == [c["test"] for c in ref]
+    assert [sorted(c["train"]) for c in other] == [sorted(c["train"] + c["val"]) for c in ref]
+    assert "| SPIDER (λ=0.01) [search final: 8/8] |" in (out / "results.md").read_text()
+    capsys.readouterr()
+    assert ex.main(TINY + ["--only", "spider,ditto", "--out", str(out), "--resume"]) == 0
+    assert "round 1/3" not in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["gain"] == g
+
+
+@pytest.mark.slow
 def test_spider_example_compares_methods_on_identical_splits_and_resumes(tmp_path, capsys):
     ex, out = _example(), tmp_path / "s"
     assert ex.main(TINY + ["--out", str(out)]) == 0
