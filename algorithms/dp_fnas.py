@@ -169,7 +169,9 @@ class DPFNASConfig(Validated):
 CONFIG = DPFNASConfig
 # Each party's data: search-train (M^G) / search-val (M^H) / local test; parties get an
 # IID random split as in the paper's experiments.
-DEFAULTS = {"data.split": (0.5, 0.25, 0.25), "data.partition": "iid"}
+# Each example goes to train / val independently of the others (data.split_method): the
+# reported ε = max over M^G and M^H (parallel composition) needs it.
+DEFAULTS = {"data.split": (0.5, 0.25, 0.25), "data.partition": "iid", "data.split_method": "independent"}
 PRESETS = {
     "smoke": {"run.rounds": 2, "algo.C": 4, "algo.layers": 2, "algo.steps": 2, "algo.primitives": "tiny",
               "algo.iterations_per_round": 2},
@@ -427,6 +429,10 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     if not (cpr == 1.0 or cpr == config.data.num_clients):
         raise ConfigError(f"run.clients_per_round={cpr}: every party takes part in every iteration of "
                           "Algorithm 1 (the accountant assumes it); use 1.0")
+    if config.data.split_method != "independent":
+        raise ConfigError(f"data.split_method={config.data.split_method!r}: the reported ε (max over the train and "
+                          "validation mechanisms) needs each example's split drawn independently of the other "
+                          "examples; use data.split_method=independent (the DP-FNAS default)")
     if config.run.dropout_rate > 0:
         raise ConfigError(f"run.dropout_rate={config.run.dropout_rate}: DP-FNAS's Algorithm 1 and its accountant "
                           "have every party in every iteration; use 0")

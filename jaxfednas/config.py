@@ -105,6 +105,9 @@ class DataConfig(Validated):
     split: tuple[float, float, float] = param(
         (0.75, 0.0, 0.25), "each client's train/val/test fractions", range=(0.0, 1.0)
     )
+    split_method: str = param("shuffle", "how examples go to each client's splits: shuffle and cut (exact sizes) or "
+                              "independent (per example, from a hash of seed and index; DP-FNAS)",
+                              choices=("shuffle", "independent"))
     partition_seed: int | None = param(None, "seed of the partition (None: run.seed)", range=(0, 2**31 - 1))
 
     def check(self):

@@ -164,10 +164,12 @@ def make_partition(cfg: ExperimentConfig, dataset: Dataset) -> dict:
             dataset.y_train, d.partition, d.num_clients, seed=seed, alpha=d.alpha,
             classes_per_client=d.classes_per_client, min_size=d.min_size,
         )
-        splits = part.split_client_indices(parts, d.split, seed=seed)
+        splits = part.split_client_indices(parts, d.split, seed=seed, method=d.split_method)
     except ValueError as e:  # name the config section in partition errors
         raise ConfigError(f"data: {e}") from None
     params = {"alpha": d.alpha, "classes_per_client": d.classes_per_client, "min_size": d.min_size, "split": list(d.split)}
+    if d.split_method != "shuffle":  # (absent before the option existed: old manifests keep their hash)
+        params["split_method"] = d.split_method
     return part.build_manifest(dataset=dataset.name, method=d.partition, params=params, seed=seed, splits=splits)
 
 

@@ -426,3 +426,27 @@ def test_load_dataset_bad_arguments():
         load_dataset("synthetic", image_shape=(8, 8))
     with pytest.raises(TypeError, match="num_train"):
         load_dataset("digits", num_train=10)
+
+
+def test_independent_split_of_an_example_does_not_depend_on_the_other_examples():
+    """data.split_method=independent (DP-FNAS): adding or removing one example leaves every
+    other example's split unchanged — the shuffle-and-cut split does not (seen: 0..9 vs
+    0..10 move examples between train and val) — and the fractions hold on average."""
+    from jaxfednas.data.partition import split_client_indices
+
+    def where(splits):
+        return {int(i): name for name, parts in splits.items() for i in parts[0]}
+
+    fr = (0.5, 0.25, 0.25)
+    base = where(split_client_indices([np.arange(200)], fr, seed=3, method="independent"))
+    for extra in (200, 57):  # add a new example; remove example 57
+        ids = np.arange(201) if extra == 200 else np.delete(np.arange(200), 57)
+        other = where(split_client_indices([ids], fr, seed=3, method="independent"))
+        assert all(other[i] == base[i] for i in other if i in base)
+    shuffled = [where(split_client_indices([np.arange(n)], fr, seed=3)) for n in (10, 11)]
+    assert any(shuffled[0][i] != shuffled[1][i] for i in range(10))  # why the option exists
+    big = split_client_indices([np.arange(20000)], fr, seed=0, method="independent")
+    sizes = np.array([len(big[s][0]) for s in ("train", "val", "test")]) / 20000
+    np.testing.assert_allclose(sizes, fr, atol=0.015)
+    with pytest.raises(ValueError, match="split method"):
+        split_client_indices([np.arange(4)], fr, seed=0, method="hash")

@@ -101,4 +101,9 @@ def test_config_errors(data2):
         mod.build(make_config("dp_fnas", overrides={"data.split": (0.75, 0.0, 0.25)}), data2.info)
     with pytest.raises(ConfigError, match="every party"):
         mod.build(make_config("dp_fnas", overrides={"run.clients_per_round": 0.5}), data2.info)
+    with pytest.raises(ConfigError, match="split_method"):  # the reported ε needs independent splits
+        mod.build(make_config("dp_fnas", overrides={"data.split_method": "shuffle"}), data2.info)
+    with pytest.raises(ConfigError, match="every party"):
+        mod.build(make_config("dp_fnas", overrides={"run.dropout_rate": 0.1}), data2.info)
+    assert make_config("dp_fnas").data.split_method == "independent"
     assert make_config("dp_fnas", preset="paper").algo.clip_norm == 0.01

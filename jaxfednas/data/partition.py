@@ -326,13 +326,21 @@ def split_client_indices(
     fractions: Sequence[float] = (0.75, 0.0, 0.25),
     *,
     seed: int,
+    method: str = "shuffle",
 ) -> dict[str, list[np.ndarray]]:
     """Split each client's indices into local train / val / test.
 
-    Client ``j``'s indices are shuffled with ``np.random.default_rng([seed, j])``
-    (so a client's split does not depend on the others) and cut in order into
-    train, val and test, with ``n_test = round(f_test * n)`` and
-    ``n_val = round(f_val * n)`` (halves round up) and train taking the rest.
+    ``method="shuffle"`` (default): client ``j``'s indices are shuffled with
+    ``np.random.default_rng([seed, j])`` (so a client's split does not depend on the
+    others) and cut in order into train, val and test, with ``n_test = round(f_test * n)``
+    and ``n_val = round(f_val * n)`` (halves round up) and train taking the rest: exact
+    sizes, but adding one example to a client moves others between its splits.
+
+    ``method="independent"``: every example goes to train / val / test with
+    probabilities ``fractions``, from a hash of ``(seed, example index)`` alone
+    (:func:`example_uniforms`), so an example's split never depends on which other
+    examples exist — what counting train and validation as disjoint data in a privacy
+    analysis (parallel composition, DP-FNAS) needs. Sizes are then binomial.
     Defaults follow the FedNAS personalisation setup (75 % / 25 %); SPIDER uses
     ``(0.6, 0.2, 0.2)`` (docs/authors_code.md §1.3).
 
@@ -351,10 +359,18 @@ def split_client_indices(
             "fractions must be three numbers (train, val, test), each >= 0, train > 0, summing to 1; "
             f"got {tuple(fractions)!r}"
         )
+    if method not in SPLIT_METHODS:
+        raise ValueError(f"split method must be one of {SPLIT_METHODS}, got {method!r}")
     _, f_val, f_test = fr
     out: dict[str, list[np.ndarray]] = {name: [] for name in SPLIT_NAMES}
     for j, part in enumerate(parts):
         idx = np.asarray(part, dtype=np.int64).reshape(-1)
+        if method == "independent":
+            u = example_uniforms(idx, seed)
+            out["train"].append(idx[u < fr[0]])
+            out["val"].append(idx[(u >= fr[0]) & (u < fr[0] + f_val)])
+            out["test"].append(idx[u >= fr[0] + f_val])
+            continue
         idx = np.random.default_rng([seed, j]).permutation(idx)
         n = idx.size
         n_test = min(int(np.floor(f_test * n + 0.5)), n)
@@ -364,6 +380,21 @@ def split_client_indices(
         out["val"].append(idx[n_train : n_train + n_val])
         out["test"].append(idx[n_train + n_val :])
     return out
+
+
+SPLIT_METHODS = ("shuffle", "independent")
+
+
+def example_uniforms(indices: Any, seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per example, a function of ``(seed, index)`` only
+    (splitmix64 of the two, 53 bits), for per-example independent split assignment."""
+    with np.errstate(over="ignore"):
+        z = (np.asarray(indices, np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+             + np.uint64(0xD1B54A32D192ED03))
+        for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            z = (z ^ (z >> np.uint64(shift))) * np.uint64(mult)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 # --------------------------------------------------------------------------- reporting

@@ -108,8 +108,9 @@ class DPFNASReport:
             "so each example is used by one mechanism only: parallel composition):",
             f"  CLT mu = {self.mu_clt:.4f}   epsilon: CLT {self.epsilon_clt:.4f}   "
             f"PLD {self.epsilon_pld:.4f}   RDP {self.epsilon_rdp:.4f}   at delta = {self.delta:g}",
-            "  If an example may sit in both splits, or the split depends on the data",
-            "  (e.g. by index), add the epsilons instead (sequential composition).",
+            "  (jaxfednas assigns each example from a hash of (seed, its index):",
+            "  data.split_method=independent.) If an example may sit in both splits, add",
+            "  the epsilons instead (sequential composition).",
         ]
         return "\n".join(lines)
 
