@@ -140,7 +140,8 @@ def test_ditto_round(tiny_data):
     algo = ditto(cfg, info, clients_per_round=2, placement=VMAP, model=model)
     fa = fedavg(FedAvgConfig(batch_size=16), info, clients_per_round=2, placement=VMAP, model=model)
     s0 = algo.init(jax.random.PRNGKey(0))
-    assert _leaves_equal(s0.variables, fa.init(jax.random.PRNGKey(0)).variables)
+    # FedAvg's initial model (two compiled programs: equal up to float rounding, not bits)
+    _close(s0.variables, fa.init(jax.random.PRNGKey(0)).variables, rtol=1e-6, atol=1e-7)
     for k in range(4):  # personal models start as copies of the initial global model
         assert _leaves_equal(jax.tree.map(lambda a: a[k], s0.personal), s0.variables)
 
