@@ -51,7 +51,7 @@ import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -69,7 +69,7 @@ from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, num_edges, plot_genotype, supernet_of
-from search_spaces.darts.masks import CELLS, full_mask, genotype_from_mask, incoming_edges, variable_mask
+from search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
 DESCRIPTION = "SPIDER (Mushtaq et al.): FedAvg'd supernet + personal subnets pulled to it, perturbation search"
 CRITERIA = ("removal_hurts_most", "paper_text")
@@ -136,18 +136,6 @@ class SpiderState:
     node_done: jax.Array  # [K, 2, steps] bool: nodes whose two incoming edges are chosen
     clock: jax.Array  # [K] int32: rounds each client took part in (its search clock t)
     round: jax.Array  # int32, rounds completed
-
-
-class Subnet(NamedTuple):
-    """The supernet with fixed op weights (a mask): applied like a Flax module."""
-
-    net: DartsSearchNetwork
-    arch_weights: dict  # {"normal": [E, |O|], "reduce": [E, |O|]}
-
-    def apply(self, variables, x, **kwargs):
-        shape = (num_edges(self.net.steps), len(self.net.primitives))
-        unused = {"alphas_normal": jnp.zeros(shape), "alphas_reduce": jnp.zeros(shape)}  # op weights are fixed
-        return self.net.apply({**variables, "arch": unused}, x, arch_weights=self.arch_weights, **kwargs)
 
 
 def initial_mask(primitives, steps: int) -> dict[str, np.ndarray]:

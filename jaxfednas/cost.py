@@ -56,6 +56,30 @@ def _jaxpr_macs(jaxpr) -> int:
     return total
 
 
+def _jaxpr_outputs(jaxpr) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in ("conv_general_dilated", "dot_general"):
+            total += _prod(eqn.outvars[0].aval.shape)
+        elif name == "cond":
+            total += max(_jaxpr_outputs(b.jaxpr) for b in eqn.params["branches"])
+        elif name == "scan":
+            total += eqn.params["length"] * _jaxpr_outputs(eqn.params["jaxpr"].jaxpr)
+        else:
+            subs = list(_sub_jaxprs(eqn.params))
+            if name in ("custom_vjp_call", "custom_vjp_call_jaxpr", "custom_jvp_call"):
+                subs = subs[:1]
+            total += sum(_jaxpr_outputs(s) for s in subs)
+    return total
+
+
+def count_conv_outputs(fn: Callable, *args: Any) -> int:
+    """Values produced by the convolutions and matrix products of one call ``fn(*args)``
+    (followed like :func:`count_macs`): a proxy for the activations a training step keeps."""
+    return _jaxpr_outputs(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
 def count_macs(fn: Callable, *args: Any) -> int:
     """Multiply-accumulates of one call ``fn(*args)`` (convolutions and matmuls)."""
     return _jaxpr_macs(jax.make_jaxpr(fn)(*args).jaxpr)

@@ -25,6 +25,7 @@ ALGORITHMS: dict[str, str] = {
     "ditto": "algorithms.ditto",
     "perfedavg": "algorithms.perfedavg",
     "spider": "algorithms.spider",
+    "perfedrlnas": "algorithms.perfedrlnas",
 }
 
 

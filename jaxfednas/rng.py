@@ -16,7 +16,8 @@ draws (everything is a function of ``(seed, round, client, step)``)::
         │   ├─ STEP ─ t                      step_key(client key, t): minibatch slot t
         │   │                                (augmentation, sampled paths, ...)
         │   ├─ PERSONAL                      Ditto's personal update (other minibatches)
-        │   └─ SEARCH                        search_keys(client keys): SPIDER's random edge / node
+        │   ├─ SEARCH                        search_keys(client keys): SPIDER's random edge / node
+        │   └─ POLICY                        policy_keys(client keys): PerFedRLNAS's sampled subnet
         └─ DP_ITERATIONS ─ j                 dp_iteration_key(round key, j): DP-FNAS
             └─ (client_keys of it) ─ DP_*    a party's Poisson samples, noise, augmentation
     PRNGKey(ADAPT_SEED) ─ CLIENT ─ k         evaluation-time fine-tuning (no round: evaluating
@@ -48,6 +49,7 @@ DP_ITERATIONS = 1  # DP-FNAS only; equal to CLIENT by value (see the module docs
 STEP = 1_000_003  # far above any local-epoch index
 PERSONAL = 0x7D177000  # Ditto
 SEARCH = 0x5E4C0000  # SPIDER-Searcher's random choices
+POLICY = 0x501C0000  # PerFedRLNAS: the subnet sampled from a client's policy
 # Under a DP-FNAS party's iteration key
 DP_TRAIN_SAMPLE, DP_TRAIN_NOISE, DP_VAL_SAMPLE, DP_VAL_NOISE, DP_TRAIN_AUG, DP_VAL_AUG = range(6)
 # A seed of its own: evaluation-time adaptation of the personalization baselines
@@ -99,6 +101,11 @@ def personal_keys(client_keys: jax.Array) -> jax.Array:
 def search_keys(client_keys: jax.Array) -> jax.Array:
     """SPIDER: keys of the searcher's random edge / node choices, one per client key."""
     return jax.vmap(lambda k: jax.random.fold_in(k, SEARCH))(client_keys)
+
+
+def policy_keys(client_keys: jax.Array) -> jax.Array:
+    """PerFedRLNAS: keys of the subnets sampled from the clients' policies."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, POLICY))(client_keys)
 
 
 def dp_iteration_key(round_key: jax.Array, j: jax.Array | int) -> jax.Array:

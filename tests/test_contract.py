@@ -44,6 +44,8 @@ TINY = {
     # the search runs in the first round (t_s = 0) and the next
     "spider": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
                "algo.warmup_rounds": 0, "algo.recovery_rounds": 1},
+    "perfedrlnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+                    "algo.local_epochs": 1},
 }
 EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration
 

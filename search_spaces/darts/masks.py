@@ -13,6 +13,7 @@ one compilation). A row of zeros removes the edge.
 * :func:`full_mask` -- the whole supernet (every op of every edge);
 * :func:`mask_from_genotype` / :func:`genotype_from_mask` -- a discrete DARTS cell pair
   (two inputs per node, one op per input) to and from a mask;
+* :class:`Subnet` -- the supernet under a fixed mask, applied like a Flax module;
 * :func:`mask_weights` -- the float ``arch_weights`` of a mask (leading axes kept, so a
   stack of per-client masks maps with ``vmap``);
 * :func:`check_mask` -- shape and 0/1 checks with a one-line error;
@@ -22,12 +23,14 @@ one compilation). A row of zeros removes the edge.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .genotypes import Genotype
-from .search import edge_table, num_edges, reduction_indices
+from .search import DartsSearchNetwork, edge_table, num_edges, reduction_indices
 
 CELLS = ("normal", "reduce")
 
@@ -104,6 +107,19 @@ def mask_weights(mask: dict) -> dict:
     return {c: jnp.asarray(mask[c], jnp.float32) for c in CELLS}
 
 
+class Subnet(NamedTuple):
+    """The supernet with fixed op weights (a mask, or any ``[E, |O|]`` table per cell type):
+    applied like a Flax module; the ``arch`` collection is not needed."""
+
+    net: DartsSearchNetwork
+    arch_weights: dict  # {"normal": [E, |O|], "reduce": [E, |O|]}
+
+    def apply(self, variables, x, **kwargs):
+        shape = (num_edges(self.net.steps), len(self.net.primitives))
+        unused = {"alphas_normal": jnp.zeros(shape), "alphas_reduce": jnp.zeros(shape)}  # op weights are fixed
+        return self.net.apply({**variables, "arch": unused}, x, arch_weights=self.arch_weights, **kwargs)
+
+
 def incoming_edges(steps: int) -> np.ndarray:
     """``[steps, steps + 1]`` int32: the edges into node ``i`` in DARTS order, padded
     with ``-1`` (node ``i`` has ``2 + i`` inputs)."""
@@ -173,4 +189,4 @@ def variable_mask(mask: dict, tree: dict, primitives, steps: int, layers: int) -
     return out
 
 
-__all__ = ["CELLS", "check_mask", "full_mask", "incoming_edges", "genotype_from_mask", "mask_from_genotype", "mask_weights", "variable_mask"]
+__all__ = ["CELLS", "Subnet", "check_mask", "full_mask", "incoming_edges", "genotype_from_mask", "mask_from_genotype", "mask_weights", "variable_mask"]

@@ -1,0 +1,516 @@
+"""PerFedRLNAS — Yao, Li, "Personalized Federated Neural Architecture Search via
+Reinforcement Learning" (AAAI 2024 as "Perfedrlnas: One-for-all personalized federated
+neural architecture search"; code: TL-System/plato, examples/model_search/pfedrlnas),
+Algorithm 1, Eqs. 4-9.
+
+A supernet A with D search dimensions (:mod:`search_spaces.choice`; DARTS edges, an
+elastic MobileNetV3, a hybrid conv/attention net) lives on the server with one policy
+α_i (logits ``[D, max k_d]``, init 0, its own Adam state) per client, all K of them.
+Round t (Algorithm 1):
+
+  line 5     sample N clients
+  line 6     v_i^d ~ softmax(α_i^d) for every dimension d (Eq. 4): client i's subnet w_i
+  line 8-10  client i trains w_i alone for E local epochs (SGD, the round's cosine lr) and
+             uploads it with its local test accuracy Acc_i
+  line 13    r_i = Acc_i − mean Acc − λ_time (RT_i − min RT)                        (Eq. 8)
+             [− φ_i under a memory budget (Eq. 9): a subnet that does not fit scores
+             Acc_i = 0, φ_i = 1, RT_i = the round's largest RT]
+  line 14    A ← every entry averaged over the clients whose subnet contains it,
+             weighted by n_i ("divide by the counts of non-zero occurrences"),
+             BatchNorm statistics included; entries no client used keep their value
+  line 16    α_i ← Adam ascent on r_i ∇ log p(v_i) = r_i (δ_i − p_i) per dimension (Eqs. 5-7)
+
+mean Acc (the paper's baseline): the history holds each client's latest reported
+accuracy; after this round's clients are written into it, its mean over every client
+seen so far.
+
+Round time and memory are simulated, seeded and kept in the state (:class:`Resources`):
+per-client throughput (multiply-adds per second), up/down bandwidth (100 Mbit/s, the
+paper's setting) and memory budget. RT_i = compute (3 × the subnet's forward
+multiply-adds per training example and epoch, + one forward pass per evaluated
+example) / throughput + the subnet's float32 weights down and up. Memory = weights,
+gradient and momentum + one batch's activations (:meth:`SubnetCost.memory_bytes`).
+
+Differences of the authors' code (docs/authors_code.md §4), as explicit options:
+``aggregation="masked_delta"`` (θ += Σ n_i/n · 1[|Δ_i| ≥ 1e-8] Δ_i: not count-normalised),
+``aggregate_bn=False`` (BN statistics never aggregated), ``baseline="running_max"``
+(mean of each seen client's best-ever accuracy, taken before this round's values),
+``reduce_probs="normal"`` (DARTS: the reduce cell's gradient uses the normal cell's
+probabilities). The reward's accuracy is the local *test* accuracy, as in the paper and
+the code (the architecture is then selected on test data); ``reward_split="val"`` uses
+the client's validation split instead.
+
+New clients (Fig. 5): :func:`adapt_new_clients` trains the policies of clients that never
+took part by evaluating sampled subnets of the final supernet only (no weight updates).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from algorithms.common import make_batch_grad
+from jaxfednas import rng
+from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
+from jaxfednas.evaluation import client_accuracies, evaluate_examples
+from jaxfednas.optim import cosine_lr
+from jaxfednas.runtime import (Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
+                               reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
+                               scatter_rows)
+from search_spaces import arch_entropy
+from search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
+
+DESCRIPTION = "PerFedRLNAS (Yao & Li): per-client REINFORCE policies over one supernet, subnets trained by clients"
+SPACES = ("darts", "elastic", "hybrid")
+
+
+@dataclasses.dataclass(frozen=True)
+class PerFedRLNASConfig(Validated):
+    SECTION = "algo"
+    space: str = param("darts", "search space: DARTS edges, elastic MobileNetV3, hybrid conv/attention", choices=SPACES)
+    space_preset: str = param("auto", "geometry of the elastic/hybrid space (auto: small for <= 16 px images, "
+                              "cifar otherwise; tiny for tests)", choices=("auto", "tiny", "small", "cifar"))
+    C: int = param(8, "DARTS: initial channels (paper/code 16)", range=(2, 512))
+    layers: int = param(5, "DARTS: cells (paper/code 8)", range=(1, 64))
+    steps: int = param(4, "DARTS: intermediate nodes per cell", range=(1, 8))
+    primitives: str = param("darts", "DARTS: candidate ops per edge ('none' can be sampled, as the code)",
+                            choices=("darts", "s2", "tiny"))
+    local_epochs: int = param(5, "local epochs E per round (paper 5)", range=(1, 10_000))
+    batch_size: int = param(32, "local minibatch size (code 32)", range=(1, 1_000_000))
+    lr: float = param(0.025, "client SGD learning rate at round 0 (code 0.025)", range=(0.0, 100.0))
+    lr_min: float = param(0.001, "floor of the per-round cosine over run.rounds (code 0.001)", range=(0.0, 100.0))
+    momentum: float = param(0.9, "client SGD momentum", range=(0.0, 1.0))
+    weight_decay: float = param(3e-4, "client weight decay on the subnet's weights", range=(0.0, 1.0))
+    grad_clip: float = param(5.0, "global-norm gradient clipping (0: off)", range=(0.0, None))
+    policy_lr: float = param(0.5, "Adam learning rate of every policy α_i (code 0.5)", range=(0.0, 100.0))
+    policy_beta1: float = param(0.5, "Adam β1 of the policies (code 0.5)", range=(0.0, 1.0))
+    policy_beta2: float = param(0.999, "Adam β2 of the policies", range=(0.0, 1.0))
+    lambda_time: float = param(0.001, "λ_time of Eq. 8 per second of round time (code 0.001)", range=(0.0, 1e6))
+    baseline: str = param("latest", "mean Acc of Eq. 8: latest accuracy of every seen client (paper) or "
+                          "running_max (code)", choices=("latest", "running_max"))
+    aggregation: str = param("count_normalized", "supernet update: count_normalized (paper) or masked_delta "
+                             "(code: n-weighted masked deltas)", choices=("count_normalized", "masked_delta"))
+    aggregate_bn: bool = param(True, "aggregate BatchNorm statistics like weights (false: the code keeps them)")
+    reduce_probs: str = param("own", "DARTS: the reduce cell's policy gradient uses its own probabilities or the "
+                              "normal cell's (the code's bug)", choices=("own", "normal"))
+    reward_split: str = param("test", "split whose accuracy is the reward (paper/code: test)", choices=("test", "val"))
+    memory_budget: bool = param(False, "Eq. 9: subnets over a client's memory budget score 0 and φ = 1")
+    budget_range: tuple[float, float] = param((0.25, 1.0), "memory budgets ~ U[lo, hi] × the largest subnet's training memory "
+                                "(paper: 2-16 GB on NASViT)")
+    throughput_range: tuple[float, float] = param((1e9, 1e10), "client throughput ~ log-U[lo, hi] multiply-adds per second")
+    bandwidth_mbps: float = param(100.0, "up- and download bandwidth, Mbit/s (paper 100)", range=(1e-6, None))
+    eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+
+    def check(self):
+        if self.space == "darts" and self.C % 2:
+            raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
+        for name in ("budget_range", "throughput_range"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ConfigError(f"algo.{name} must be (lo, hi) with 0 < lo <= hi, got {(lo, hi)}")
+        if self.reduce_probs == "normal" and self.space != "darts":
+            raise ConfigError("algo.reduce_probs='normal' (the code's DARTS bug) needs algo.space='darts'")
+
+
+CONFIG = PerFedRLNASConfig
+# train / validation / local test; the reward reads the test split (paper) or validation
+DEFAULTS = {"data.split": (0.7, 0.1, 0.2), "run.clients_per_round": 0.25}
+PRESETS = {
+    "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+              "algo.local_epochs": 1},
+    # docs/authors_code.md §4.4 (DARTS config): CIFAR-10, 100 clients Dir(0.3), 5 per round,
+    # 1500 rounds of 5 local epochs, batch 32, C=16 with 8 cells.
+    "paper": {"data.dataset": "cifar10", "data.num_clients": 100, "data.partition": "dirichlet",
+              "data.alpha": 0.3, "run.clients_per_round": 5, "run.rounds": 1500, "run.eval_every": 50,
+              "algo.C": 16, "algo.layers": 8},
+}
+
+
+@flax.struct.dataclass
+class Resources:
+    """Each client's simulated device (leading axis K), drawn once from the run's seed."""
+
+    throughput: jax.Array  # multiply-adds per second
+    memory_budget: jax.Array  # bytes
+    up_bps: jax.Array  # bits per second
+    down_bps: jax.Array
+
+
+@flax.struct.dataclass
+class PerFedRLNASState:
+    variables: dict  # the supernet A: {"params", "batch_stats"}
+    policy: jax.Array  # [K, D, max k_d] α_i (padding slots unused)
+    policy_opt: Any  # each policy's Adam state, leading axis K
+    acc: jax.Array  # [K] latest reported accuracy
+    best_acc: jax.Array  # [K] best reported accuracy (the code's baseline and logged number)
+    seen: jax.Array  # [K] bool: reported at least once
+    resources: Resources
+    round: jax.Array  # int32
+
+
+def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
+    """The choice space ``cfg`` names, for ``info``'s images and classes."""
+    if cfg.space == "darts":
+        from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork
+        from search_spaces.darts.space import DartsChoiceSpace
+        net = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
+                                 multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives])
+        space = DartsChoiceSpace(net, tuple(info.image_shape))
+    else:
+        preset = cfg.space_preset
+        if preset == "auto":
+            preset = "small" if max(info.image_shape[:2]) <= 16 else "cifar"
+        if cfg.space == "elastic":
+            from search_spaces.elastic import ElasticMobileNet as Space
+        else:
+            from search_spaces.hybrid import HybridViT as Space
+        space = Space.from_preset(preset, num_classes=info.num_classes, image_shape=tuple(info.image_shape))
+    check_space(space)
+    return space
+
+
+def largest_choice(space) -> np.ndarray:
+    """The subnet the memory budgets are scaled to: the space's own ``largest_choice()``
+    if it has one, else the last choice of every dimension."""
+    if hasattr(space, "largest_choice"):
+        return np.asarray(space.largest_choice(), np.int32)
+    return np.array([len(d.choices) - 1 for d in space.dims], np.int32)
+
+
+def draw_resources(cfg: PerFedRLNASConfig, key: jax.Array, num_clients: int, largest_memory: float) -> Resources:
+    """Throughput log-uniform in ``throughput_range``, memory budget uniform in
+    ``budget_range`` × ``largest_memory``, symmetric bandwidth ``bandwidth_mbps``."""
+    k_t, k_m = jax.random.split(key)
+    lo, hi = (float(np.log(v)) for v in cfg.throughput_range)
+    throughput = jnp.exp(jax.random.uniform(k_t, (num_clients,), minval=lo, maxval=hi))
+    b_lo, b_hi = cfg.budget_range
+    budget = jax.random.uniform(k_m, (num_clients,), minval=b_lo, maxval=b_hi) * largest_memory
+    bps = jnp.full((num_clients,), cfg.bandwidth_mbps * 1e6, jnp.float32)
+    return Resources(throughput=throughput, memory_budget=budget, up_bps=bps, down_bps=bps)
+
+
+def masked_logits(policy: jax.Array, valid: np.ndarray) -> jax.Array:
+    """α with the padding slots of short dimensions at −inf (probability 0)."""
+    return jnp.where(valid, policy, -jnp.inf)
+
+
+def policy_gradient(policy: jax.Array, choice: jax.Array, reward: jax.Array, valid: np.ndarray,
+                    probs_from: np.ndarray | None = None) -> jax.Array:
+    """Eqs. 5-7: ``r (δ − p)`` per dimension, the ascent direction of the expected reward
+    for one client (``policy [D, K]``, ``choice [D]``). ``probs_from[d]`` names the
+    dimension whose probabilities dimension d uses (identity: the paper; the code's DARTS
+    reduce cell reads the normal cell's)."""
+    p = jax.nn.softmax(masked_logits(policy, valid), -1)
+    if probs_from is not None:
+        p = p[jnp.asarray(probs_from)]
+    delta = jax.nn.one_hot(choice, policy.shape[-1], dtype=p.dtype)
+    return jnp.where(valid, reward * (delta - p), 0.0)
+
+
+def rewards(acc: jax.Array, baseline: jax.Array, rt: jax.Array, lambda_time: float, phi: jax.Array,
+            reported: jax.Array) -> jax.Array:
+    """Eq. 8 (Eq. 9 with φ): ``Acc_i − mean Acc − λ_time (RT_i − min RT) − φ_i``, min RT over
+    the clients that reported this round."""
+    min_rt = jnp.min(jnp.where(reported, rt, jnp.inf))
+    return acc - baseline - lambda_time * (rt - min_rt) - phi
+
+
+def host_costs(space, choices: np.ndarray) -> np.ndarray:
+    """``[N, 3]`` float32 (params, multiply-adds, activation floats) of ``N`` subnets."""
+    return np.array([space.cost(c) for c in np.asarray(choices)], np.float32).reshape(-1, 3)
+
+
+def traced_costs(space, choices: jax.Array) -> jax.Array:
+    """:func:`host_costs` of traced choices (a host callback: costs are exact host integers)."""
+    out = jax.ShapeDtypeStruct((choices.shape[0], 3), jnp.float32)
+    return jax.pure_callback(lambda c: host_costs(space, c), out, choices)
+
+
+def round_time(costs: jax.Array, n_train: jax.Array, n_eval: jax.Array, epochs: int, res: Resources) -> jax.Array:
+    """Simulated seconds from sending the subnet to receiving it back (see the module doc)."""
+    params, macs = costs[..., 0], costs[..., 1]
+    compute = (3.0 * macs * n_train * epochs + macs * n_eval) / res.throughput
+    bits = 8.0 * BYTES_PER_FLOAT * params
+    return compute + bits / res.down_bps + bits / res.up_bps
+
+
+def training_memory(costs: jax.Array, batch_size: int) -> jax.Array:
+    """:meth:`SubnetCost.memory_bytes` (SGD momentum) of traced costs."""
+    return BYTES_PER_FLOAT * (3.0 * costs[..., 0] + batch_size * costs[..., 2])
+
+
+def make_client_train(cfg: PerFedRLNASConfig, info: DataInfo, space) -> Callable:
+    """``train(variables, choice, data, key, lr) -> (variables, metrics)``: E epochs of SGD
+    on the subnet ``choice`` alone. Only the entries it uses move (its variable mask:
+    weight decay and momentum of unused weights are masked, BatchNorm statistics of unused
+    layers restored), so the upload is the subnet."""
+    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    tx = optax.chain(*parts, optax.add_decayed_weights(cfg.weight_decay), optax.trace(cfg.momentum))
+
+    def train(variables, choice, data: ClientData, key, lr):
+        keep = space.variable_mask(choice, variables)
+        grad = make_batch_grad(space.subnet(choice), info, "none")
+
+        def step(carry, batch, key):
+            params, stats, opt = carry
+            g, new_stats, metrics = grad(params, stats, batch, key)
+            g = jax.tree.map(lambda a, k: a * k, g, keep["params"])
+            u, opt = tx.update(g, opt, params)
+            params = jax.tree.map(lambda p, u, k: p - lr * k * u, params, u, keep["params"])
+            stats = jax.tree.map(lambda new, old, k: jnp.where(k > 0, new, old), new_stats, stats,
+                                 keep["batch_stats"])
+            return (params, stats, opt), metrics
+
+        carry = (variables["params"], variables["batch_stats"], tx.init(variables["params"]))
+        (params, stats, _), metrics = run_local_epochs(step, carry, data, key, epochs=cfg.local_epochs,
+                                                       batch_size=cfg.batch_size)
+        return {"params": params, "batch_stats": stats}, metrics
+
+    return train
+
+
+def subnet_accuracy(space, info: DataInfo, variables, choice, data: ClientData, batch_size: int) -> jax.Array:
+    """Accuracy of subnet ``choice`` (evaluation mode) on ``data``."""
+    def logits(x):
+        return space.subnet(choice).apply(variables, info.normalize(x), train=False)
+
+    r = evaluate_examples(logits, data.x, data.y, data.count, batch_size=batch_size)
+    return r["correct"] / jnp.maximum(r["count"], 1)
+
+
+def aggregate(cfg: PerFedRLNASConfig, space, old: dict, new: dict, choices: jax.Array, weights: jax.Array) -> dict:
+    """Algorithm 1, line 14: the clients' subnets back into the supernet."""
+    keys = ("params", "batch_stats") if cfg.aggregate_bn else ("params",)
+    out = dict(old)
+    if cfg.aggregation == "count_normalized":
+        masks = jax.vmap(space.variable_mask, in_axes=(0, None))(choices, old)
+        for k in keys:
+            out[k] = masked_weighted_mean(new[k], masks[k], weights, fallback=old[k])
+        return out
+    w = weights / jnp.maximum(weights.sum(), 1e-12)  # the code: Σ n_i/n 1[|Δ_i| ≥ 1e-8] Δ_i
+
+    def step(o, x):
+        d = x - o[None]
+        m = (jnp.abs(d) >= 1e-8).astype(d.dtype)
+        return o + jnp.tensordot(w, m * d, axes=1)
+
+    for k in keys:
+        out[k] = jax.tree.map(step, old[k], new[k])
+    return out
+
+
+def perfedrlnas(
+    cfg: PerFedRLNASConfig,
+    info: DataInfo,
+    *,
+    rounds: int,
+    clients_per_round: int | float = 0.25,
+    placement: Placement = Placement(),
+    dropout_rate: float = 0.0,
+) -> FederatedAlgorithm:
+    """Build PerFedRLNAS for data described by ``info``; ``rounds`` sets the learning rate's
+    cosine. A client that fails to report (``dropout_rate``) neither enters the aggregate
+    nor gets a reward (its policy and accuracy history stay as they were)."""
+    space = make_space(cfg, info)
+    if space.single_path:
+        placement = placement.single_path()
+    num_clients = info.num_clients
+    m = resolve_clients_per_round(clients_per_round, num_clients)
+    dims = space.dims
+    valid = choice_mask(dims)
+    n_dims = len(dims)
+    probs_from = None
+    if cfg.reduce_probs == "normal":
+        e = n_dims // 2
+        probs_from = np.concatenate([np.arange(e), np.arange(e)])
+    policy_tx = optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
+    train = make_client_train(cfg, info, space)
+    lr = cosine_lr(cfg.lr, cfg.lr_min, rounds)
+    largest = space.cost(largest_choice(space)).memory_bytes(cfg.batch_size)
+
+    def init(key):
+        k_net, k_res = jax.random.split(key)
+        variables = space.init(k_net, jnp.zeros((1,) + tuple(info.image_shape), jnp.float32))
+        policy = jnp.zeros((num_clients,) + valid.shape, jnp.float32)  # "initial α_i are all 0"
+        zeros = jnp.zeros((num_clients,), jnp.float32)
+        return PerFedRLNASState(
+            variables=variables, policy=policy, policy_opt=jax.vmap(policy_tx.init)(policy),
+            acc=zeros, best_acc=zeros, seen=jnp.zeros((num_clients,), bool),
+            resources=draw_resources(cfg, k_res, num_clients, largest), round=jnp.zeros((), jnp.int32))
+
+    def round_fn(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
+        idx, keys = round_clients(key, num_clients, m)
+        policy = state.policy[idx]
+        # line 6 / Eq. 4: one choice per dimension from softmax(α_i^d)
+        choices = jax.vmap(lambda k, a: jax.random.categorical(k, masked_logits(a, valid)))(
+            rng.policy_keys(keys), policy).astype(jnp.int32)
+        train_data, eval_data = data.clients("train", idx), data.clients(cfg.reward_split, idx)
+
+        def client(c, shared):  # lines 8-10
+            choice, d, e, k = c
+            v, lr_t = shared
+            v, metrics = train(v, choice, d, k, lr_t)
+            return v, subnet_accuracy(space, info, v, choice, e, cfg.eval_batch_size), metrics
+
+        new, acc, metrics = map_clients(client, (choices, train_data, eval_data, keys),
+                                        (state.variables, lr(state.round)), placement=placement)
+        # line 13: simulated round time, memory budget (Eq. 9), reward (Eq. 8)
+        res = gather_rows(state.resources, idx)
+        costs = traced_costs(space, choices)
+        rt = round_time(costs, train_data.count, eval_data.count, cfg.local_epochs, res)
+        fits = training_memory(costs, cfg.batch_size) <= res.memory_budget
+        if not cfg.memory_budget:
+            fits = jnp.ones_like(fits)
+        reported = reporting_clients(key, idx, dropout_rate)
+        acc = jnp.where(fits, acc, 0.0)
+        rt = jnp.where(fits, rt, jnp.max(jnp.where(reported, rt, -jnp.inf)))
+        phi = (~fits).astype(jnp.float32)
+        if cfg.baseline == "latest":  # the paper: history updated, then averaged over seen clients
+            hist = state.acc.at[idx].set(jnp.where(reported, acc, state.acc[idx]))
+            seen = state.seen.at[idx].set(state.seen[idx] | reported)
+            baseline = (hist * seen).sum() / jnp.maximum(seen.sum(), 1)
+        else:  # the code: mean of the seen clients' best accuracies before this round
+            seen_before = state.seen.sum()
+            baseline = jnp.where(seen_before > 0, (state.best_acc * state.seen).sum() / jnp.maximum(seen_before, 1),
+                                 (acc * reported).sum() / jnp.maximum(reported.sum(), 1))
+        r = rewards(acc, baseline, rt, cfg.lambda_time, phi * cfg.memory_budget, reported)
+        # line 14: aggregation (clients over budget could not train: weight 0)
+        weights = train_data.count * reported * fits
+        variables = aggregate(cfg, space, state.variables, new, choices, weights)
+        # line 16: REINFORCE with Adam (optax minimises: feed the negative ascent direction)
+        grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid, probs_from))(policy, choices, r)
+        updates, opt = jax.vmap(policy_tx.update)(-grads, gather_rows(state.policy_opt, idx))
+        rows = scatter_rows(
+            {"policy": state.policy, "policy_opt": state.policy_opt, "acc": state.acc, "best_acc": state.best_acc,
+             "seen": state.seen}, idx,
+            {"policy": policy + updates, "policy_opt": opt, "acc": acc,
+             "best_acc": jnp.maximum(state.best_acc[idx], acc), "seen": jnp.ones((m,), bool)}, keep=reported)
+        state = state.replace(variables=variables, round=state.round + 1, **rows)
+        n = jnp.maximum(metrics["examples"].sum(), 1)
+        return state, {
+            "train_loss": metrics["loss_sum"].sum() / n, "train_acc": metrics["correct"].sum() / n,
+            "train_examples": metrics["examples"].sum(), "reward_acc": (acc * reported).sum() / jnp.maximum(
+                reported.sum(), 1), "reward_mean": (r * reported).sum() / jnp.maximum(reported.sum(), 1),
+            "acc_baseline": baseline, "round_time_s": jnp.max(jnp.where(reported, rt, 0.0)),
+            "subnet_params": (costs[:, 0] * reported).sum() / jnp.maximum(reported.sum(), 1),
+            "over_budget": (~fits).sum(), "policy_entropy": arch_entropy(masked_logits(state.policy, valid)),
+            "server_update_skipped": nothing_to_aggregate(weights),
+            **reported_metrics(weights, key, idx, dropout_rate),
+        }
+
+    def evaluate(state: PerFedRLNASState, data: FederatedData):
+        best = jnp.argmax(masked_logits(state.policy, valid), -1).astype(jnp.int32)  # [K, D]
+
+        def logits_of(choice):
+            return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
+
+        out = client_accuracies(logits_of, best, data, cfg.eval_batch_size, placement=placement, personal=True)
+        costs = traced_costs(space, best)
+        seen = jnp.maximum(state.seen.sum(), 1)
+        out.update({
+            "reported_acc_mean": (state.acc * state.seen).sum() / seen,
+            "best_reported_acc_mean": (state.best_acc * state.seen).sum() / seen,  # the code's logged number
+            "policy_entropy": arch_entropy(masked_logits(state.policy, valid)),
+            "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
+            "client_memory_budget_mb": state.resources.memory_budget / 2**20,
+            "client_memory_mb": training_memory(costs, cfg.batch_size) / 2**20,
+        })
+        return out
+
+    def export(state: PerFedRLNASState) -> PersonalArchitectures:
+        return PersonalArchitectures.of(state, space, cfg)
+
+    return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init), round=jax.jit(round_fn),
+                              evaluate=jax.jit(evaluate), export=export)
+
+
+@dataclasses.dataclass(frozen=True)
+class PersonalArchitectures:
+    """Each client's argmax architecture with its size and simulated cost, written as
+    ``personal_architectures.json``: client id → ``{"architecture": {dimension: choice},
+    "choice": [...], "params", "macs", "activation_floats", "inference_latency_s" (one
+    example's forward on the client's device), "transfer_s" (weights down and up),
+    "memory_bytes" (training, one batch), "memory_budget_bytes", "fits"}``."""
+
+    FILENAME = "personal_architectures.json"
+    clients: dict
+
+    @classmethod
+    def of(cls, state: PerFedRLNASState, space, cfg: PerFedRLNASConfig) -> PersonalArchitectures:
+        valid = choice_mask(space.dims)
+        best = np.asarray(jax.device_get(jnp.argmax(masked_logits(state.policy, valid), -1)), np.int32)
+        res = jax.tree.map(np.asarray, jax.device_get(state.resources))
+        clients = {}
+        for k, choice in enumerate(best):
+            cost: SubnetCost = space.cost(choice)
+            bits = 8 * BYTES_PER_FLOAT * cost.params
+            memory = cost.memory_bytes(cfg.batch_size)
+            clients[str(k)] = {
+                "architecture": space.describe(choice), "choice": choice.tolist(), **cost.to_dict(),
+                "inference_latency_s": float(cost.macs / res.throughput[k]),
+                "transfer_s": float(bits / res.down_bps[k] + bits / res.up_bps[k]),
+                "memory_bytes": int(memory), "memory_budget_bytes": float(res.memory_budget[k]),
+                "fits": bool(memory <= res.memory_budget[k]),
+            }
+        return cls(clients)
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.clients, sort_keys=True, **kwargs)
+
+    @classmethod
+    def from_json(cls, s: str) -> PersonalArchitectures:
+        return cls(json.loads(s))
+
+
+def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNASState, data: FederatedData,
+                      clients, *, rounds: int, key: jax.Array, split: str = "test") -> tuple[jax.Array, np.ndarray]:
+    """Fig. 5: policies for clients that never trained, learned from rewards alone. Every
+    round each client in ``clients`` samples a subnet from its policy (init 0), scores it on
+    its ``split`` with the final supernet's weights (no weight update), and takes the
+    REINFORCE step of Eqs. 5-8 (baseline: the mean accuracy of these clients this round;
+    λ_time on inference time of the split). Returns the policies ``[len(clients), D, K]``
+    and the mean accuracy per round ``[rounds]``."""
+    space = make_space(cfg, info)
+    valid = choice_mask(space.dims)
+    ids = jnp.asarray(clients, jnp.int32)
+    n = int(ids.shape[0])
+    if n < 1 or rounds < 1:
+        raise ValueError(f"adapt_new_clients needs clients and rounds >= 1, got {n} clients, {rounds} rounds")
+    tx = optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
+    evald = data.clients(split, ids)
+    res = gather_rows(state.resources, ids)
+
+    @jax.jit
+    def step(carry, k):
+        policy, opt = carry
+        choices = jax.vmap(lambda kk, a: jax.random.categorical(kk, masked_logits(a, valid)))(
+            jax.random.split(k, n), policy).astype(jnp.int32)
+        acc = jax.lax.map(lambda a: subnet_accuracy(space, info, state.variables, a[0], a[1], cfg.eval_batch_size),
+                          (choices, evald))
+        costs = traced_costs(space, choices)
+        rt = costs[:, 1] * evald.count / res.throughput
+        r = rewards(acc, acc.mean(), rt, cfg.lambda_time, 0.0, jnp.ones((n,), bool))
+        grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid))(policy, choices, r)
+        updates, opt = jax.vmap(tx.update)(-grads, opt)
+        return (policy + updates, opt), acc.mean()
+
+    policy = jnp.zeros((n,) + valid.shape, jnp.float32)
+    carry = (policy, jax.vmap(tx.init)(policy))
+    curve = []
+    for t in range(rounds):
+        carry, a = step(carry, jax.random.fold_in(key, t))
+        curve.append(float(a))
+    return carry[0], np.array(curve)
+
+
+def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    return perfedrlnas(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
+                       placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)
