@@ -421,6 +421,7 @@ def perfedrlnas(
             "policy_entropy": arch_entropy(masked_logits(state.policy, valid)),
             "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
             "client_memory_budget_mb": state.resources.memory_budget / 2**20,
+            "client_throughput_gmacs": state.resources.throughput / 1e9,
             "client_memory_mb": training_memory(costs, cfg.batch_size) / 2**20,
         })
         return out

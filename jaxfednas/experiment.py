@@ -235,18 +235,25 @@ def device_info() -> dict[str, Any]:
 
 
 def client_table(final: dict, manifest: dict) -> tuple[str, str]:
-    """(CSV text, printable table) of per-client sizes and test accuracy."""
+    """(CSV text, printable table) of per-client sizes and test accuracy, plus every other
+    per-client array of ``final`` named ``client_*`` (e.g. PerFedRLNAS's memory and budget)."""
     acc = np.asarray(final["client_test_acc"])
+    k = len(manifest["clients"])
+    extra = sorted(n for n, v in final.items()
+                   if n.startswith("client_") and n != "client_test_acc" and np.ndim(v) == 1 and np.shape(v)[0] == k)
+    cols = {n: np.asarray(final[n], np.float64) for n in extra}
     rows = []
-    for k, c in enumerate(manifest["clients"]):
-        rows.append((k, len(c["train"]), len(c["val"]), len(c["test"]), float(acc[k])))
+    for i, c in enumerate(manifest["clients"]):
+        rows.append((i, len(c["train"]), len(c["val"]), len(c["test"]), float(acc[i]), *(cols[n][i] for n in extra)))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["client", "n_train", "n_val", "n_test", "test_acc"])
+    w.writerow(["client", "n_train", "n_val", "n_test", "test_acc", *extra])
     for r in rows:
-        w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.6f}"])
-    lines = [f"{'client':>6} {'n_train':>8} {'n_val':>6} {'n_test':>7} {'test_acc':>9}"]
-    lines += [f"{r[0]:>6} {r[1]:>8} {r[2]:>6} {r[3]:>7} {r[4]:>9.4f}" for r in rows]
+        w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.6f}", *(f"{v:.6g}" for v in r[5:])])
+    lines = [f"{'client':>6} {'n_train':>8} {'n_val':>6} {'n_test':>7} {'test_acc':>9}"
+             + "".join(f" {n[7:]:>{max(10, len(n) - 7)}}" for n in extra)]
+    lines += [f"{r[0]:>6} {r[1]:>8} {r[2]:>6} {r[3]:>7} {r[4]:>9.4f}"
+              + "".join(f" {v:>{max(10, len(n) - 7)}.4g}" for n, v in zip(extra, r[5:])) for r in rows]
     return buf.getvalue(), "\n".join(lines)
 
 
