@@ -121,8 +121,8 @@ class PerFedRLNASConfig(Validated):
 
 
 CONFIG = PerFedRLNASConfig
-# train / validation / local test; the reward reads the test split (paper) or validation
-DEFAULTS = {"data.split": (0.7, 0.1, 0.2), "run.clients_per_round": 0.25}
+# train / local test (the paper: no validation split); reward_split="val" needs one
+DEFAULTS = {"data.split": (0.8, 0.0, 0.2), "run.clients_per_round": 0.25}
 PRESETS = {
     "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
               "algo.local_epochs": 1},
@@ -229,7 +229,10 @@ def host_costs(space, choices: np.ndarray) -> np.ndarray:
 
 
 def traced_costs(space, choices: jax.Array) -> jax.Array:
-    """:func:`host_costs` of traced choices (a host callback: costs are exact host integers)."""
+    """``[N, 3]`` costs of traced choices: the space's ``traced_cost`` where it has one, else
+    :func:`host_costs` through a host callback (costs are exact host integers)."""
+    if hasattr(space, "traced_cost"):
+        return jax.vmap(space.traced_cost)(choices)
     out = jax.ShapeDtypeStruct((choices.shape[0], 3), jnp.float32)
     return jax.pure_callback(lambda c: host_costs(space, c), out, choices)
 
@@ -513,5 +516,8 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+    if config.algo.reward_split == "val" and config.data.split[1] <= 0:
+        raise ConfigError(f"algo.reward_split='val' needs a validation split: data.split={config.data.split} "
+                          "has none (e.g. --set data.split=0.7,0.1,0.2)")
     return perfedrlnas(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)

@@ -23,6 +23,9 @@ What a space provides (duck-typed; :func:`check_space` verifies the attributes):
 * ``cost(choice) -> SubnetCost``: exact parameter count, multiply-adds per example and
   activation memory per example of the subnet, on the host (numpy ``choice``);
 * ``describe(choice) -> dict``: the subnet as JSON-friendly ``{dimension name: choice}``;
+* optionally ``traced_cost(choice) -> float32 [3]``: ``cost`` of a traced choice in jnp
+  (params, macs, activation floats); without it algorithms call ``cost`` through a host
+  callback;
 * ``single_path: bool``: True when a traced ``choice`` runs only the chosen path
   (``lax.switch`` / slicing) so clients mapped one after another pay for one subnet;
   False when unchosen candidates are computed and multiplied by zero (masks).

@@ -78,9 +78,20 @@ class DartsChoiceSpace:
         total = base + table[rows, c].sum(0)
         return SubnetCost(*(int(round(v)) for v in total))
 
+    def traced_cost(self, choice) -> jax.Array:
+        """:meth:`cost` of a traced choice as float32 ``[3]`` (params, macs, activation floats)."""
+        base, table = self._tables
+        c = jnp.asarray(choice)
+        return jnp.asarray(base, jnp.float32) + jnp.asarray(table, jnp.float32)[jnp.arange(c.shape[0]), c].sum(0)
+
     @functools.cached_property
     def _tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """``base [3]`` and ``table [D, |O|, 3]`` of (params, macs, conv outputs)."""
+        """``base [3]`` and ``table [D, |O|, 3]`` of (params, macs, conv outputs), computed on
+        first use (host values even when that use is inside a trace)."""
+        with jax.ensure_compile_time_eval():
+            return self._compute_tables()
+
+    def _compute_tables(self) -> tuple[np.ndarray, np.ndarray]:
         net, ops, steps = self.net, tuple(self.net.primitives), self.net.steps
         n_e, n_o = self.num_edges, len(ops)
         x = jnp.zeros((1,) + tuple(self.image_shape), jnp.float32)
