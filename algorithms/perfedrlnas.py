@@ -83,6 +83,8 @@ class PerFedRLNASConfig(Validated):
     steps: int = param(4, "DARTS: intermediate nodes per cell", range=(1, 8))
     primitives: str = param("darts", "DARTS: candidate ops per edge ('none' can be sampled, as the code)",
                             choices=("darts", "s2", "tiny"))
+    single_path: bool = param(True, "DARTS: compute only each subnet's chosen op per edge (clients mapped one "
+                              "after another); false: every op, masked (one vmap over clients)")
     local_epochs: int = param(5, "local epochs E per round (paper 5)", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size (code 32)", range=(1, 1_000_000))
     lr: float = param(0.025, "client SGD learning rate at round 0 (code 0.025)", range=(0.0, 100.0))
@@ -162,7 +164,8 @@ def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
         from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork
         from search_spaces.darts.space import DartsChoiceSpace
         net = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
-                                 multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives])
+                                 multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives],
+                                 single_path=cfg.single_path)
         space = DartsChoiceSpace(net, tuple(info.image_shape))
     else:
         preset = cfg.space_preset

@@ -194,3 +194,29 @@ def test_bad_settings_fail_with_one_line_naming_them(over, match):
     with pytest.raises(ConfigError, match=match) as e:
         make_config("perfedrlnas", overrides=over)
     assert "\n" not in str(e.value)
+
+
+def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
+    """``single_path=True`` (each op under a cond) gives the masked supernet's loss and
+    gradients, the same BatchNorm statistics on the ops it keeps, and leaves the others'
+    statistics untouched."""
+    x, y = tiny_data.info.normalize(tiny_data.server_x[:32]), tiny_data.server_y[:32]
+    out = {}
+    for flag in (True, False):
+        space = pf.make_space(_cfg(steps=2, single_path=flag).algo, tiny_data.info)
+        v = space.init(jax.random.key(0), x[:1])
+        choice = jnp.asarray(np.random.RandomState(0).randint(0, 3, len(space.dims)), jnp.int32)
+
+        def loss(p, stats, c, space=space):
+            logits, upd = space.subnet(c).apply({"params": p, "batch_stats": stats}, x, train=True,
+                                                mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), upd["batch_stats"]
+
+        out[flag] = jax.jit(jax.value_and_grad(loss, has_aux=True))(v["params"], v["batch_stats"], choice)
+        keep = space.variable_mask(choice, v)["batch_stats"]
+    (l1, s1), g1 = out[True]
+    (l0, s0), g0 = out[False]
+    assert float(l1) == pytest.approx(float(l0), rel=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g0)
+    jax.tree.map(lambda a, b, k: np.testing.assert_allclose(a * k, b * k, atol=1e-6), s1, s0, keep)
+    jax.tree.map(lambda a, b, k: np.testing.assert_array_equal(a * (1 - k), b * (1 - k)), s1, v["batch_stats"], keep)

@@ -170,7 +170,11 @@ class MixedOp(nn.Module):
     """``sum_o weights[o] * o(x)`` over ``primitives``; pooling ops are followed by BN(affine=False).
 
     ``none`` contributes exactly zero and is skipped (its weight still enters the
-    softmax normaliser of the caller).
+    softmax normaliser of the caller). With ``single_path`` every op runs under a
+    ``cond`` on ``weights[o] != 0``: a one-hot (or 0/1) ``weights`` then computes only the
+    ops it keeps — their forward, backward and BatchNorm statistics; the others' stay
+    untouched — as long as the caller does not ``vmap`` over different weights (which
+    turns the cond into computing both sides).
     """
 
     C: int
@@ -178,22 +182,32 @@ class MixedOp(nn.Module):
     primitives: tuple = PRIMITIVES
     dw_impl: str | None = None
     norm: str = "batch"
+    single_path: bool = False
 
     @nn.compact
     def __call__(self, x, weights, train: bool = False, mask=None):
+        s = self.stride
+        shape = (x.shape[0], -(-x.shape[1] // s), -(-x.shape[2] // s), self.C)
         out = None
         for k, name in enumerate(self.primitives):
             if name == "none":
                 continue
-            y = make_op(name, self.C, self.stride, False, dw_impl=self.dw_impl, module_name=name,
-                        norm=self.norm)(x, train, mask)
-            if "pool" in name:
-                y = batch_norm(y, train, mask, affine=False, name=f"{name}_bn", norm=self.norm)
+
+            def run(mdl, h, name=name):
+                y = make_op(name, self.C, s, False, dw_impl=self.dw_impl, module_name=name, norm=self.norm)(
+                    h, train, mask)
+                if "pool" in name:
+                    y = batch_norm(y, train, mask, affine=False, name=f"{name}_bn", norm=self.norm)
+                return y
+
+            if self.single_path and not self.is_initializing():
+                y = nn.cond(weights[k] != 0, run, lambda mdl, h: jnp.zeros(shape, h.dtype), self, x)
+            else:
+                y = run(self, x)
             y = weights[k] * y
             out = y if out is None else out + y
         if out is None:  # only 'none' on this edge
-            s = self.stride
-            out = jnp.zeros(x[:, ::s, ::s, :].shape[:3] + (self.C,), x.dtype)
+            out = jnp.zeros(shape, x.dtype)
         return out
 
 
@@ -257,6 +271,7 @@ class SearchCell(nn.Module):
     dw_impl: str | None = None
     scan_edges: bool = True
     norm: str = "batch"
+    single_path: bool = False
 
     @nn.compact
     def __call__(self, s0, s1, weights, train: bool = False, mask=None):
@@ -270,7 +285,8 @@ class SearchCell(nn.Module):
             raise ValueError(f"weights must have {len(table)} rows (one per edge), got {len(weights)}")
 
         def mixed(stride, name):
-            return MixedOp(self.C, stride, self.primitives, self.dw_impl, norm=self.norm, name=name)
+            return MixedOp(self.C, stride, self.primitives, self.dw_impl, norm=self.norm, single_path=self.single_path,
+                           name=name)
 
         def run(mdl, h, w):
             return mdl(h, w, train, mask)
@@ -358,6 +374,10 @@ class DartsSearchNetwork(nn.Module):
     private search needs (DP-FNAS; a documented deviation from the papers' network).
     Such a network has no ``batch_stats`` and behaves the same in training and
     evaluation mode.
+
+    ``single_path=True`` puts every candidate op under a ``cond`` on its weight (see
+    :class:`MixedOp`): with one-hot ``arch_weights`` only the chosen ops run (PerFedRLNAS's
+    sampled subnets); same variables, same results.
     """
 
     C: int
@@ -371,6 +391,7 @@ class DartsSearchNetwork(nn.Module):
     scan_cells: bool = True
     scan_edges: bool = True
     norm: str = "batch"
+    single_path: bool = False
 
     def _check(self):
         for field, v, lo in (("C", self.C, 1), ("num_classes", self.num_classes, 1), ("layers", self.layers, 1),
@@ -410,7 +431,8 @@ class DartsSearchNetwork(nn.Module):
 
         def make_cell(spec: CellSpec, name: str):
             return SearchCell(spec.C, spec.reduction, spec.reduction_prev, self.steps, self.multiplier,
-                              primitives, self.dw_impl, self.scan_edges, norm=self.norm, name=name)
+                              primitives, self.dw_impl, self.scan_edges, norm=self.norm,
+                              single_path=self.single_path, name=name)
 
         def call_cell(cell, s0, s1):
             w = w_reduce if cell.reduction else w_normal

@@ -4,9 +4,11 @@ edge of each cell type, its choices the candidate ops — PerFedRLNAS's DARTS sp
 A subnet keeps exactly one op on every edge (all ``2 × E`` edges, no top-2 pruning while
 searching; ``none`` may be chosen where it is a candidate, as in the authors' code,
 docs/authors_code.md §4.1), the same op for every cell of a type. It runs as the
-supernet under a one-hot mask (:class:`~search_spaces.darts.masks.Subnet`), so the ops
-not chosen are still computed and multiplied by zero: ``single_path = False`` — one
-compiled program serves every subnet, at the supernet's compute.
+supernet under a one-hot mask (:class:`~search_spaces.darts.masks.Subnet`): one compiled
+program serves every subnet. Built on a supernet with ``single_path=True`` every op sits
+under a ``cond`` on its mask entry, so a client mapped on its own computes only its
+chosen op per edge (forward, backward, BatchNorm statistics); with ``single_path=False``
+the other ops are computed and multiplied by zero.
 
 Costs are exact and additive over edges: a subnet's parameters, multiply-adds and
 convolution outputs are those of the always-present parts (stem, preprocessing,
@@ -40,7 +42,11 @@ class DartsChoiceSpace:
     net: DartsSearchNetwork
     image_shape: tuple
     name: str = "darts"
-    single_path: bool = False
+
+    @property
+    def single_path(self) -> bool:
+        """True for a supernet built with ``single_path=True`` (each op under a ``cond``)."""
+        return bool(self.net.single_path)
 
     @property
     def dims(self) -> tuple[Dimension, ...]:
@@ -118,7 +124,7 @@ class DartsChoiceSpace:
                 for j, op in enumerate(ops):
                     table[cell * n_e + e, j, 1:] += op_cost(op, spec.C, stride, hw)
             h, w = h_out, w_out
-        traced = net.clone(dw_impl="grouped")
+        traced = net.clone(dw_impl="grouped", single_path=False)
         full = {c: jnp.ones((n_e, n_o), jnp.float32) for c in CELLS}
         v = jax.eval_shape(lambda: traced.init(jax.random.key(0), x, arch_weights=full))
 
