@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=2",
-        "--set", "algo.layers=2", "--set", "algo.personalize_epochs=1", "--set", "data.num_clients=4"]
+TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=1",
+        "--set", "algo.layers=1", "--set", "algo.personalize_epochs=1", "--set", "data.num_clients=4"]
 
 
 def _example(name):
