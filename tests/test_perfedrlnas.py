@@ -220,3 +220,19 @@ def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g0)
     jax.tree.map(lambda a, b, k: np.testing.assert_allclose(a * k, b * k, atol=1e-6), s1, s0, keep)
     jax.tree.map(lambda a, b, k: np.testing.assert_array_equal(a * (1 - k), b * (1 - k)), s1, v["batch_stats"], keep)
+
+
+@pytest.mark.parametrize("space", ["elastic", "hybrid"])
+def test_a_round_on_the_elastic_and_hybrid_spaces(space, tiny_data):
+    """The same algorithm over the other spaces (tiny presets): one round trains the sampled
+    subnets, moves only the sampled clients' policies, and exports costed architectures."""
+    cfg = _cfg(space=space, space_preset="tiny")
+    algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
+    s0 = algo.init(init_key(0))
+    s1, m = algo.round(s0, tiny_data, round_key(0, 0))
+    idx, _ = round_clients(round_key(0, 0), 4, 2)
+    moved = np.abs(np.asarray(s1.policy - s0.policy)).sum((1, 2)) > 0
+    assert moved[np.asarray(idx)].all() and moved.sum() == 2
+    assert np.isfinite(float(m["train_loss"])) and float(m["subnet_params"]) > 0
+    arch = algo.export(s1).clients["0"]
+    assert arch["params"] > 0 and len(arch["architecture"]) == len(pf.make_space(cfg.algo, tiny_data.info).dims)
