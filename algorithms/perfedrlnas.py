@@ -40,6 +40,11 @@ probabilities). The reward's accuracy is the local *test* accuracy, as in the pa
 the code (the architecture is then selected on test data); ``reward_split="val"`` uses
 the client's validation split instead.
 
+Evaluation: ``evaluate`` tests each client's final architecture (the argmax of α_i,
+:func:`policy_argmax`) with the supernet's weights as they are; ``personalize`` first
+trains it E local epochs on the client's data, as the client would in a round (what
+Algorithm 1's reported accuracies measure).
+
 New clients (Fig. 5): :func:`adapt_new_clients` trains the policies of clients that never
 took part by evaluating sampled subnets of the final supernet only (no weight updates).
 """
@@ -60,7 +65,7 @@ from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
-from jaxfednas.evaluation import client_accuracies, evaluate_examples
+from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
                                reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
@@ -105,8 +110,9 @@ class PerFedRLNASConfig(Validated):
                               "normal cell's (the code's bug)", choices=("own", "normal"))
     reward_split: str = param("test", "split whose accuracy is the reward (paper/code: test)", choices=("test", "val"))
     memory_budget: bool = param(False, "Eq. 9: subnets over a client's memory budget score 0 and φ = 1")
-    budget_range: tuple[float, float] = param((0.25, 1.0), "memory budgets ~ U[lo, hi] × the largest subnet's training memory "
-                                "(paper: 2-16 GB on NASViT)")
+    budget_range: tuple[float, float] = param((0.25, 1.0), "memory budget = m_min + U[lo, hi] (m_max − m_min), "
+                                              "m_min/m_max the smallest/largest subnet's training memory (paper: "
+                                              "2-16 GB on NASViT)", range=(0.0, 10.0))
     throughput_range: tuple[float, float] = param((1e9, 1e10), "client throughput ~ log-U[lo, hi] multiply-adds per second")
     bandwidth_mbps: float = param(100.0, "up- and download bandwidth, Mbit/s (paper 100)", range=(1e-6, None))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
@@ -116,8 +122,8 @@ class PerFedRLNASConfig(Validated):
             raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
         for name in ("budget_range", "throughput_range"):
             lo, hi = getattr(self, name)
-            if not 0 < lo <= hi:
-                raise ConfigError(f"algo.{name} must be (lo, hi) with 0 < lo <= hi, got {(lo, hi)}")
+            if not 0 <= lo <= hi or (name == "throughput_range" and lo <= 0):
+                raise ConfigError(f"algo.{name} must be (lo, hi) with 0 <= lo <= hi (throughput > 0), got {(lo, hi)}")
         if self.reduce_probs == "normal" and self.space != "darts":
             raise ConfigError("algo.reduce_probs='normal' (the code's DARTS bug) needs algo.space='darts'")
 
@@ -181,21 +187,33 @@ def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
 
 
 def largest_choice(space) -> np.ndarray:
-    """The subnet the memory budgets are scaled to: the space's own ``largest_choice()``
+    """The subnet with the largest training memory: the space's own ``largest_choice()``
     if it has one, else the last choice of every dimension."""
     if hasattr(space, "largest_choice"):
         return np.asarray(space.largest_choice(), np.int32)
     return np.array([len(d.choices) - 1 for d in space.dims], np.int32)
 
 
-def draw_resources(cfg: PerFedRLNASConfig, key: jax.Array, num_clients: int, largest_memory: float) -> Resources:
-    """Throughput log-uniform in ``throughput_range``, memory budget uniform in
-    ``budget_range`` × ``largest_memory``, symmetric bandwidth ``bandwidth_mbps``."""
+def smallest_choice(space) -> np.ndarray:
+    """The subnet with the smallest training memory: ``smallest_choice()`` or the first
+    choice of every dimension."""
+    if hasattr(space, "smallest_choice"):
+        return np.asarray(space.smallest_choice(), np.int32)
+    return np.zeros(len(space.dims), np.int32)
+
+
+def draw_resources(cfg: PerFedRLNASConfig, key: jax.Array, num_clients: int,
+                   memory_range: tuple[float, float]) -> Resources:
+    """Throughput log-uniform in ``throughput_range``, memory budget ``m_min + u (m_max −
+    m_min)`` with u uniform in ``budget_range`` (``memory_range = (m_min, m_max)``, the
+    smallest and largest subnet's training memory: a budget below 0 fits no subnet, one
+    of 1 every subnet), symmetric bandwidth ``bandwidth_mbps``."""
     k_t, k_m = jax.random.split(key)
     lo, hi = (float(np.log(v)) for v in cfg.throughput_range)
     throughput = jnp.exp(jax.random.uniform(k_t, (num_clients,), minval=lo, maxval=hi))
     b_lo, b_hi = cfg.budget_range
-    budget = jax.random.uniform(k_m, (num_clients,), minval=b_lo, maxval=b_hi) * largest_memory
+    m_min, m_max = memory_range
+    budget = m_min + jax.random.uniform(k_m, (num_clients,), minval=b_lo, maxval=b_hi) * (m_max - m_min)
     bps = jnp.full((num_clients,), cfg.bandwidth_mbps * 1e6, jnp.float32)
     return Resources(throughput=throughput, memory_budget=budget, up_bps=bps, down_bps=bps)
 
@@ -203,6 +221,16 @@ def draw_resources(cfg: PerFedRLNASConfig, key: jax.Array, num_clients: int, lar
 def masked_logits(policy: jax.Array, valid: np.ndarray) -> jax.Array:
     """α with the padding slots of short dimensions at −inf (probability 0)."""
     return jnp.where(valid, policy, -jnp.inf)
+
+
+def policy_argmax(policy: jax.Array, valid: np.ndarray) -> jax.Array:
+    """Each client's final architecture: argmax of α_i per dimension (``policy [..., D, K]``
+    -> int32 ``[..., D]``). Exact ties (common: one Adam step with a negative reward raises
+    every op but the sampled one by the same amount) go to a fixed pseudo-random choice
+    among the tied ops rather than always to the first op (``none`` in DARTS)."""
+    u = jax.random.uniform(jax.random.key(0x71E), policy.shape[-2:])
+    tie = 1e-6 * jnp.maximum(jnp.abs(policy), 1.0) * u
+    return jnp.argmax(masked_logits(policy + tie, valid), -1).astype(jnp.int32)
 
 
 def policy_gradient(policy: jax.Array, choice: jax.Array, reward: jax.Array, valid: np.ndarray,
@@ -340,7 +368,8 @@ def perfedrlnas(
     policy_tx = optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
     train = make_client_train(cfg, info, space)
     lr = cosine_lr(cfg.lr, cfg.lr_min, rounds)
-    largest = space.cost(largest_choice(space)).memory_bytes(cfg.batch_size)
+    memory_range = tuple(float(space.cost(c(space)).memory_bytes(cfg.batch_size))
+                         for c in (smallest_choice, largest_choice))
 
     def init(key):
         k_net, k_res = jax.random.split(key)
@@ -350,7 +379,7 @@ def perfedrlnas(
         return PerFedRLNASState(
             variables=variables, policy=policy, policy_opt=jax.vmap(policy_tx.init)(policy),
             acc=zeros, best_acc=zeros, seen=jnp.zeros((num_clients,), bool),
-            resources=draw_resources(cfg, k_res, num_clients, largest), round=jnp.zeros((), jnp.int32))
+            resources=draw_resources(cfg, k_res, num_clients, memory_range), round=jnp.zeros((), jnp.int32))
 
     def round_fn(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
         idx, keys = round_clients(key, num_clients, m)
@@ -413,7 +442,7 @@ def perfedrlnas(
         }
 
     def evaluate(state: PerFedRLNASState, data: FederatedData):
-        best = jnp.argmax(masked_logits(state.policy, valid), -1).astype(jnp.int32)  # [K, D]
+        best = policy_argmax(state.policy, valid)  # [K, D]
 
         def logits_of(choice):
             return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
@@ -432,11 +461,30 @@ def perfedrlnas(
         })
         return out
 
+    def personalize(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
+        """Every client's argmax subnet as a client of Algorithm 1 would report it now: E local
+        epochs on its train split from the supernet's weights (the round's learning rate),
+        then its local test accuracy (``client_test_acc``; :meth:`evaluate` tests the
+        supernet's weights untrained). Rows: ``{"choice": [K, D]}``."""
+        best = policy_argmax(state.policy, valid)
+        ids = jnp.arange(num_clients)
+
+        def client(c, shared):
+            choice, d, e, k = c
+            v, lr_t = shared
+            v, _ = train(v, choice, d, k, lr_t)
+            logits = lambda x: space.subnet(choice).apply(v, info.normalize(x), train=False)  # noqa: E731
+            return evaluate_examples(logits, e.x, e.y, e.count, batch_size=cfg.eval_batch_size)
+
+        r = map_clients(client, (best, data.clients("train", ids), data.clients("test", ids),
+                                 rng.client_keys(key, ids)), (state.variables, lr(state.round)), placement=placement)
+        return {"choice": best}, client_accuracy_summary(r["correct"], r["count"], prefix="client_test")
+
     def export(state: PerFedRLNASState) -> PersonalArchitectures:
         return PersonalArchitectures.of(state, space, cfg)
 
     return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init), round=jax.jit(round_fn),
-                              evaluate=jax.jit(evaluate), export=export)
+                              evaluate=jax.jit(evaluate), export=export, personalize=jax.jit(personalize))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,7 +501,7 @@ class PersonalArchitectures:
     @classmethod
     def of(cls, state: PerFedRLNASState, space, cfg: PerFedRLNASConfig) -> PersonalArchitectures:
         valid = choice_mask(space.dims)
-        best = np.asarray(jax.device_get(jnp.argmax(masked_logits(state.policy, valid), -1)), np.int32)
+        best = np.asarray(jax.device_get(policy_argmax(state.policy, valid)), np.int32)
         res = jax.tree.map(np.asarray, jax.device_get(state.resources))
         clients = {}
         for k, choice in enumerate(best):
@@ -486,6 +534,7 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     λ_time on inference time of the split). Returns the policies ``[len(clients), D, K]``
     and the mean accuracy per round ``[rounds]``."""
     space = make_space(cfg, info)
+    space.cost(smallest_choice(space))  # host-side cost tables before the trace
     valid = choice_mask(space.dims)
     ids = jnp.asarray(clients, jnp.int32)
     n = int(ids.shape[0])

@@ -93,9 +93,24 @@ class DartsChoiceSpace:
     @functools.cached_property
     def _tables(self) -> tuple[np.ndarray, np.ndarray]:
         """``base [3]`` and ``table [D, |O|, 3]`` of (params, macs, conv outputs), computed on
-        first use (host values even when that use is inside a trace)."""
-        with jax.ensure_compile_time_eval():
+        first use (host values even when that first use is inside a trace, where they are
+        evaluated op by op: slower, so algorithms touch them at build time)."""
+        try:
             return self._compute_tables()
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+            with jax.ensure_compile_time_eval():
+                return self._compute_tables()
+
+    def largest_choice(self) -> np.ndarray:
+        """Per dimension the op with the most parameters + activation floats: the subnet
+        with the largest training memory at batch size 1 (memory is additive here)."""
+        _, table = self._tables
+        return np.argmax(table[..., 0] + table[..., 2], -1).astype(np.int32)
+
+    def smallest_choice(self) -> np.ndarray:
+        """Per dimension the op with the fewest parameters + activation floats."""
+        _, table = self._tables
+        return np.argmin(table[..., 0] + table[..., 2], -1).astype(np.int32)
 
     def _compute_tables(self) -> tuple[np.ndarray, np.ndarray]:
         net, ops, steps = self.net, tuple(self.net.primitives), self.net.steps
