@@ -1,0 +1,447 @@
+"""PerFedRLNAS (Yao & Li, "Personalized Federated Neural Architecture Search via
+Reinforcement Learning", AAAI 2024): one supernet, a REINFORCE policy per client, against
+FedAvg + fine-tuning, local-only training and personalized FedNAS on the same clients and
+the same local test splits (the paper's Tables 2-3 and Fig. 4, scaled down).
+
+    python examples/perfedrlnas.py                                # digits, 20 Dir(0.3) clients, 5 per round (CPU)
+    python examples/perfedrlnas.py --only perfedrlnas,local_only  # a subset of the methods
+    python examples/perfedrlnas.py --only perfedrlnas,perfedrlnas_nobudget  # Eq. 9 vs Eq. 8 (Fig. 4 with both)
+    python examples/perfedrlnas.py --set algo.space=elastic       # another space (elastic, hybrid; no FedNAS then)
+    python examples/perfedrlnas.py --preset paper --data-dir DIR  # CIFAR-10, 100 clients, 1500 rounds (a GPU)
+    python examples/perfedrlnas.py --out runs/perfedrlnas --resume  # continue an interrupted run
+
+Methods, each a run directory of its own under ``--out`` (default ``runs/perfedrlnas``):
+
+  * ``perfedrlnas/``          — PerFedRLNAS (Algorithm 1) with the memory-budget reward
+    (Eq. 9, ``algo.memory_budget=true``): every client has a simulated memory budget, a
+    sampled subnet that does not fit scores accuracy 0 and φ = 1;
+  * ``perfedrlnas_nobudget/`` — the same without budgets (Eq. 8); not in the default set
+    (about 1.5 minutes more), ``--only`` adds it;
+  * ``local_adaptation/``     — FedAvg, then every client fine-tunes the global model on its
+    own train split before testing (the paper's "FedAvg with post fine-tuning", 10 epochs);
+  * ``local_only/``           — every client trains a model of its own, nothing shared;
+  * ``fednas/``               — personalized FedNAS (He et al. §2.5, examples/fednas.py
+    ``--personalized``): a global FedNAS search (MiLeNAS) on the same DARTS space (same
+    ops, C, cells, nodes), then every client adapts w and α on its own data
+    (``algo.personalize_epochs``) and is tested with its adapted supernet.
+
+PerFedRLNAS's accuracy is each client's argmax subnet of its policy with the final
+supernet weights (its ``evaluate``), as the clients would deploy it without training
+again; the table's second PerFedRLNAS line ("+ E local epochs") is the same subnet after
+``algo.local_epochs`` epochs of its client's local training (SGD at the schedule's last
+learning rate; the algorithm's ``personalize``), which is what a client reports in a round of Algorithm 1 and what FedAvg + fine-tuning gets. Also
+listed: the mean of the latest accuracies the clients reported during training (sampled
+subnets, after local training) and of their best-ever ones (the authors' code's logged
+number), the simulated round time (mean over rounds of ``round_time_s``: the slowest
+sampled client's compute on its simulated device plus weights down and up at 100 Mbit/s)
+and the policies' entropy.
+
+Every method is tested on IDENTICAL local test splits: PerFedRLNAS, FedAvg + fine-tuning
+and local-only split each client's data 80/20 train / test (PerFedRLNAS's default), the
+FedNAS search 60/20/20 (its α needs a validation split; train + validation are the same
+80 %). The split shuffles each client's indices once and cuts the test part off the end,
+so every run gets the same test indices; the script checks every run's
+``partition/manifest.json`` and stops if any differs.
+
+Reported (``results.md``, ``results.json``, printed): mean ± std (unweighted over clients)
+of local test accuracy, min, max, parameters (PerFedRLNAS: mean over clients of their
+argmax subnets; FedNAS: the supernet), simulated round time, wall time; the Fig. 4
+analogue ``plots/memory_vs_budget.png``: each client's training memory of its final argmax
+subnet (weights, gradients, momentum and one batch's activations) against its budget,
+from ``perfedrlnas/personal_architectures.json``.
+
+Digits settings (the embedded data set: 1,797 8x8 images, ~70 training images per
+client): a DARTS supernet with C=8, 3 cells and 2 intermediate nodes (5 edges per cell,
+10 dimensions of the 8 DARTS ops, 'none' included), 40 rounds of 5 local epochs (each
+client is sampled about 10 times), SGD lr 0.1 with a cosine to 0.01 (the code: 0.025 to
+0.001 over 1500 rounds), policies as the paper (Adam lr 0.5, β1 0.5). The baselines
+(the default digits network, a small CNN) train 40 rounds of 5 local epochs, lr 0.05;
+FedAvg's clients fine-tune 10 epochs (the paper). FedNAS searches 10 rounds of 5 local
+epochs (w: SGD lr 0.1 with a cosine to 0.01 over each round's epochs; α: Adam lr 1e-2, as
+examples/fednas.py) and adapts 5 epochs per client. ``--set`` changes PerFedRLNAS's
+settings (``algo.*``: both PerFedRLNAS runs; ``data.*`` / ``run.*``: every method, which
+all take data, rounds, clients per round, seed and placement from PerFedRLNAS's
+configuration).
+
+``--preset paper``: CIFAR-10, 100 clients Dir(0.3), 5 per round, 1500 rounds of 5 local
+epochs, batch 32, DARTS C=16 with 8 cells and 4 nodes, lr 0.025 (the authors' DARTS
+configuration); baselines ResNet18 at lr 0.01 (the paper uses MobileNetV3-Large; untuned);
+FedNAS 50 search rounds. CIFAR-100 (the paper's Dir(0.1)): add
+``--set data.dataset=cifar100 --set data.alpha=0.1``. ``--resume`` continues whichever
+run was interrupted; a finished run is not trained again.
+
+Not included: Fig. 5 (new clients): :func:`algorithms.perfedrlnas.adapt_new_clients`
+needs clients whose data the supernet never saw, and every client of the partition
+takes part in training here (no hold-out of clients in the sampler).
+
+The default run took 6.8 minutes on 2 (shared) CPU cores with an empty compilation cache
+(PerFedRLNAS 152 s and its local training 27 s, FedNAS search + personalization 123 s,
+the two CNN baselines 28 s); ``perfedrlnas_nobudget`` adds about 1.5 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from algorithms import perfedrlnas as pf
+from jaxfednas import rng
+from jaxfednas.checkpoint import atomic_write_text
+from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
+from jaxfednas.data import partition as part
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.federated import DataInfo
+from jaxfednas.experiment import holds_run, load_run, run_script, run_stage
+from jaxfednas.registry import make_config
+from jaxfednas.runtime import resolve_clients_per_round
+
+METHODS = ("perfedrlnas", "perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas")
+DEFAULT_METHODS = ("perfedrlnas", "local_adaptation", "local_only", "fednas")  # + perfedrlnas_nobudget: ~1.5 min more
+PERFEDRLNAS = ("perfedrlnas", "perfedrlnas_nobudget")
+LABELS = {"perfedrlnas": "PerFedRLNAS, memory budget (Eq. 9)", "perfedrlnas_nobudget": "PerFedRLNAS, no budget (Eq. 8)",
+          "local_adaptation": "FedAvg + fine-tuning", "local_only": "local-only",
+          "fednas": "FedNAS personalized (search + local adaptation)"}
+
+DIGITS = {"data.dataset": "digits", "data.num_clients": 20, "data.partition": "dirichlet", "data.alpha": 0.3,
+          "run.clients_per_round": 5}
+PFR = {
+    "digits": {"run.rounds": 40, "run.eval_every": 10, "algo.C": 8, "algo.layers": 3, "algo.steps": 2,
+               "algo.local_epochs": 5, "algo.lr": 0.1, "algo.lr_min": 0.01, "algo.memory_budget": True},
+    "paper": {"algo.memory_budget": True},
+}
+SEARCH_ROUNDS = {"digits": 10, "paper": 50}  # FedNAS's search
+FEDNAS = {"digits": {"algo.arch_lr": 1e-2, "algo.w_lr": 0.1, "algo.w_lr_min": 0.01, "algo.personalize_epochs": 5},
+          "paper": {"algo.personalize_epochs": 5}}
+BASELINES = {
+    "digits": {"local_adaptation": {"algo.client_lr": 0.05, "algo.finetune_epochs": 10},
+               "local_only": {"algo.client_lr": 0.05}},
+    "paper": {"local_adaptation": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.finetune_epochs": 10},
+              "local_only": {"algo.model": "resnet18", "algo.client_lr": 0.01}},
+}
+WALL_TIMES = "wall_times.json"
+PLOT = Path("plots") / "memory_vs_budget.png"
+
+
+def _describe(row: dict) -> str:
+    parts = [f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "reward_acc", "policy_entropy",
+                                           "client_test_acc_mean_unweighted") if k in row]
+    if "over_budget" in row:
+        parts.append(f"over budget {int(row['over_budget'])}")
+    return ", ".join(parts)
+
+
+def configs(args, overrides: dict) -> dict[str, ExperimentConfig]:
+    """Every run's configuration by run directory. Data, rounds, clients per round, seed
+    and placement of every method are PerFedRLNAS's."""
+    mode = "paper" if args.preset else "digits"
+    base = {**PFR[mode]} if args.preset else {**DIGITS, **PFR[mode]}
+    pfr = make_config("perfedrlnas", preset=args.preset, overrides={**base, **overrides})
+    d, r, a = pfr.data, pfr.run, pfr.algo
+    shared = {
+        "data.dataset": d.dataset, "data.data_dir": d.data_dir, "data.num_clients": d.num_clients,
+        "data.partition": d.partition, "data.alpha": d.alpha, "data.classes_per_client": d.classes_per_client,
+        "data.min_size": d.min_size, "data.partition_seed": d.partition_seed, "run.seed": r.seed,
+        "run.rounds": r.rounds, "run.clients_per_round": r.clients_per_round, "run.eval_every": r.eval_every,
+        "run.placement": r.placement, "run.client_chunk_size": r.client_chunk_size,
+        "algo.batch_size": a.batch_size,
+    }
+    train = d.split[0] + d.split[1]  # PerFedRLNAS's training rows (a validation split, if any, included)
+    out = {"perfedrlnas": pfr,
+           "perfedrlnas_nobudget": make_config("perfedrlnas", preset=args.preset, overrides={
+               **base, **overrides, "algo.memory_budget": False})}
+    for name, extra in BASELINES[mode].items():
+        out[name] = make_config(name, overrides={**shared, "data.split": (train, 0.0, d.split[2]),
+                                                 "algo.local_epochs": a.local_epochs, **extra})
+    out["fednas"] = make_config("fednas", overrides={
+        **shared, "algo.local_epochs": a.local_epochs, **FEDNAS[mode],
+        "data.split": (0.75 * train, 0.25 * train, d.split[2]),
+        "run.rounds": args.fednas_rounds or SEARCH_ROUNDS[mode], "algo.primitives": a.primitives,
+        "algo.C": a.C, "algo.layers": a.layers, "algo.steps": a.steps})
+    return out
+
+
+class Runner:
+    """Runs stages into ``out`` and checks that every run tests on the same local test
+    indices as the first. Wall times (``wall_times.json``) survive ``--resume``: a run that
+    was finished keeps the time it took; an interrupted one counts the call that finished it."""
+
+    def __init__(self, out: Path, resume: bool):
+        self.out, self.resume = out, resume
+        path = out / WALL_TIMES
+        self.times = json.loads(path.read_text()) if path.exists() else {}
+        self.test_splits = None
+
+    def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
+        d = self.out / name
+        print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
+              f"{cfg.run.rounds} rounds -> {d}", flush=True)
+        resumed = self.resume and holds_run(d)
+        done = resumed and (d / "summary.json").exists() and \
+            json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
+        s = run_stage(cfg, d, resume=self.resume, describe=_describe)
+        if not (done and name in self.times):  # a finished run extended by --resume adds this call's time
+            before = self.times.get(name, 0.0) if resumed else 0.0
+            self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
+            self.save_times()
+        tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
+        if self.test_splits is None:
+            self.test_splits = (name, tests)
+        elif tests != self.test_splits[1]:  # the comparison means something only on the same test rows
+            raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
+        return s, self.times[name]
+
+    def save_times(self) -> None:
+        atomic_write_text(self.out / WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
+
+
+def _client_acc(run_dir: Path) -> np.ndarray:
+    with open(run_dir / "clients.csv") as f:
+        return np.array([float(r["test_acc"]) for r in csv.DictReader(f)])
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _model_params(cfg: ExperimentConfig, info: DataInfo, image_shape) -> int:
+    """Weights of a fixed network (the baselines') or of FedNAS's supernet, from shapes only."""
+    from algorithms.fednas import make_supernet  # noqa: PLC0415
+    from jaxfednas.cost import count_params  # noqa: PLC0415
+    from search_spaces.models import init_variables, make_model  # noqa: PLC0415
+
+    model = make_supernet(cfg.algo, info) if cfg.algorithm == "fednas" else \
+        make_model(cfg.algo.model, info.num_classes, cfg.data.dataset)
+    v = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), image_shape))
+    return count_params(v["params"])
+
+
+def _stats(acc: np.ndarray) -> dict:
+    acc = np.asarray(acc, np.float64)
+    return {"client_test_acc": acc.round(6).tolist(), "mean": float(np.nanmean(acc)), "std": float(np.nanstd(acc)),
+            "min": float(np.nanmin(acc)), "max": float(np.nanmax(acc))}
+
+
+def _row(method: str, runs: list[str], acc: np.ndarray, wall: float, params: float, **extra) -> dict:
+    return {"method": method, "label": LABELS[method], "runs": runs, **_stats(acc), "params": params,
+            "wall_s": round(wall, 1), **extra}
+
+
+def _cached(path: Path, key: dict, resume: bool, compute) -> dict:
+    """``compute()`` saved to ``path``; on ``--resume`` reused when it was computed for ``key``."""
+    if resume and path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return saved
+    result = {"key": key, **compute()}
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def local_train_argmax(run_dir: Path) -> dict:
+    """Every client's argmax subnet of a finished PerFedRLNAS run after ``algo.local_epochs``
+    epochs of its client's local training from the supernet's weights, tested on the
+    client's local test split (the algorithm's ``personalize``)."""
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    cfg = run.config
+    _, out = run.algorithm.personalize(run.state, run.data, rng.personalize_key(cfg.run.seed))
+    acc = np.asarray(jax.device_get(out["client_test_acc"]))
+    lr = float(pf.cosine_lr(cfg.algo.lr, cfg.algo.lr_min, cfg.run.rounds)(cfg.run.rounds))
+    return {**_stats(acc), "epochs": cfg.algo.local_epochs, "lr": round(lr, 6),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def fednas_personalized(run_dir: Path) -> dict:
+    """Personalized FedNAS (§2.5): every client adapts the searched supernet's w and α on its
+    own train / validation split, tested on its local test split (examples/fednas.py)."""
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    _, out = run.algorithm.personalize(run.state, run.data, rng.personalize_key(run.config.run.seed))
+    out = jax.device_get(out)
+    return {**_stats(np.asarray(out["client_test_acc"])),
+            "global_mean": float(out["client_test_acc_global_mean_unweighted"]),
+            "epochs": run.config.algo.personalize_epochs, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    t_call = time.perf_counter()
+    overrides = parse_set(args.set)
+    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir)):
+        if value is not None:
+            overrides[key] = value
+    cfgs = configs(args, overrides)
+    pfr_cfg = cfgs["perfedrlnas"]
+    if pfr_cfg.algo.space != "darts" and "fednas" in args.only:
+        print(f"note: FedNAS searches the DARTS space; left out with algo.space={pfr_cfg.algo.space}")
+        args.only = tuple(m for m in args.only if m != "fednas")
+    ds = load_dataset(pfr_cfg.data.dataset, pfr_cfg.data.data_dir)
+    info = DataInfo.of(ds, pfr_cfg.data.num_clients)
+    runner = Runner(out, args.resume)
+    rows = []
+    for method in args.only:
+        if method in PERFEDRLNAS:
+            s, wall = runner.stage(method, cfgs[method])
+            f, metrics = s["final"], _metrics(out / method)
+            rounds = s["rounds"]
+            local = _cached(out / f"{method}_local_training.json", {"rounds": rounds}, args.resume,
+                            lambda m=method: local_train_argmax(out / m))
+            archs = pf.PersonalArchitectures.from_json((out / method / pf.PersonalArchitectures.FILENAME).read_text())
+            entropy = [m["policy_entropy"] for m in metrics]
+            rows.append(_row(method, [method], _client_acc(out / method), wall, f["personal_params_mean"],
+                             memory_budget=cfgs[method].algo.memory_budget, local_training=local,
+                             reported_acc_mean=f["reported_acc_mean"],
+                             best_reported_acc_mean=f["best_reported_acc_mean"],
+                             round_time_s=float(np.mean([m["round_time_s"] for m in metrics])),
+                             policy_entropy=[entropy[0], entropy[-1]],
+                             over_budget=[int(m["over_budget"]) for m in metrics],
+                             sampled_subnets=len(metrics) * resolve_clients_per_round(
+                                 cfgs[method].run.clients_per_round, info.num_clients),
+                             fits=sum(c["fits"] for c in archs.clients.values())))
+        elif method == "fednas":
+            s, w_search = runner.stage("fednas", cfgs["fednas"])
+            pers = _cached(out / "fednas_personalized.json", {"rounds": s["rounds"]}, args.resume,
+                           lambda: fednas_personalized(out / "fednas"))
+            rows.append(_row(method, ["fednas"], np.asarray(pers["client_test_acc"]), w_search + pers["wall_s"],
+                             _model_params(cfgs["fednas"], info, ds.image_shape), search_wall_s=round(w_search, 1),
+                             global_supernet_acc=pers["global_mean"], genotype=s["architecture"]))
+        else:
+            s, wall = runner.stage(method, cfgs[method])
+            rows.append(_row(method, [method], _client_acc(out / method), wall,
+                             _model_params(cfgs[method], info, ds.image_shape),
+                             global_model_acc=s["final"].get("client_test_acc_global_mean_unweighted")))
+
+    d = pfr_cfg.data
+    result = {"dataset": d.dataset, "clients": d.num_clients, "clients_per_round": pfr_cfg.run.clients_per_round,
+              "partition": f"{d.partition}({d.alpha})", "rounds": pfr_cfg.run.rounds,
+              "fednas_search_rounds": cfgs["fednas"].run.rounds, "same_test_splits": True, "rows": rows}
+    memory = {m: pf.PersonalArchitectures.from_json((out / m / pf.PersonalArchitectures.FILENAME).read_text())
+              for m in PERFEDRLNAS if m in args.only}
+    if memory:
+        plot_memory(memory, out / PLOT)
+        result["memory_plot"] = str(PLOT)
+    result["this_call_s"] = round(time.perf_counter() - t_call, 1)
+    text = report(result, pfr_cfg)
+    atomic_write_text(out / "results.md", text)
+    atomic_write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
+    print("\n" + text)
+    print(f"results: {out / 'results.md'}" + (f"; memory vs budget: {out / PLOT}" if memory else "")
+          + f"; this call {result['this_call_s']:.0f} s")
+
+
+def plot_memory(runs: dict, path: Path) -> None:
+    """Fig. 4 analogue: each client's training memory of its argmax subnet (bars; red: over
+    budget) and its budget (black ticks), one panel per PerFedRLNAS run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    k = len(next(iter(runs.values())).clients)
+    fig = Figure(figsize=(max(6.0, 0.35 * k + 2), 2.8 * len(runs) + 0.4))
+    FigureCanvasAgg(fig)
+    for i, (method, archs) in enumerate(runs.items()):
+        c = [archs.clients[str(j)] for j in range(k)]
+        mem = np.array([a["memory_bytes"] for a in c]) / 2**20
+        budget = np.array([a["memory_budget_bytes"] for a in c]) / 2**20
+        fits = np.array([a["fits"] for a in c])
+        ax = fig.add_subplot(len(runs), 1, i + 1)
+        ax.bar(np.arange(k), mem, 0.7, color=np.where(fits, "tab:green", "tab:red"))
+        ax.bar([0], [0], color="tab:green", label="argmax subnet, fits")
+        ax.bar([0], [0], color="tab:red", label="argmax subnet, over budget")
+        ax.scatter(np.arange(k), budget, marker="_", s=300, color="black", linewidths=2, label="budget", zorder=3)
+        ax.set_ylabel("training memory (MiB)")
+        ax.set_xticks(np.arange(k))
+        ax.set_xlim(-0.6, k - 0.4)
+        ax.set_title(f"{LABELS[method]}: {fits.sum()}/{k} clients within budget", fontsize=9, loc="right")
+        if i == 0:
+            ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.12), ncol=3, frameon=False)
+    ax.set_xlabel("client")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+
+
+def _f(x, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def report(result: dict, cfg: ExperimentConfig) -> str:
+    a, d = cfg.algo, cfg.data
+    space = f"DARTS C={a.C}, {a.layers} cells, {a.steps} nodes, {a.primitives} ops" if a.space == "darts" else \
+        f"{a.space} ({a.space_preset})"
+    lines = [f"# PerFedRLNAS vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']}, "
+             f"{result['clients_per_round']} per round)", "",
+             f"{result['rounds']} rounds of {a.local_epochs} local epochs; PerFedRLNAS: {space}, lr {a.lr} → "
+             f"{a.lr_min}, policy Adam lr {a.policy_lr}, λ_time {a.lambda_time}; FedNAS: "
+             f"{result['fednas_search_rounds']} search rounds. Identical local test splits "
+             f"({d.split[2]:.2g} of each client's data) in every run (checked on the partition manifests).", "",
+             "| method | params | local test acc (mean ± std over clients) | min | max | sim. round time (s) "
+             "| wall (s) |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        rt = _f(r.get("round_time_s"), 3)
+        lines.append(f"| {r['label']} | {r['params']:,.0f} | {r['mean']:.4f} ± {r['std']:.4f} | {r['min']:.4f} | "
+                     f"{r['max']:.4f} | {rt} | {r['wall_s']:.0f} |")
+        if "local_training" in r:
+            t = r["local_training"]
+            lines.append(f"| ↳ + {t['epochs']} local epochs (lr {t['lr']}) | | {t['mean']:.4f} ± {t['std']:.4f} | "
+                         f"{t['min']:.4f} | {t['max']:.4f} | | {t['wall_s']:.0f} |")
+    lines += ["", "PerFedRLNAS: each client's argmax subnet of its policy with the final supernet weights; ↳ the same "
+              "subnet after its client's local training (as in a round). params: mean over clients of the argmax "
+              "subnets' weights (FedNAS: the supernet, every client's adapted copy). sim. round time: mean over "
+              "rounds of the slowest sampled client's simulated compute + transfer."]
+    pfr = [r for r in result["rows"] if r["method"] in PERFEDRLNAS]
+    if pfr:
+        lines += ["", "| PerFedRLNAS run | reported acc (latest, mean) | best reported (code's number) | "
+                  "policy entropy first → last round | sampled subnets over budget (all rounds) | argmax subnets "
+                  "within budget |", "|---|---|---|---|---|---|"]
+        for r in pfr:
+            e = r["policy_entropy"]
+            lines.append(f"| {r['label']} | {r['reported_acc_mean']:.4f} | {r['best_reported_acc_mean']:.4f} | "
+                         f"{e[0]:.3f} → {e[1]:.3f} | {sum(r['over_budget'])}/{r['sampled_subnets']} | "
+                         f"{r['fits']}/{result['clients']} |")
+    other = [r for r in result["rows"] if r.get("global_model_acc") is not None or "global_supernet_acc" in r]
+    if other:
+        lines += ["", "Shared model before personalization, mean over clients: " + "; ".join(
+            f"{r['label']}: {_f(r.get('global_model_acc', r.get('global_supernet_acc')))}" for r in other) + "."]
+    if "memory_plot" in result:
+        lines += ["", f"Memory vs budget (Fig. 4 analogue): `{result['memory_plot']}`."]
+    return "\n".join(lines) + "\n"
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {', '.join(METHODS)}")
+    return tuple(m for m in METHODS if m in names)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=("paper",), help="the paper's CIFAR-10 settings (a GPU; needs --data-dir)")
+    p.add_argument("--data-dir", help="prepared CIFAR-10 / CIFAR-100 (tfds data_dir) for --preset paper")
+    p.add_argument("--rounds", type=int, help="rounds of PerFedRLNAS and of the baselines (default 40 on digits, "
+                   "1500 with --preset paper)")
+    p.add_argument("--fednas-rounds", type=int, help="FedNAS's search rounds (default 10 on digits, 50 paper)")
+    p.add_argument("--only", type=_methods, default=DEFAULT_METHODS, metavar="METHOD[,METHOD]",
+                   help=f"the methods to run, of {', '.join(METHODS)} (default: all but perfedrlnas_nobudget)")
+    p.add_argument("--out", default="runs/perfedrlnas")
+    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a PerFedRLNAS setting (see `jaxfednas run perfedrlnas --help`); data./run. fields "
+                   "apply to every method; repeatable")
+    args = p.parse_args(argv)
+    try:
+        parse_set(args.set)
+    except ConfigError as e:
+        p.error(str(e))
+    return run_script("examples/perfedrlnas.py", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

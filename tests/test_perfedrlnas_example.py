@@ -1,0 +1,125 @@
+"""The PerFedRLNAS example end to end on a tiny setting (6 clients, 3 per round, C=4, one
+cell, one node, the tiny op set, 2 rounds of one local epoch; FedNAS searches 1 round):
+the rows of results.json, identical local test splits across runs, the memory-vs-budget
+plot, personal_architectures.json, the argmax subnets' local training, and resume of the
+finished runs. One call of main does all runs.
+
+The default suite runs PerFedRLNAS (memory budget) with local-only training, the cheapest
+baseline; every method (two PerFedRLNAS runs, FedAvg + fine-tuning, local-only, FedNAS
+search + personalization) is the opt-in ``slow`` test."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 6
+TINY = ["--rounds", "2", "--fednas-rounds", "1", "--set", f"data.num_clients={K}", "--set", "run.clients_per_round=3",
+        "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.steps=1", "--set", "algo.primitives=tiny",
+        "--set", "algo.local_epochs=1"]
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("example_perfedrlnas", ROOT / "examples" / "perfedrlnas.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _manifest(out: Path, run: str) -> list[dict]:
+    return json.loads((out / run / "partition" / "manifest.json").read_text())["clients"]
+
+
+def _check_rows(rows: dict) -> None:
+    for r in rows.values():
+        acc = np.asarray(r["client_test_acc"])
+        assert acc.shape == (K,) and np.all((0 <= acc) & (acc <= 1))
+        assert r["min"] <= r["mean"] <= r["max"] and r["mean"] == pytest.approx(acc.mean(), abs=1e-5)
+        assert r["std"] == pytest.approx(acc.std(), abs=1e-5) and r["params"] > 0 and r["wall_s"] >= 0
+
+
+def _check_perfedrlnas(out: Path, method: str, row: dict, budget: bool) -> None:
+    assert row["memory_budget"] is budget and row["round_time_s"] > 0
+    assert len(row["over_budget"]) == 2 and row["sampled_subnets"] == 6
+    assert budget or sum(row["over_budget"]) == 0
+    local = row["local_training"]
+    assert len(local["client_test_acc"]) == K and local["epochs"] == 1
+    archs = json.loads((out / method / "personal_architectures.json").read_text())
+    assert sorted(archs, key=int) == [str(k) for k in range(K)]
+    for a in archs.values():
+        # one node: 2 edges in each of the two cell types
+        assert a["fits"] == (a["memory_bytes"] <= a["memory_budget_bytes"]) and len(a["choice"]) == 4
+    assert row["fits"] == sum(a["fits"] for a in archs.values())
+    assert row["params"] == pytest.approx(np.mean([a["params"] for a in archs.values()]), rel=1e-5)
+
+
+def test_perfedrlnas_example_against_local_only(tmp_path, capsys):
+    ex, out = _example(), tmp_path / "p"
+    assert ex.main(TINY + ["--only", "perfedrlnas,local_only", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["perfedrlnas", "local_only"] and result["same_test_splits"]
+    _check_rows(rows)
+    _check_perfedrlnas(out, "perfedrlnas", rows["perfedrlnas"], budget=True)
+    assert (out / "plots" / "memory_vs_budget.png").stat().st_size > 0
+    ref, other = _manifest(out, "perfedrlnas"), _manifest(out, "local_only")
+    assert [c["test"] for c in other] == [c["test"] for c in ref]
+    assert [sorted(c["train"]) for c in other] == [sorted(c["train"]) for c in ref]
+    md = (out / "results.md").read_text()
+    assert "| PerFedRLNAS, memory budget (Eq. 9) |" in md and "| local-only |" in md
+    # finished runs: without --resume the example refuses to overwrite; with it nothing trains again
+    assert ex.main(TINY + ["--only", "perfedrlnas,local_only", "--out", str(out)]) == 2
+    capsys.readouterr()
+    assert ex.main(TINY + ["--only", "perfedrlnas,local_only", "--out", str(out), "--resume"]) == 0
+    assert "round 1/2" not in capsys.readouterr().out
+    again = json.loads((out / "results.json").read_text())
+    for a, b in zip(again["rows"], result["rows"]):
+        assert (a["client_test_acc"], a["wall_s"], a.get("local_training")) == \
+            (b["client_test_acc"], b["wall_s"], b.get("local_training"))
+
+
+@pytest.mark.slow
+def test_perfedrlnas_example_compares_every_method_on_identical_splits(tmp_path, capsys):
+    ex, out = _example(), tmp_path / "p"
+    every = ["--only", ",".join(ex.METHODS)]
+    assert ex.main(TINY + every + ["--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == list(ex.METHODS) and result["same_test_splits"]
+    _check_rows(rows)
+    _check_perfedrlnas(out, "perfedrlnas", rows["perfedrlnas"], budget=True)
+    _check_perfedrlnas(out, "perfedrlnas_nobudget", rows["perfedrlnas_nobudget"], budget=False)
+    # both runs draw the same simulated devices (the seed), so the same budgets
+    budgets = [[a["memory_budget_bytes"] for _, a in sorted(json.loads(
+        (out / m / "personal_architectures.json").read_text()).items(), key=lambda kv: int(kv[0]))]
+        for m in ("perfedrlnas", "perfedrlnas_nobudget")]
+    assert budgets[0] == budgets[1]
+    assert (out / "plots" / "memory_vs_budget.png").stat().st_size > 0
+    # FedNAS: a search of the same DARTS space, personalized on every client
+    cfg = json.loads((out / "fednas" / "config.json").read_text())["algo"]
+    assert (cfg["C"], cfg["layers"], cfg["steps"], cfg["primitives"]) == (4, 1, 1, "tiny")
+    assert rows["fednas"]["genotype"] == json.loads((out / "fednas" / "summary.json").read_text())["architecture"]
+    assert 0 <= rows["fednas"]["global_supernet_acc"] <= 1
+    # identical local test splits; FedNAS searches on a 60/20 split of the others' 80 % training rows
+    ref = _manifest(out, "perfedrlnas")
+    for run in ("perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas"):
+        clients = _manifest(out, run)
+        assert [c["test"] for c in clients] == [c["test"] for c in ref], run
+        assert [sorted(c["train"] + c["val"]) for c in clients] == [sorted(c["train"]) for c in ref], run
+    md = (out / "results.md").read_text()
+    for label in ex.LABELS.values():
+        assert f"| {label} |" in md
+    capsys.readouterr()
+    assert ex.main(TINY + every + ["--out", str(out), "--resume"]) == 0
+    assert "round 1/2" not in capsys.readouterr().out
+    again = json.loads((out / "results.json").read_text())
+    for a, b in zip(again["rows"], result["rows"]):
+        assert (a["method"], a["client_test_acc"], a["wall_s"]) == (b["method"], b["client_test_acc"], b["wall_s"])
+
+
+def test_unknown_method_is_a_usage_error():
+    with pytest.raises(SystemExit) as e:
+        _example().main(["--only", "perfedrlnas,nope"])
+    assert e.value.code == 2
