@@ -115,6 +115,8 @@ class PerFedRLNASConfig(Validated):
                                               "2-16 GB on NASViT)", range=(0.0, 10.0))
     throughput_range: tuple[float, float] = param((1e9, 1e10), "client throughput ~ log-U[lo, hi] multiply-adds per second")
     bandwidth_mbps: float = param(100.0, "up- and download bandwidth, Mbit/s (paper 100)", range=(1e-6, None))
+    augment: str = param("auto", "on-device augmentation of client training (auto: none for digits, crop+flip "
+                         "for CIFAR, as the code)", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
     def check(self):
@@ -291,7 +293,7 @@ def make_client_train(cfg: PerFedRLNASConfig, info: DataInfo, space) -> Callable
 
     def train(variables, choice, data: ClientData, key, lr):
         keep = space.variable_mask(choice, variables)
-        grad = make_batch_grad(space.subnet(choice), info, "none")
+        grad = make_batch_grad(space.subnet(choice), info, cfg.augment)
 
         def step(carry, batch, key):
             params, stats, opt = carry
