@@ -70,7 +70,6 @@ from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
                                reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
                                scatter_rows)
-from search_spaces import arch_entropy
 from search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
 
 DESCRIPTION = "PerFedRLNAS (Yao & Li): per-client REINFORCE policies over one supernet, subnets trained by clients"
@@ -223,6 +222,13 @@ def draw_resources(cfg: PerFedRLNASConfig, key: jax.Array, num_clients: int,
 def masked_logits(policy: jax.Array, valid: np.ndarray) -> jax.Array:
     """α with the padding slots of short dimensions at −inf (probability 0)."""
     return jnp.where(valid, policy, -jnp.inf)
+
+
+def policy_entropy(policy: jax.Array, valid: np.ndarray) -> jax.Array:
+    """Mean entropy (nats) over clients and dimensions of softmax(α) (padding slots excluded:
+    dimensions may have different numbers of choices)."""
+    logp = jax.nn.log_softmax(masked_logits(policy, valid), -1)
+    return (-jnp.where(valid, jnp.exp(logp) * logp, 0.0).sum(-1)).mean()
 
 
 def policy_argmax(policy: jax.Array, valid: np.ndarray) -> jax.Array:
@@ -438,7 +444,7 @@ def perfedrlnas(
                 reported.sum(), 1), "reward_mean": (r * reported).sum() / jnp.maximum(reported.sum(), 1),
             "acc_baseline": baseline, "round_time_s": jnp.max(jnp.where(reported, rt, 0.0)),
             "subnet_params": (costs[:, 0] * reported).sum() / jnp.maximum(reported.sum(), 1),
-            "over_budget": (~fits).sum(), "policy_entropy": arch_entropy(masked_logits(state.policy, valid)),
+            "over_budget": (~fits).sum(), "policy_entropy": policy_entropy(state.policy, valid),
             "server_update_skipped": nothing_to_aggregate(weights),
             **reported_metrics(weights, key, idx, dropout_rate),
         }
@@ -455,7 +461,7 @@ def perfedrlnas(
         out.update({
             "reported_acc_mean": (state.acc * state.seen).sum() / seen,
             "best_reported_acc_mean": (state.best_acc * state.seen).sum() / seen,  # the code's logged number
-            "policy_entropy": arch_entropy(masked_logits(state.policy, valid)),
+            "policy_entropy": policy_entropy(state.policy, valid),
             "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
             "client_memory_budget_mb": state.resources.memory_budget / 2**20,
             "client_throughput_gmacs": state.resources.throughput / 1e9,

@@ -181,6 +181,12 @@ def _restrict(full: dict, like: dict) -> dict:
     return {k: _restrict(full[k], sub) if isinstance(sub, dict) else full[k] for k, sub in like.items()}
 
 
+def test_policy_entropy_ignores_padding():
+    valid = np.array([[True, True, False], [True, True, True]])
+    h = pf.policy_entropy(jnp.zeros((1, 2, 3)), valid)
+    assert float(h) == pytest.approx((np.log(2) + np.log(3)) / 2, rel=1e-6)
+
+
 def test_argmax_breaks_exact_ties_pseudo_randomly_not_to_the_first_op():
     valid = np.ones((64, 3), bool)
     tied = jnp.tile(jnp.array([0.5, 0.5, -1.0]), (64, 1))
@@ -260,6 +266,7 @@ def test_a_round_on_the_elastic_and_hybrid_spaces(space, tiny_data):
     idx, _ = round_clients(round_key(0, 0), 4, 2)
     moved = np.abs(np.asarray(s1.policy - s0.policy)).sum((1, 2)) > 0
     assert moved[np.asarray(idx)].all() and moved.sum() == 2
-    assert np.isfinite(float(m["train_loss"])) and float(m["subnet_params"]) > 0
+    assert all(np.isfinite(float(v)) for v in m.values()), m  # dimensions of unequal size: padded policies
+    assert float(m["subnet_params"]) > 0
     arch = algo.export(s1).clients["0"]
     assert arch["params"] > 0 and len(arch["architecture"]) == len(pf.make_space(cfg.algo, tiny_data.info).dims)
