@@ -16,7 +16,8 @@ Deviations of the authors' code that are available as options for parity
 (docs/authors_code.md §2.2-2.3, §7 rows 5-7), all off by default:
   * ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
   * ``order="alpha_first"`` — the code steps α first, then w at the new α;
-  * ``w_clip=0`` — the code clips α's gradients and never the weights'.
+  * ``w_clip=0`` — the code clips α's gradients and never the weights'; this option only
+    removes the weight clip (α's gradient is not clipped in either setting).
 Kept from the code because the paper is silent: optimizers and the cosine
 schedule (0.025 → 0.001 over the local epochs) are re-created every round.
 """
