@@ -153,7 +153,7 @@ def test_resource_model_is_seeded_and_in_range(built, tiny_data):
 def test_darts_subnet_and_costs_equal_the_single_op_network(tiny_data):
     """A subnet with op j on every edge is the supernet built with primitives (op_j,): same
     logits from the same weights, and costs = count_params / count_macs of that network."""
-    cfg = _cfg(steps=2).algo
+    cfg = _cfg().algo
     space = pf.make_space(cfg, tiny_data.info)
     net = space.net
     x = np.asarray(tiny_data.info.normalize(tiny_data.server_x[:16]))
@@ -255,10 +255,12 @@ def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
     jax.tree.map(lambda a, b, k: np.testing.assert_array_equal(a * (1 - k), b * (1 - k)), s1, v["batch_stats"], keep)
 
 
-@pytest.mark.parametrize("space", ["elastic", "hybrid"])
-def test_a_round_on_the_elastic_and_hybrid_spaces(space, tiny_data):
-    """The same algorithm over the other spaces (tiny presets): one round trains the sampled
-    subnets, moves only the sampled clients' policies, and exports costed architectures."""
+@pytest.mark.parametrize("space", ["elastic"])
+def test_a_round_on_the_elastic_space(space, tiny_data):
+    """The same algorithm over another space (tiny preset; its dimensions have 2 or 3 choices,
+    so policies are padded): one round trains the sampled subnets, moves only the sampled
+    clients' policies, and exports costed architectures. (The hybrid space runs through the
+    same code; its own tests are tests/test_hybrid.py, a round of it ~27 s to compile.)"""
     cfg = _cfg(space=space, space_preset="tiny")
     algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
     s0 = algo.init(init_key(0))
