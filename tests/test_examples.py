@@ -1,10 +1,13 @@
-"""The FedNAS example end to end on a tiny setting: global search + evaluation stage, and
-the personalized comparison (FedNAS personalization vs the three baselines)."""
+"""The FedNAS example end to end on a tiny setting: global search + evaluation stage (the
+README's main job), and the personalized comparison (FedNAS personalization vs the three
+baselines; opt-in ``slow``: its parts are tested in tests/test_fednas.py and
+tests/test_personalized_baselines.py, and its four compilations cost ~35 s cold)."""
 import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=1",
@@ -38,6 +41,7 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     assert "evaluation-stage global test acc" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fednas_example_personalized_table(tmp_path):
     out = tmp_path / "p"
     assert _example("fednas").main(TINY + ["--personalized", "--out", str(out)]) == 0
