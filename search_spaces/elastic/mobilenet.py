@@ -112,6 +112,7 @@ from jax import lax
 
 from jaxfednas.nn import conv_canonical_grad, depthwise_conv, resolve_depthwise_impl, use_fast_grad
 from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
+from search_spaces.sliced import as_choice, flax_apply, pad, select
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
@@ -393,7 +394,7 @@ class ElasticMobileNet:
     def subnet(self, choice) -> "ElasticSubnet":
         """The subnet ``choice`` (int ``[D]``: traced, or concrete and then checked) over
         the supernet's variables, applied like a Flax module (:class:`ElasticSubnet`)."""
-        return ElasticSubnet(self, _as_choice(self.dims, choice))
+        return ElasticSubnet(self, as_choice(self.dims, choice))
 
     def variable_mask(self, choice, variables: dict) -> dict:
         """0/1 float32 tree like ``variables`` (``params`` and/or ``batch_stats``), each leaf
@@ -401,7 +402,7 @@ class ElasticMobileNet:
         blocks, the centre ``k × k`` of each depthwise kernel, the first ``e · w_in`` hidden
         and first ``w`` output channels — and on the BatchNorm statistics it updates.
         ``choice`` may be traced (jnp ops only; vmap over choices works)."""
-        c = _as_choice(self.dims, choice)
+        c = as_choice(self.dims, choice)
         xp = np if isinstance(c, np.ndarray) else jnp
         unknown = sorted(set(variables) - set(self._layout))
         if unknown:
@@ -524,38 +525,6 @@ def _init_leaf(noise: jax.Array, leaf: _Leaf) -> jax.Array:
         return jnp.zeros(leaf.shape, jnp.float32)
     std = float(np.sqrt(2.0 / int(arg))) if kind == "conv" else float(arg)
     return std * noise
-
-
-def _as_choice(dims, choice):
-    """A traced choice as int32 ``[D]`` (shape and dtype checked), a concrete one as
-    checked numpy int32 (``ValueError`` naming the first dimension out of range)."""
-    if isinstance(choice, jax.core.Tracer):
-        if choice.shape != (len(dims),) or not jnp.issubdtype(choice.dtype, jnp.integer):
-            raise ValueError(f"a subnet is {len(dims)} integer choices (one per dimension), got shape "
-                             f"{choice.shape} dtype {choice.dtype}")
-        return choice.astype(jnp.int32)
-    return check_choice(dims, np.asarray(choice))
-
-
-# ---- the forward pass ----------------------------------------------------------------------
-
-
-def _select(index, branches, *operands):
-    """``branches[index](*operands)``, rematerialised: Python's pick for a concrete index,
-    else ``lax.switch`` (only the chosen branch runs). Differentiating a switch keeps the
-    residuals of every branch (zero-filled for those not taken) — a copy of the input
-    sliced at every width; rematerialised, it keeps only the shared (padded) operands.
-    A branch is linear (a sliced convolution), so the recomputation is only the slicing
-    (XLA drops the unused recomputed product) — and a ``"slices"`` depthwise conv then
-    does not keep its k² shifted copies either, traced or concrete."""
-    branches = [jax.checkpoint(f) for f in branches]
-    if len(branches) == 1 or isinstance(index, (int, np.integer)):
-        return branches[0 if len(branches) == 1 else int(index)](*operands)
-    return lax.switch(index, branches, *operands)
-
-
-def _pad(x, width: int):
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
 
 def _batch_norm(x, p: dict, s: dict, train: bool, mask, active=None):
@@ -685,25 +654,7 @@ class ElasticSubnet(NamedTuple):
         return int(self.choice[d]) if isinstance(self.choice, np.ndarray) else self.choice[d]
 
     def apply(self, variables: dict, x, *, train: bool = False, mask=None, mutable=False):
-        space = self.space
-        space._check_input(x)
-        if mask is None:
-            mask = jnp.ones((x.shape[0],), bool)
-        params, stats = variables["params"], variables["batch_stats"]
-        logits, new_stats = self._forward(params, stats, x, train, mask)
-        if mutable is True:
-            mutable = tuple(variables)
-        elif isinstance(mutable, str):
-            mutable = (mutable,)
-        if not mutable:
-            return logits
-        unknown = [c for c in mutable if c not in variables]
-        if unknown:
-            raise ValueError(f"mutable collections {unknown} are not among the variables {sorted(variables)}")
-        out = {c: variables[c] for c in mutable}
-        if "batch_stats" in out:
-            out["batch_stats"] = new_stats if train else stats
-        return logits, out
+        return flax_apply(self, variables, x, train=train, mask=mask, mutable=mutable)
 
     def _forward(self, params, stats, x, train: bool, mask):
         space, g = self.space, self.space.geometry
@@ -732,8 +683,8 @@ class ElasticSubnet(NamedTuple):
             new.setdefault(stage, {})[block] = s
         last, ph = space.blocks[-1], params["head"]
         widths, L = g.stages[-1].widths, g.last_channels
-        h = _select(self._index(last.dims.width),
-                    [functools.partial(_pointwise, c_in=w, c_out=L) for w in widths], h, ph["conv"]["kernel"])
+        h = select(self._index(last.dims.width), [functools.partial(_pointwise, c_in=w, c_out=L) for w in widths],
+                   h, ph["conv"]["kernel"], remat=True)
         h, s = _batch_norm(h, ph["bn"], stats["head"]["bn"], train, mask)
         new["head"] = {"bn": s}
         h = ACTIVATIONS[g.head_act](h).mean(axis=(1, 2))
@@ -758,7 +709,7 @@ class ElasticSubnet(NamedTuple):
         h_pad, w_max = (hidden if concrete else max(st.expands) * max(b.in_widths)), max(st.widths)
 
         def expand(w_in, h):
-            return lambda x, kernel: _pad(_pointwise(x, kernel, w_in, h), h_pad)
+            return lambda x, kernel: pad(_pointwise(x, kernel, w_in, h), h_pad)
 
         def dw(k):
             def run(x, kernel):  # every (padded) hidden channel: zeros in, zeros out
@@ -767,12 +718,14 @@ class ElasticSubnet(NamedTuple):
             return run
 
         def project(h, w):
-            return lambda x, kernel: _pad(_pointwise(x, kernel, h, w), w_max)
+            return lambda x, kernel: pad(_pointwise(x, kernel, h, w), w_max)
 
         def layer(name, make, index, y):
             branches, table = tables[name]
             t = int(table[index]) if concrete else jnp.asarray(table)[index]
-            return _select(t, [make(*key) for key in branches], y, p[name]["kernel"])
+            # rematerialised: a branch is linear (a sliced convolution), so the recomputation is
+            # only the slicing, and a "slices" depthwise conv does not keep its k² shifted copies
+            return select(t, [make(*key) for key in branches], y, p[name]["kernel"], remat=True)
 
         y = layer("expand", expand, (i, e), x)
         y, s_e = _batch_norm(y, p["expand_bn"], s["expand_bn"], train, mask, hidden)

@@ -76,6 +76,7 @@ from jax import lax
 
 from jaxfednas.nn import conv_canonical_grad, use_fast_grad
 from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
+from search_spaces.sliced import as_choice, flax_apply, pad, select
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch
@@ -303,13 +304,13 @@ class HybridViT:
     def subnet(self, choice) -> "HybridSubnet":
         """The subnet ``choice`` (int ``[D]``; traced, or concrete and then checked) over the
         supernet's variables, applied like a Flax module."""
-        return HybridSubnet(self, _as_choice(self.dims, choice))
+        return HybridSubnet(self, as_choice(self.dims, choice))
 
     def variable_mask(self, choice, variables: dict) -> dict:
         """0/1 float32 tree like ``variables`` (``params`` and/or ``batch_stats``), each leaf
         broadcastable to its variable: 1 exactly on the entries the subnet reads (and the
         BatchNorm statistics it updates). ``choice`` may be traced."""
-        c = _as_choice(self.dims, choice)
+        c = as_choice(self.dims, choice)
         xp = np if isinstance(c, np.ndarray) else jnp
         unknown = sorted(set(variables) - set(self._layout))
         if unknown:
@@ -367,7 +368,7 @@ class HybridViT:
     def traced_cost(self, choice) -> jax.Array:
         """:meth:`cost` of a (traced) choice as float32 ``[3]`` (params, macs,
         activation_floats), for jitted code; ``vmap`` it over several choices."""
-        c = _as_choice(self.dims, choice)
+        c = as_choice(self.dims, choice)
         return jnp.stack([jnp.asarray(v, jnp.float32) for v in self._costs(jnp.asarray(c), jnp)])
 
     def _costs(self, c, xp) -> tuple:
@@ -415,27 +416,6 @@ def _init_scale(leaf: _Leaf) -> float:
     return math.sqrt((2.0 if leaf.init == "he" else 1.0) / math.prod(leaf.shape[n_lead:-1]))
 
 
-def _as_choice(dims, choice):
-    """A traced choice as int32 ``[D]`` (shape checked), a concrete one as checked numpy."""
-    if isinstance(choice, jax.core.Tracer):
-        if choice.shape != (len(dims),) or not jnp.issubdtype(choice.dtype, jnp.integer):
-            raise ValueError(f"a subnet is {len(dims)} integer choices (one per dimension), got shape "
-                             f"{choice.shape} dtype {choice.dtype}")
-        return choice.astype(jnp.int32)
-    return check_choice(dims, np.asarray(choice))
-
-
-# ---- the forward pass -------------------------------------------------------------------
-
-
-def _select(index, branches, *operands):
-    """``branches[index](*operands)``: Python's choice for a concrete index, else
-    ``lax.switch`` (only the chosen branch runs)."""
-    if isinstance(index, (int, np.integer)) or len(branches) == 1:
-        return branches[int(index) if len(branches) > 1 else 0](*operands)
-    return lax.switch(index, branches, *operands)
-
-
 def _conv(x, kernel, stride: int, padding: str = "SAME"):
     """NHWC / HWIO convolution. On CPU its gradient is written as canonical convolutions
     (:func:`jaxfednas.nn.conv_canonical_grad`): inside a ``lax.switch`` / ``cond`` XLA:CPU
@@ -444,10 +424,6 @@ def _conv(x, kernel, stride: int, padding: str = "SAME"):
     if use_fast_grad():
         return conv_canonical_grad(x, kernel, (stride, stride), padding, (1, 1))
     return lax.conv_general_dilated(x, kernel, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-
-
-def _pad(x, width: int):
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
 
 def _batch_norm(x, p: dict, s: dict, train: bool, mask):
@@ -517,25 +493,7 @@ class HybridSubnet(NamedTuple):
         return jnp.asarray(choices, jnp.int32)[self.choice[j]]
 
     def apply(self, variables: dict, x, *, train: bool = False, mask=None, mutable=False):
-        space = self.space
-        space._check_input(x)
-        if mask is None:
-            mask = jnp.ones((x.shape[0],), bool)
-        params, stats = variables["params"], variables["batch_stats"]
-        logits, new_stats = self._forward(params, stats, x, train, mask)
-        if mutable is True:
-            mutable = tuple(variables)
-        elif isinstance(mutable, str):
-            mutable = (mutable,)
-        if not mutable:
-            return logits
-        unknown = [c for c in mutable if c not in variables]
-        if unknown:
-            raise ValueError(f"mutable collections {unknown} are not among the variables {sorted(variables)}")
-        out = {c: variables[c] for c in mutable}
-        if "batch_stats" in out:
-            out["batch_stats"] = new_stats if train else stats
-        return logits, out
+        return flax_apply(self, variables, x, train=train, mask=mask, mutable=mutable)
 
     def _forward(self, params, stats, x, train: bool, mask):
         space = self.space
@@ -560,11 +518,11 @@ class HybridSubnet(NamedTuple):
                 return _dense(z, params["head"], space.num_classes)
             return run
 
-        return _select(prev_index, [head(e) for e in prev_widths], h), new
+        return select(prev_index, [head(e) for e in prev_widths], h), new
 
     def _entry(self, h, prev_widths, prev_index, fn):
         """``fn(h[..., :c])`` for the previous stage's chosen width ``c`` (a switch)."""
-        return _select(prev_index, [lambda h, c=c: fn(h[..., :c]) for c in prev_widths], h)
+        return select(prev_index, [lambda h, c=c: fn(h[..., :c]) for c in prev_widths], h)
 
     def _conv_stage(self, h, p, s, st: ConvStage, key, prev_widths, prev_index, train, mask):
         kernel_index, depth = self._index(f"{key}.kernel"), self._value(f"{key}.depth")
@@ -575,7 +533,7 @@ class HybridSubnet(NamedTuple):
                 def conv(k):
                     lo = km // 2 - k // 2
                     return lambda h: _conv(h, pj["conv"][lo:lo + k, lo:lo + k, :w, :w], 1)
-                y = _select(kernel_index, [conv(k) for k in st.kernels], h)
+                y = select(kernel_index, [conv(k) for k in st.kernels], h)
                 y, sj_bn = _batch_norm(y, pj["bn"], sj["bn"], train, mask)
                 return jax.nn.relu(h + y), {"bn": sj_bn}
             return run
@@ -586,10 +544,10 @@ class HybridSubnet(NamedTuple):
                                 lambda z: _conv(z, p["entry"]["conv"][:, :, : z.shape[-1], :w], st.stride))
                 y, se = _batch_norm(y, p["entry"]["bn"], s["entry"]["bn"], train, mask)
                 y, sb = _blocks(block(w), jax.nn.relu(y), p["blocks"], s["blocks"], depth, min(st.depths))
-                return _pad(y, wm), {"entry": {"bn": se}, "blocks": sb}
+                return pad(y, wm), {"entry": {"bn": se}, "blocks": sb}
             return run
 
-        return _select(self._index(f"{key}.width"), [stage(w) for w in st.widths], h)
+        return select(self._index(f"{key}.width"), [stage(w) for w in st.widths], h)
 
     def _vit_stage(self, h, p, st: ViTStage, key, first: bool, prev_widths, prev_index):
         space, dh = self.space, self.space.head_dim
@@ -614,9 +572,9 @@ class HybridSubnet(NamedTuple):
         def block(e):
             def run(h, pj, sj):
                 z = _layer_norm(h, pj["ln1"])
-                h = h + _select(heads_index, [attention(e, n) for n in st.heads], z, pj)
+                h = h + select(heads_index, [attention(e, n) for n in st.heads], z, pj)
                 z = _layer_norm(h, pj["ln2"])
-                return h + _select(ratio_index, [mlp(e, r) for r in st.mlp_ratios], z, pj), sj
+                return h + select(ratio_index, [mlp(e, r) for r in st.mlp_ratios], z, pj), sj
             return run
 
         def stage(e):
@@ -630,10 +588,10 @@ class HybridSubnet(NamedTuple):
                 else:
                     y = self._entry(h, prev_widths, prev_index, lambda z: _dense(z, p["entry"], e))
                 y, _ = _blocks(block(e), y, p["blocks"], {}, depth, min(st.depths))
-                return _pad(y, max(st.widths))
+                return pad(y, max(st.widths))
             return run
 
-        return _select(self._index(f"{key}.width"), [stage(e) for e in st.widths], h)
+        return select(self._index(f"{key}.width"), [stage(e) for e in st.widths], h)
 
 
 SPACES: dict[str, HybridViT] = {
