@@ -1,5 +1,6 @@
 """Pieces shared by the choice spaces whose subnets are slices of the supernet's weights
-(:mod:`search_spaces.elastic`, :mod:`search_spaces.hybrid`): choice checking, a branch
+(:mod:`search_spaces.elastic`, :mod:`search_spaces.hybrid`): choice checking, a convolution
+with a CPU-friendly gradient, a branch
 pick that stays a real branch for traced indices, zero padding to a static width, and
 Flax's ``apply`` convention for functional subnets."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxfednas.nn import conv_canonical_grad, use_fast_grad
 from search_spaces.choice import check_choice
 
 
@@ -33,6 +35,16 @@ def select(index, branches, *operands, remat: bool = False):
     if len(branches) == 1 or isinstance(index, (int, np.integer)):
         return branches[0 if len(branches) == 1 else int(index)](*operands)
     return lax.switch(index, branches, *operands)
+
+
+def conv_nhwc(x, kernel, stride: int, padding="SAME"):
+    """NHWC / HWIO convolution. On CPU its gradient is written as canonical convolutions
+    (:func:`jaxfednas.nn.conv_canonical_grad`): inside a ``lax.switch`` / ``cond`` XLA:CPU
+    otherwise runs the transposed convolutions of the backward pass through its generic
+    emitter (measured: 3×3, 32 channels, batch 32: kernel gradient 25 ms instead of 0.6)."""
+    if use_fast_grad():
+        return conv_canonical_grad(x, kernel, (stride, stride), padding, (1, 1))
+    return lax.conv_general_dilated(x, kernel, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def pad(x, width: int):
@@ -65,4 +77,4 @@ def flax_apply(subnet, variables: dict, x, *, train: bool = False, mask=None, mu
     return logits, out
 
 
-__all__ = ["as_choice", "flax_apply", "pad", "select"]
+__all__ = ["as_choice", "conv_nhwc", "flax_apply", "pad", "select"]

@@ -110,9 +110,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxfednas.nn import conv_canonical_grad, depthwise_conv, resolve_depthwise_impl, use_fast_grad
+from jaxfednas.nn import depthwise_conv, resolve_depthwise_impl
 from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
-from search_spaces.sliced import as_choice, flax_apply, pad, select
+from search_spaces.sliced import as_choice, conv_nhwc, flax_apply, pad, select
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
@@ -631,10 +631,7 @@ def _depthwise(x, w, stride: int, impl: str | None):
 
 
 def _stem_conv(x, kernel, stride: int):
-    pad = ((STEM_KERNEL // 2,) * 2,) * 2
-    if use_fast_grad():  # canonical gradient convolutions: fast on XLA:CPU inside loops
-        return conv_canonical_grad(x, kernel, (stride, stride), pad, (1, 1))
-    return lax.conv_general_dilated(x, kernel, (stride, stride), pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return conv_nhwc(x, kernel, stride, ((STEM_KERNEL // 2,) * 2,) * 2)
 
 
 class ElasticSubnet(NamedTuple):

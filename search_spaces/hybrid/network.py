@@ -74,9 +74,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxfednas.nn import conv_canonical_grad, use_fast_grad
 from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
-from search_spaces.sliced import as_choice, flax_apply, pad, select
+from search_spaces.sliced import as_choice, conv_nhwc, flax_apply, pad, select
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch
@@ -416,16 +415,6 @@ def _init_scale(leaf: _Leaf) -> float:
     return math.sqrt((2.0 if leaf.init == "he" else 1.0) / math.prod(leaf.shape[n_lead:-1]))
 
 
-def _conv(x, kernel, stride: int, padding: str = "SAME"):
-    """NHWC / HWIO convolution. On CPU its gradient is written as canonical convolutions
-    (:func:`jaxfednas.nn.conv_canonical_grad`): inside a ``lax.switch`` / ``cond`` XLA:CPU
-    otherwise runs the transposed convolutions of the backward pass through its generic
-    emitter (measured: 3×3, 32 channels, batch 32: kernel gradient 25 ms instead of 0.6)."""
-    if use_fast_grad():
-        return conv_canonical_grad(x, kernel, (stride, stride), padding, (1, 1))
-    return lax.conv_general_dilated(x, kernel, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-
-
 def _batch_norm(x, p: dict, s: dict, train: bool, mask):
     """BatchNorm over the ``C = x.shape[-1]`` leading channels of ``p`` / ``s``; in
     training, statistics of the real examples (``mask``) and running averages updated on
@@ -498,7 +487,7 @@ class HybridSubnet(NamedTuple):
     def _forward(self, params, stats, x, train: bool, mask):
         space = self.space
         new = {}
-        h = _conv(x, params["stem"]["conv"], space.stem_stride)
+        h = conv_nhwc(x, params["stem"]["conv"], space.stem_stride)
         h, s = _batch_norm(h, params["stem"]["bn"], stats["stem"]["bn"], train, mask)
         new["stem"] = {"bn": s}
         h = jax.nn.relu(h)
@@ -532,7 +521,7 @@ class HybridSubnet(NamedTuple):
             def run(h, pj, sj):
                 def conv(k):
                     lo = km // 2 - k // 2
-                    return lambda h: _conv(h, pj["conv"][lo:lo + k, lo:lo + k, :w, :w], 1)
+                    return lambda h: conv_nhwc(h, pj["conv"][lo:lo + k, lo:lo + k, :w, :w], 1)
                 y = select(kernel_index, [conv(k) for k in st.kernels], h)
                 y, sj_bn = _batch_norm(y, pj["bn"], sj["bn"], train, mask)
                 return jax.nn.relu(h + y), {"bn": sj_bn}
@@ -541,7 +530,7 @@ class HybridSubnet(NamedTuple):
         def stage(w):
             def run(h):
                 y = self._entry(h, prev_widths, prev_index,
-                                lambda z: _conv(z, p["entry"]["conv"][:, :, : z.shape[-1], :w], st.stride))
+                                lambda z: conv_nhwc(z, p["entry"]["conv"][:, :, : z.shape[-1], :w], st.stride))
                 y, se = _batch_norm(y, p["entry"]["bn"], s["entry"]["bn"], train, mask)
                 y, sb = _blocks(block(w), jax.nn.relu(y), p["blocks"], s["blocks"], depth, min(st.depths))
                 return pad(y, wm), {"entry": {"bn": se}, "blocks": sb}
@@ -582,7 +571,7 @@ class HybridSubnet(NamedTuple):
                 if first:
                     def patches(z):
                         pe = p["entry"]
-                        y = _conv(z, pe["kernel"][:, :, : z.shape[-1], :e], space.patch, "VALID") + pe["bias"][:e]
+                        y = conv_nhwc(z, pe["kernel"][:, :, : z.shape[-1], :e], space.patch, "VALID") + pe["bias"][:e]
                         return y.reshape(y.shape[0], -1, e) + pe["pos"][:, :e]
                     y = self._entry(h, prev_widths, prev_index, patches)
                 else:
