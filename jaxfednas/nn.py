@@ -229,7 +229,9 @@ class DepthwiseConv(nn.Module):
         return depthwise_conv(x, w, self.stride, self.dilation, self.padding, self.dw_impl)
 
 
-def _dense_conv(x, w, stride: int, padding: int, dilation: int):
+def dense_conv(x, w, stride: int, padding: int, dilation: int):
+    """NHWC / HWIO convolution, square ``stride`` / symmetric ``padding`` / ``dilation``, with
+    canonical-convolution gradients on CPU (see :class:`Conv`)."""
     s, d, p = (stride, stride), (dilation, dilation), ((padding, padding), (padding, padding))
     if use_fast_grad():
         return conv_canonical_grad(x, w.astype(x.dtype), s, p, d)
@@ -261,6 +263,6 @@ class SeparableConv(nn.Module):
         impl = resolve_depthwise_impl(self.dw_impl)
         if impl == "fused":
             kernel = dw[:, :, 0, :, None] * pw[0, 0][None, None]
-            return _dense_conv(x, kernel, self.stride, self.padding, self.dilation)
+            return dense_conv(x, kernel, self.stride, self.padding, self.dilation)
         y = depthwise_conv(x, dw, self.stride, self.dilation, self.padding, impl)
-        return _dense_conv(y, pw, 1, 0, 1)
+        return dense_conv(y, pw, 1, 0, 1)

@@ -42,9 +42,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxfednas.nn import Conv
+from jaxfednas.nn import Conv, resolve_depthwise_impl, use_fast_grad
 
 from .operations import NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
+from .wide import WideCell
 
 
 def num_edges(steps: int = 4) -> int:
@@ -211,6 +212,19 @@ class MixedOp(nn.Module):
         return out
 
 
+def group_edges_unsupported(scan_edges: bool, norm: str, single_path: bool, dw_impl: str | None) -> str:
+    """Why edges cannot run grouped by source (:mod:`.wide`), or ``""`` when they can."""
+    if not scan_edges:
+        return "scan_edges=True (the grouped form reads the scanned variables)"
+    if norm != "batch":
+        return f"norm='batch' (got {norm!r})"
+    if single_path:
+        return "single_path=False (single-path subnets run one op per edge under a cond)"
+    if resolve_depthwise_impl(dw_impl) != "fused":
+        return f"the 'fused' depthwise formulation (got dw_impl={dw_impl!r})"
+    return ""
+
+
 def edge_table(steps: int) -> list[tuple[int, int, int]]:
     """``(edge, src, node)`` for every edge in DARTS order; ``src`` indexes the states
     (0, 1 = cell inputs, 2 + j = node j)."""
@@ -260,6 +274,12 @@ class SearchCell(nn.Module):
     ``scan_edges=False`` unrolls them as ``edge_<k>`` (see :func:`unroll_variables`).
     ``norm`` is the normalisation of every op and preprocessing layer (see
     :mod:`.operations`).
+
+    ``group_edges`` runs the edges grouped by the state they leave (:mod:`.wide`: the same
+    variables as ``scan_edges``, pooling once per source, the first convolution of all
+    edges of a source as one wide convolution, a custom max-pool backward) instead of the
+    edge scan. ``None`` (default) picks it where it applies and pays: on CPU with the
+    ``"fused"`` depthwise formulation, BatchNorm, ``scan_edges`` and not ``single_path``.
     """
 
     C: int
@@ -272,6 +292,13 @@ class SearchCell(nn.Module):
     scan_edges: bool = True
     norm: str = "batch"
     single_path: bool = False
+    group_edges: bool | None = None
+
+    def _grouped(self) -> bool:
+        why = group_edges_unsupported(self.scan_edges, self.norm, self.single_path, self.dw_impl)
+        if self.group_edges and why:
+            raise ValueError(f"group_edges=True needs {why}")
+        return not why and (self.group_edges or (self.group_edges is None and use_fast_grad()))
 
     @nn.compact
     def __call__(self, s0, s1, weights, train: bool = False, mask=None):
@@ -283,6 +310,16 @@ class SearchCell(nn.Module):
         table = edge_table(self.steps)
         if len(weights) != len(table):
             raise ValueError(f"weights must have {len(table)} rows (one per edge), got {len(weights)}")
+
+        if self._grouped() and not self.is_initializing():
+            variables = self.variables
+            cell = WideCell(self.C, self.reduction, self.steps, self.multiplier, self.primitives, table,
+                            variables.get("params", {}), variables.get("batch_stats", {}), train, mask)
+            out, new_stats = cell.run(s0, s1, weights)
+            if new_stats is not None and self.is_mutable_collection("batch_stats"):
+                for stack, value in new_stats.items():
+                    self.put_variable("batch_stats", stack, value)
+            return out
 
         def mixed(stride, name):
             return MixedOp(self.C, stride, self.primitives, self.dw_impl, norm=self.norm, single_path=self.single_path,
@@ -378,6 +415,9 @@ class DartsSearchNetwork(nn.Module):
     ``single_path=True`` puts every candidate op under a ``cond`` on its weight (see
     :class:`MixedOp`): with one-hot ``arch_weights`` only the chosen ops run (PerFedRLNAS's
     sampled subnets); same variables, same results.
+
+    ``group_edges`` (default ``None``: on CPU where it applies) runs every cell's edges
+    grouped by source (:mod:`.wide`); same variables, same results to float rounding.
     """
 
     C: int
@@ -392,6 +432,7 @@ class DartsSearchNetwork(nn.Module):
     scan_edges: bool = True
     norm: str = "batch"
     single_path: bool = False
+    group_edges: bool | None = None
 
     def _check(self):
         for field, v, lo in (("C", self.C, 1), ("num_classes", self.num_classes, 1), ("layers", self.layers, 1),
@@ -432,7 +473,7 @@ class DartsSearchNetwork(nn.Module):
         def make_cell(spec: CellSpec, name: str):
             return SearchCell(spec.C, spec.reduction, spec.reduction_prev, self.steps, self.multiplier,
                               primitives, self.dw_impl, self.scan_edges, norm=self.norm,
-                              single_path=self.single_path, name=name)
+                              single_path=self.single_path, group_edges=self.group_edges, name=name)
 
         def call_cell(cell, s0, s1):
             w = w_reduce if cell.reduction else w_normal
