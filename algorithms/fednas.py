@@ -74,18 +74,12 @@ class FedNASConfig(Validated):
     group_edges: str = param("auto", "run a cell's edges grouped by source state (search_spaces/darts/wide.py: "
                              "same variables and math, ~1.5-1.9x faster steps on CPU, longer compile): auto "
                              "(on CPU where it applies), on, off (the edge scan)", choices=("auto", "on", "off"))
-    remat: str = param("none", "what the backward pass keeps of a grouped cell: none (all activations), convs "
-                       "(convolution outputs; BN/ReLU/pooling recomputed), full (recompute the cell)",
-                       choices=("none", "convs", "full"))
     personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
     def check(self):
         if self.C % 2:
             raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
-        if self.remat != "none" and (self.group_edges == "off" or not self.scan_edges):
-            raise ConfigError(f"algo.remat={self.remat} needs the grouped edges (algo.group_edges auto/on, "
-                              "algo.scan_edges=true)")
         if self.group_edges == "on" and not self.scan_edges:
             raise ConfigError("algo.group_edges=on needs algo.scan_edges=true (the grouped form reads the "
                               "scanned variables)")
@@ -116,7 +110,7 @@ class FedNASState:
 def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
     """The DARTS supernet of ``cfg`` (every intermediate node concatenated, as in DARTS)."""
     return supernet_of(cfg, info.num_classes, scan_edges=cfg.scan_edges,
-                       group_edges={"auto": None, "on": True, "off": False}[cfg.group_edges], remat=cfg.remat)
+                       group_edges={"auto": None, "on": True, "off": False}[cfg.group_edges])
 
 
 def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:

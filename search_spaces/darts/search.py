@@ -280,8 +280,6 @@ class SearchCell(nn.Module):
     edges of a source as one wide convolution, a custom max-pool backward) instead of the
     edge scan. ``None`` (default) picks it where it applies and pays: on CPU with the
     ``"fused"`` depthwise formulation, BatchNorm, ``scan_edges`` and not ``single_path``.
-    ``remat`` (grouped edges only) trades compute for memory in the backward pass:
-    ``"none"``, ``"convs"`` (keep only convolution outputs), ``"full"`` (recompute the cell).
     """
 
     C: int
@@ -295,16 +293,12 @@ class SearchCell(nn.Module):
     norm: str = "batch"
     single_path: bool = False
     group_edges: bool | None = None
-    remat: str = "none"
 
     def _grouped(self) -> bool:
         why = group_edges_unsupported(self.scan_edges, self.norm, self.single_path, self.dw_impl)
         if self.group_edges and why:
             raise ValueError(f"group_edges=True needs {why}")
-        grouped = not why and bool(self.group_edges or (self.group_edges is None and use_fast_grad()))
-        if self.remat != "none" and not grouped:
-            raise ValueError(f"remat={self.remat!r} needs the grouped edges (group_edges; {why or 'not on this backend'})")
-        return grouped
+        return not why and (self.group_edges or (self.group_edges is None and use_fast_grad()))
 
     @nn.compact
     def __call__(self, s0, s1, weights, train: bool = False, mask=None):
@@ -321,7 +315,7 @@ class SearchCell(nn.Module):
             variables = self.variables
             cell = WideCell(self.C, self.reduction, self.steps, self.multiplier, self.primitives, table,
                             variables.get("params", {}), variables.get("batch_stats", {}), train, mask)
-            out, new_stats = cell.run(s0, s1, weights, remat=self.remat)
+            out, new_stats = cell.run(s0, s1, weights)
             if new_stats is not None and self.is_mutable_collection("batch_stats"):
                 for stack, value in new_stats.items():
                     self.put_variable("batch_stats", stack, value)
@@ -424,8 +418,6 @@ class DartsSearchNetwork(nn.Module):
 
     ``group_edges`` (default ``None``: on CPU where it applies) runs every cell's edges
     grouped by source (:mod:`.wide`); same variables, same results to float rounding.
-    ``remat`` (``"none"``, ``"convs"``, ``"full"``) rematerialises each grouped cell in the
-    backward pass (see :meth:`.wide.WideCell.run`).
     """
 
     C: int
@@ -441,7 +433,6 @@ class DartsSearchNetwork(nn.Module):
     norm: str = "batch"
     single_path: bool = False
     group_edges: bool | None = None
-    remat: str = "none"
 
     def _check(self):
         for field, v, lo in (("C", self.C, 1), ("num_classes", self.num_classes, 1), ("layers", self.layers, 1),
@@ -482,7 +473,7 @@ class DartsSearchNetwork(nn.Module):
         def make_cell(spec: CellSpec, name: str):
             return SearchCell(spec.C, spec.reduction, spec.reduction_prev, self.steps, self.multiplier,
                               primitives, self.dw_impl, self.scan_edges, norm=self.norm,
-                              single_path=self.single_path, group_edges=self.group_edges, remat=self.remat, name=name)
+                              single_path=self.single_path, group_edges=self.group_edges, name=name)
 
         def call_cell(cell, s0, s1):
             w = w_reduce if cell.reduction else w_normal

@@ -39,15 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax.ad_checkpoint import checkpoint_name
-
 from jaxfednas.nn import conv_canonical_grad, dense_conv, use_fast_grad
 
 from .operations import BN_EPS, BN_MOMENTUM
 
 _DN = ("NHWC", "HWIO", "NHWC")
-CONV = "darts_conv"  # checkpoint name of every convolution output (see ``WideCell.remat``)
-REMAT = ("none", "convs", "full")
 
 # op -> (kernel size, padding, dilation) of its (first) separable block
 _SEPARABLE = {"sep_conv_3x3": (3, 1, 1), "sep_conv_5x5": (5, 2, 1), "dil_conv_3x3": (3, 2, 2),
@@ -122,14 +118,8 @@ def avg_pool_3x3(x, stride: int):
 
 def _conv(x, kernel, strides, padding):
     if use_fast_grad():
-        y = conv_canonical_grad(x, kernel.astype(x.dtype), strides, padding, (1, 1))
-    else:
-        y = lax.conv_general_dilated(x, kernel.astype(x.dtype), strides, padding, dimension_numbers=_DN)
-    return checkpoint_name(y, CONV)
-
-
-def _dense(x, kernel, stride, padding, dilation):
-    return checkpoint_name(dense_conv(x, kernel, stride, padding, dilation), CONV)
+        return conv_canonical_grad(x, kernel.astype(x.dtype), strides, padding, (1, 1))
+    return lax.conv_general_dilated(x, kernel.astype(x.dtype), strides, padding, dimension_numbers=_DN)
 
 
 # --- one group of edges leaving the same state -------------------------------------------
@@ -210,10 +200,10 @@ def _op(g: _Group, name: str, x, xr):
     if name in _SEPARABLE:
         k, pad, dil = _SEPARABLE[name]
         p = g.params(name)
-        y = g.batch_norm(_dense(xr, _side_by_side(_fused(p["SeparableConv_0"])), s, pad, dil), name, "BatchNorm_0")
+        y = g.batch_norm(dense_conv(xr, _side_by_side(_fused(p["SeparableConv_0"])), s, pad, dil), name, "BatchNorm_0")
         if name.startswith("sep_conv"):
             second = _fused(p["SeparableConv_1"])
-            y = g.per_edge(jax.nn.relu(y), lambda r, blk: _dense(blk, second[r], 1, pad, 1))
+            y = g.per_edge(jax.nn.relu(y), lambda r, blk: dense_conv(blk, second[r], 1, pad, 1))
             y = g.batch_norm(y, name, "BatchNorm_1")
         return y
     if name == "conv_7x1_1x7":
@@ -264,21 +254,7 @@ class WideCell:
                     for r in range(old.shape[0])])
         return out
 
-    def run(self, s0, s1, weights, remat: str = "none"):
-        """``(output, new batch_stats stacks or None)``. ``remat``: what the backward pass
-        keeps of the forward (``jax.checkpoint``): ``"none"`` everything, ``"convs"`` only
-        the convolution outputs (BatchNorm, ReLU, pooling and the weighted sums are
-        recomputed), ``"full"`` only the cell's inputs (the whole cell is recomputed)."""
-        if remat not in REMAT:
-            raise ValueError(f"remat must be one of {REMAT}, got {remat!r}")
-        if remat == "none":
-            return self._run(self.params, self.stats, s0, s1, weights)
-        policy = (jax.checkpoint_policies.save_only_these_names(CONV) if remat == "convs"
-                  else jax.checkpoint_policies.nothing_saveable)
-        return jax.checkpoint(self._run, policy=policy)(self.params, self.stats, s0, s1, weights)
-
-    def _run(self, params, stats, s0, s1, weights):
-        self.params, self.stats, self._new = params, stats, {}
+    def run(self, s0, s1, weights):
         states, nodes = [s0, s1], [None] * self.steps
         for j in range(self.steps + 1):
             if j >= 2:
