@@ -72,8 +72,9 @@ class FedNASConfig(Validated):
     scan_edges: bool = param(True, "run a cell's edges as lax.scan (fast compile) or unrolled (faster steps on "
                              "CPU at C>=16, slower compile; benchmarks/RESULTS.md)")
     group_edges: str = param("auto", "run a cell's edges grouped by source state (search_spaces/darts/wide.py: "
-                             "same variables and math, ~1.5-1.9x faster steps on CPU, longer compile): auto "
-                             "(on CPU where it applies), on, off (the edge scan)", choices=("auto", "on", "off"))
+                             "same variables and math, ~2x faster steps on CPU at 32x32, ~3x the compile time): "
+                             "auto (on CPU for images of 16x16 pixels and more), on, off (the edge scan)",
+                             choices=("auto", "on", "off"))
     personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
@@ -109,8 +110,7 @@ class FedNASState:
 
 def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
     """The DARTS supernet of ``cfg`` (every intermediate node concatenated, as in DARTS)."""
-    return supernet_of(cfg, info.num_classes, scan_edges=cfg.scan_edges,
-                       group_edges={"auto": None, "on": True, "off": False}[cfg.group_edges])
+    return supernet_of(cfg, info.num_classes, scan_edges=cfg.scan_edges)
 
 
 def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:

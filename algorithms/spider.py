@@ -106,6 +106,9 @@ class SpiderConfig(Validated):
     personal_init: str = param("independent", "personal supernets start from one initialisation independent of "
                                "the global one (code) or as copies of it", choices=("independent", "global"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    group_edges: str = param("auto", "run a cell's edges grouped by source state (search_spaces/darts/wide.py; "
+                             "same math, faster on CPU): auto (on CPU, images >= 16x16), on, off (the edge scan)",
+                             choices=("auto", "on", "off"))
     eval_batch_size: int = param(500, "evaluation (and search-evaluation) batch size", range=(1, None))
     gain_epochs: int = param(30, "fine-tuning epochs per entry of the personalization-gain matrix (Eq. 6; "
                              "paper 30)", range=(1, 10_000))
