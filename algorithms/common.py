@@ -14,7 +14,7 @@ from jaxfednas.config import Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
-from jaxfednas.runtime import Placement
+from jaxfednas.runtime import Placement, weighted_mean
 
 AUGMENTS = ("auto", "none", "crop_flip", "crop_flip_cutout")
 
@@ -134,6 +134,18 @@ def evaluate_clients(model, info, variables, data, batch_size, *, placement: Pla
                              personal=personal)
 
 
+def _moments(tree, *, inverse: bool = False):
+    """Every BatchNorm ``{"mean", "var"}`` pair as ``{"mean", "var": var + mean²}`` (the
+    second moment, which averages linearly across batches and clients), or back
+    (``inverse``: ``var = max(m2 − mean², 0)``). Other leaves pass through."""
+    if hasattr(tree, "items"):
+        if set(tree) == {"mean", "var"}:
+            m, v = tree["mean"], tree["var"]
+            return {"mean": m, "var": jnp.maximum(v - m * m, 0.0) if inverse else v + m * m}
+        return {k: _moments(v, inverse=inverse) for k, v in tree.items()}
+    return tree
+
+
 def client_batch_statistics(
     batch_stats_of: Callable[[Any, jax.Array, jax.Array], Any], zeros: Any, client: ClientData, *,
     batch_size: int, max_batches: int, momentum: float,
@@ -143,10 +155,11 @@ def client_batch_statistics(
     ``batch_stats_of(stats, x, mask)`` runs the network in training mode from running
     statistics ``stats`` and returns the updated ones; started from ``zeros`` a Flax
     BatchNorm returns ``(1 − momentum) ×`` the batch's mean and variance, so dividing by
-    ``1 − momentum`` recovers them exactly. Averages them over the first
-    ``max_batches`` batches (in data order), weighted by real examples — what
-    PyTorch's cumulative recalibration (``momentum=None``) computes. Returns the
-    statistics and the number of examples they summarise.
+    ``1 − momentum`` recovers them exactly. Pools them over the first ``max_batches``
+    batches (in data order), weighted by real examples: the mean and the variance of all
+    those examples together (the spread of the batch means included, through the second
+    moments). Returns the statistics and the number of examples they summarise; average
+    clients with :func:`pool_batch_statistics`.
     """
     m = client.y.shape[0]
     b = min(batch_size, m)
@@ -155,12 +168,20 @@ def client_batch_statistics(
     def body(acc, i):
         pos = i * b + jnp.arange(b)
         mask = pos < client.count
-        new = batch_stats_of(zeros, client.x[jnp.minimum(pos, m - 1)], mask)
+        new = _moments(jax.tree.map(lambda a: a / (1.0 - momentum),
+                                    batch_stats_of(zeros, client.x[jnp.minimum(pos, m - 1)], mask)))
         w = mask.sum().astype(jnp.float32)
         # an empty batch (client shorter than the scan) contributes nothing, not NaN
-        acc = jax.tree.map(lambda a, n: a + jnp.where(w > 0, w * n / (1.0 - momentum), 0.0), acc, new)
+        acc = jax.tree.map(lambda a, n: a + jnp.where(w > 0, w * n, 0.0), acc, new)
         return acc, w
 
-    acc, ws = jax.lax.scan(body, zeros, jnp.arange(nb))
+    acc, ws = jax.lax.scan(body, _moments(zeros), jnp.arange(nb))
     n = ws.sum()
-    return jax.tree.map(lambda a: a / jnp.maximum(n, 1.0), acc), n
+    return _moments(jax.tree.map(lambda a: a / jnp.maximum(n, 1.0), acc), inverse=True), n
+
+
+def pool_batch_statistics(stats: Any, n: jax.Array) -> Any:
+    """Clients' BatchNorm statistics (leading client axis, from :func:`client_batch_statistics`)
+    pooled with weights ``n``: the mean and variance of all their examples together (a plain
+    weighted mean of the variances would leave out the spread of the client means)."""
+    return _moments(weighted_mean(_moments(stats), n), inverse=True)

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import client_batch_statistics, make_augment
+from algorithms.common import client_batch_statistics, make_augment, pool_batch_statistics
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
@@ -271,7 +271,7 @@ def dfnas(
                                            max_batches=cfg.bn_recalibration_batches, momentum=BN_MOMENTUM)
 
         stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
-        return {"params": variables["params"], "batch_stats": weighted_mean(stats, n)}
+        return {"params": variables["params"], "batch_stats": pool_batch_statistics(stats, n)}
 
     def evaluate(state: DFNASState, data: FederatedData):
         """The final child argmax(α), run inside the supernet (its output equals the built

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.common import client_batch_statistics
+from algorithms.common import client_batch_statistics, pool_batch_statistics
 from algorithms.dfnas import (
     DFNASConfig,
     dfnas,
@@ -192,9 +192,19 @@ def test_bn_recalibration_statistics_are_exact():
     client = ClientData(x=x, y=jnp.zeros(10, jnp.int32), count=jnp.int32(7))
     got, n = client_batch_statistics(stats_of, zeros, client, batch_size=4, max_batches=5, momentum=0.9)
     xs = np.asarray(x)
-    batches = [xs[0:4], xs[4:7]]  # 7 real rows: batches of 4 and 3, the padded row excluded
-    mean = (4 * batches[0].mean(0) + 3 * batches[1].mean(0)) / 7
-    var = (4 * batches[0].var(0) + 3 * batches[1].var(0)) / 7
+    # 7 real rows in batches of 4 and 3 (the padded rows excluded): their pooled mean and
+    # variance, the spread of the two batch means included
     assert int(n) == 7
-    np.testing.assert_allclose(np.asarray(got["BatchNorm_0"]["mean"]), mean, rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(got["BatchNorm_0"]["var"]), var, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got["BatchNorm_0"]["mean"]), xs[:7].mean(0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got["BatchNorm_0"]["var"]), xs[:7].var(0), rtol=1e-5)
+    within = (4 * xs[0:4].var(0) + 3 * xs[4:7].var(0)) / 7  # what averaging batch variances gave
+    assert np.all(np.asarray(got["BatchNorm_0"]["var"]) > within)
+
+    # two clients pooled by the server: the statistics of all their examples together
+    other = ClientData(x=x[::-1] * 3 - 2, y=jnp.zeros(10, jnp.int32), count=jnp.int32(10))
+    got2, n2 = client_batch_statistics(stats_of, zeros, other, batch_size=4, max_batches=5, momentum=0.9)
+    both = jax.tree.map(lambda a, b: jnp.stack([a, b]), got, got2)
+    pooled = pool_batch_statistics(both, jnp.stack([n, n2]))
+    allx = np.concatenate([xs[:7], np.asarray(other.x)])
+    np.testing.assert_allclose(np.asarray(pooled["BatchNorm_0"]["mean"]), allx.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(pooled["BatchNorm_0"]["var"]), allx.var(0), rtol=1e-5)
