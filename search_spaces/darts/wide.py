@@ -1,6 +1,6 @@
 """A search cell's edges grouped by the state they leave: the same variables and the same
 math as the scanned cell (:class:`~search_spaces.darts.search.SearchCell`), fewer and wider
-operations (the CPU default; ``group_edges``).
+operations (``group_edges``; the default on CPU for images of 16x16 pixels and more).
 
 Every edge leaving a state reads the same input. Grouped by source state (a normal cell
 with 4 nodes: 4 edges leave each input, 3, 2 and 1 leave nodes 0-2), the ``n`` edges of a
