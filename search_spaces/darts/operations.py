@@ -35,6 +35,7 @@ import math
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxfednas.nn import Conv, SeparableConv
@@ -128,12 +129,20 @@ class AvgPool3x3(nn.Module):
     stride: int = 1
 
     def __call__(self, x, train: bool = False, mask=None):
-        s = self.stride
-        dims, strides, pad = (1, 3, 3, 1), (1, s, s, 1), ((0, 0), (1, 1), (1, 1), (0, 0))
-        total = lax.reduce_window(x, 0.0, lax.add, dims, strides, pad)
-        ones = jnp.ones((1,) + x.shape[1:3] + (1,), x.dtype)
-        count = lax.reduce_window(ones, 0.0, lax.add, dims, strides, pad)
-        return total / count
+        return avg_pool_3x3(x, self.stride)
+
+
+def avg_pool_3x3(x, stride: int):
+    """3x3 average pooling, padding 1, padding excluded from the count (a host constant:
+    counting with a second ``reduce_window`` over ones made XLA constant-fold it slowly)."""
+    total = lax.reduce_window(x, 0.0, lax.add, (1, 3, 3, 1), (1, stride, stride, 1),
+                              ((0, 0), (1, 1), (1, 1), (0, 0)))
+    h, w = x.shape[1:3]
+    ho, wo = total.shape[1:3]
+    ones = np.pad(np.ones((h, w), np.float32), 1)
+    count = sum(ones[u:u + (ho - 1) * stride + 1:stride, v:v + (wo - 1) * stride + 1:stride]
+                for u in range(3) for v in range(3))
+    return total / jnp.asarray(count, x.dtype)[None, :, :, None]
 
 
 class ReLUConvBN(nn.Module):

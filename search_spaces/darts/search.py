@@ -478,10 +478,9 @@ class DartsSearchNetwork(nn.Module):
 
         plan = cell_plan(self.C, self.layers, self.multiplier, self.stem_multiplier)
 
-        group_edges = self.group_edges
-        if group_edges is None:  # auto: grouped on CPU for images of 16x16 pixels and more
-            group_edges = use_fast_grad() and x.shape[1] * x.shape[2] >= GROUP_EDGES_MIN_PIXELS and not \
-                group_edges_unsupported(self.scan_edges, self.norm, self.single_path, self.dw_impl)
+        group_edges = self.group_edges  # auto (None): the cells decide, for images of 16x16 pixels and more
+        if group_edges is None and x.shape[1] * x.shape[2] < GROUP_EDGES_MIN_PIXELS:
+            group_edges = False
 
         def make_cell(spec: CellSpec, name: str):
             return SearchCell(spec.C, spec.reduction, spec.reduction_prev, self.steps, self.multiplier,

@@ -41,13 +41,12 @@ from jax import lax
 
 from jaxfednas.nn import conv_canonical_grad, dense_conv, use_fast_grad
 
-from .operations import BN_EPS, BN_MOMENTUM
+from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3
 
 _DN = ("NHWC", "HWIO", "NHWC")
 
-# op -> (kernel size, padding, dilation) of its (first) separable block
-_SEPARABLE = {"sep_conv_3x3": (3, 1, 1), "sep_conv_5x5": (5, 2, 1), "dil_conv_3x3": (3, 2, 2),
-              "dil_conv_5x5": (5, 4, 2)}
+# op -> (padding, dilation) of its (first) separable block; the kernel size is the parameters'
+_SEPARABLE = {"sep_conv_3x3": (1, 1), "sep_conv_5x5": (2, 1), "dil_conv_3x3": (2, 2), "dil_conv_5x5": (4, 2)}
 
 
 def edge_slots(table: list[tuple[int, int, int]], reduction: bool) -> dict[int, tuple[str, int]]:
@@ -102,18 +101,6 @@ def _max_pool_bwd(stride, res, g):
 
 
 max_pool_3x3.defvjp(_max_pool_fwd, _max_pool_bwd)
-
-
-def avg_pool_3x3(x, stride: int):
-    """3x3 average pooling, padding 1, padding excluded from the count (a constant)."""
-    total = lax.reduce_window(x, 0.0, lax.add, (1, 3, 3, 1), (1, stride, stride, 1),
-                              ((0, 0), (1, 1), (1, 1), (0, 0)))
-    h, w = x.shape[1:3]
-    ho, wo = total.shape[1:3]
-    ones = np.pad(np.ones((h, w), np.float32), 1)
-    count = sum(ones[u:u + (ho - 1) * stride + 1:stride, v:v + (wo - 1) * stride + 1:stride]
-                for u in range(3) for v in range(3))
-    return total / jnp.asarray(count, x.dtype)[None, :, :, None]
 
 
 def _conv(x, kernel, strides, padding):
@@ -198,7 +185,7 @@ def _op(g: _Group, name: str, x, xr):
         y = jnp.concatenate([a.reshape(sh + (n, C // 2)), b.reshape(sh + (n, C // 2))], -1).reshape(sh + (n * C,))
         return g.batch_norm(y, name, "BatchNorm_0")
     if name in _SEPARABLE:
-        k, pad, dil = _SEPARABLE[name]
+        pad, dil = _SEPARABLE[name]
         p = g.params(name)
         y = g.batch_norm(dense_conv(xr, _side_by_side(_fused(p["SeparableConv_0"])), s, pad, dil), name, "BatchNorm_0")
         if name.startswith("sep_conv"):
@@ -217,7 +204,7 @@ def _op(g: _Group, name: str, x, xr):
 
 def _thaw(tree):
     """A nested dict copy (so rows can be replaced without touching the input)."""
-    return {k: _thaw(v) for k, v in tree.items()} if isinstance(tree, dict) or hasattr(tree, "items") else tree
+    return {k: _thaw(v) for k, v in tree.items()} if hasattr(tree, "items") else tree
 
 
 class WideCell:
@@ -241,9 +228,7 @@ class WideCell:
         """The cell's updated ``batch_stats`` stacks (every BatchNorm row of every edge)."""
         if not self.train:
             return None
-        out = jax.tree_util.tree_map(lambda a: a, {k: v for k, v in self.stats.items()
-                                                   if k in ("edges", "input_edges", "node_edges")})
-        out = _thaw(out)
+        out = _thaw({k: v for k, v in self.stats.items() if k in ("edges", "input_edges", "node_edges")})
         for (stack, op, bn), parts in self._new.items():
             target = out[stack][op] if bn is None else out[stack][op][bn]
             source = {int(r): (k, i) for k, (rows, _) in enumerate(parts) for i, r in enumerate(rows)}
