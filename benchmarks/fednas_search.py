@@ -69,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--placements", default=",".join(PLACEMENTS), help=f"comma list from {PLACEMENTS}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="FedNASConfig override for every JAX worker, e.g. --set cell_impl=scan (repeatable)")
+                   help="FedNASConfig override for every JAX worker, e.g. --set group_edges=off (repeatable)")
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
@@ -144,19 +144,12 @@ def jax_tree_row(tree, i):
     return jax.tree.map(lambda a: a[i], tree)
 
 
-def config_overrides(args) -> dict:
-    """``--set FIELD=VALUE`` pairs as FedNASConfig keyword arguments (values parsed as JSON,
-    else kept as strings: ``--set scan_edges=false --set cell_impl=wide``)."""
-    out = {}
-    for item in args.set:
-        field, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects FIELD=VALUE, got {item!r}")
-        try:
-            out[field] = json.loads(value)
-        except json.JSONDecodeError:
-            out[field] = value
-    return out
+def with_overrides(cfg, args):
+    """``cfg`` with the ``--set FIELD=VALUE`` pairs applied (coerced and checked as the CLI's
+    ``--set algo.FIELD=VALUE``)."""
+    from jaxfednas.config import parse_set, replace_fields
+
+    return replace_fields(cfg, "algo", parse_set(args.set))
 
 
 def worker_jax_step(args, config: str, order: str) -> dict:
@@ -168,7 +161,7 @@ def worker_jax_step(args, config: str, order: str) -> dict:
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
-    cfg = FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, order=order, **config_overrides(args))
+    cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, order=order), args)
     info, train, val = _single_client_data(steps * batch, batch, args.seed)
     model = make_supernet(cfg, info)
     local = jax.jit(make_local_search(cfg, info, model, epochs=1))
@@ -229,7 +222,7 @@ def worker_round(args, placement: str) -> dict:
 
     data = make_federated_data(ds, part.manifest_splits(make_partition(ecfg, ds)))
     info = data.info
-    cfg = FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, **config_overrides(args))
+    cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1), args)
     state0 = fednas(cfg, info, clients_per_round=K, placement=Placement("map")).init(init_key(args.seed))
     keys = [round_key(args.seed, r) for r in range(args.round_repeats + 1)]
     res = {"kind": f"round:{placement}", "machine": bu.machine_info(), "load_start": bu.load_line(),
