@@ -83,6 +83,7 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
+from jaxfednas.distributed import to_host
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
@@ -379,10 +380,10 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return new, metrics
 
     def host_report(state: DPFNASState, data: FederatedData) -> dict[str, float]:
-        t = int(jax.device_get(state.iteration))
+        t = int(to_host(state.iteration))
         out = dict(accountant.report(t))
         if cfg.noise_multiplier > 0 or cfg.tau > 0:
-            counts = jax.device_get((data.train.counts, data.val.counts))
+            counts = to_host((data.train.counts, data.val.counts))  # (gathered if split over processes)
             out.update(accountant.overflow_bound(
                 t, counts[0], counts[1], physical_batch(cfg, data.train.y.shape[1], cfg.sampling_prob),
                 physical_batch(cfg, data.val.y.shape[1], cfg.p_val)))

@@ -146,7 +146,9 @@ def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_s
     run that fell back) are removed.
     """
     path = Path(path)
-    host = jax.tree.map(np.asarray, jax.device_get(state))
+    from jaxfednas.distributed import to_host  # noqa: PLC0415
+
+    host = to_host(state)
     payload = flax.serialization.msgpack_serialize({
         "format": FORMAT,
         "round": int(round),
@@ -189,7 +191,22 @@ def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
                     max_round: int | None = None, warn: Callable[[str], None] | None = None) -> tuple[Any, int]:
     """Restore a state shaped like ``template`` and placed like it (the shardings of its
     ``jax.Array`` leaves) from the newest good checkpoint of ``path`` (see
-    :func:`checkpoint_files`); returns ``(state, completed_rounds)``.
+    :func:`read_checkpoint`, which this places); returns ``(state, completed_rounds)``."""
+    from jaxfednas.distributed import put_like  # noqa: PLC0415
+
+    template_host = jax.tree.map(np.asarray, jax.device_get(template)) if jax.process_count() == 1 else None
+    state, r = read_checkpoint(path, template if template_host is None else template_host,
+                               config_sha256=config_sha256, max_round=max_round, warn=warn)
+    # Each leaf goes where the template's lives (e.g. replicated over the clients mesh),
+    # so the first round after a resume runs the already-compiled program.
+    return put_like(state, template), r
+
+
+def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None,
+                    max_round: int | None = None, warn: Callable[[str], None] | None = None) -> tuple[Any, int]:
+    """The state (NumPy leaves, structured like ``template``, whose leaves need only a
+    shape and dtype) from the newest good checkpoint of ``path`` (see
+    :func:`checkpoint_files`), and its completed rounds.
 
     A damaged file (truncated, empty, checksum mismatch, unreadable) or one of a round
     above ``max_round`` is skipped for the next older one, and ``warn`` (default: a
@@ -223,14 +240,9 @@ def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
             f"{found} was written for a different configuration (config sha256 {raw['config_sha256'][:12]} "
             f"!= {config_sha256[:12]}); resume with the run directory's own config"
         )
-    template_host = jax.device_get(template)
-    state = flax.serialization.from_state_dict(template_host, raw["state"])
-    for a, b in zip(jax.tree.leaves(template_host), jax.tree.leaves(state)):
-        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+    state = flax.serialization.from_state_dict(template, raw["state"])
+    for a, b in zip(jax.tree.leaves(template), jax.tree.leaves(state)):
+        if np.shape(a) != np.shape(b) or np.dtype(a.dtype) != np.asarray(b).dtype:
             raise ValueError(f"{found}: checkpoint leaf {np.shape(b)}/{np.asarray(b).dtype} does not match "
-                             f"the state {np.shape(a)}/{np.asarray(a).dtype}")
-    # Each leaf goes where the template's lives (e.g. replicated over the clients mesh),
-    # so the first round after a resume runs the already-compiled program.
-    leaves, treedef = jax.tree.flatten(state)
-    where = [t.sharding if isinstance(t, jax.Array) else None for t in jax.tree.leaves(template)]
-    return jax.tree.unflatten(treedef, [jax.device_put(x, s) for x, s in zip(leaves, where)]), int(raw["round"])
+                             f"the state {np.shape(a)}/{np.dtype(a.dtype)}")
+    return jax.tree.map(np.asarray, state), int(raw["round"])

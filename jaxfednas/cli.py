@@ -2,6 +2,7 @@
 
     jaxfednas run ALGO [--dataset digits] [--clients 8] [--rounds 10] [--seed 0] [--out DIR]
                        [--preset smoke|paper] [--resume] [--set section.field=value ...]
+                       [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxfednas partition --dataset digits --method dirichlet --clients 16 --alpha 0.5 --seed 0 --out DIR
     jaxfednas privacy --sampling-prob P --noise-multiplier S --steps T --delta D [--target-epsilon E]
     jaxfednas list
@@ -58,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     r.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any setting (see below); repeatable")
     r.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    mp = r.add_argument_group(
+        "several processes / hosts (jax.distributed; every process runs the same command with its own "
+        "--process-id; or set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; SLURM is detected)")
+    mp.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordination service")
+    mp.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
+    mp.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0 .. N-1 (0 writes the run directory)")
 
     q = sub.add_parser("partition", help="partition a dataset, print the label table, write manifest and heatmap")
     q.add_argument("--dataset", default="digits")
@@ -79,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
+    from jaxfednas.distributed import initialize, is_main
+
+    initialize(args.coordinator, args.num_processes, args.process_id)  # (before any other JAX work)
     from jaxfednas.experiment import NonFiniteError, enable_compilation_cache, resume_config, run_experiment
     from jaxfednas.registry import make_config
 
@@ -104,6 +114,8 @@ def _run(args) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NONFINITE
+    if not is_main():
+        return 0
     print(f"partition ({cfg.data.partition}, {cfg.data.num_clients} clients):")
     print(summary["_partition_table"])
     if "_client_table" in summary:
@@ -200,6 +212,7 @@ def run_privacy_command(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
+    from jaxfednas.distributed import DistributedError
 
     try:
         if args.command == "run":
@@ -209,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "privacy":
             return run_privacy_command(args)
         return _list()
-    except (ConfigError, DatasetUnavailableError, FileNotFoundError) as e:
+    except (ConfigError, DatasetUnavailableError, DistributedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -35,17 +35,20 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfednas import plots
 from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError,
-                                  load_checkpoint, save_checkpoint, sha256_text)
+                                  load_checkpoint, read_checkpoint, save_checkpoint, sha256_text)
 from jaxfednas.config import apply_overrides, ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
+from jaxfednas.distributed import broadcast, is_main, on_main, put_like, to_host
 from jaxfednas.progress import Progress
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.registry import algorithm_module, config_from_dict
+from jaxfednas.runtime import CLIENT_AXIS, client_mesh, Placement
 
 CHECKPOINT = "checkpoint.msgpack"
 
@@ -56,6 +59,10 @@ class NonFiniteError(RuntimeError):
 
 class RunExistsError(RuntimeError):
     """``out_dir`` already holds a run and ``resume`` was not requested."""
+
+
+# errors process 0 may raise while reading the run directory, re-raised as such by the others
+_ERRORS = (CheckpointError, RunExistsError, ConfigError, FileNotFoundError, ValueError)
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
@@ -146,6 +153,10 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
 
 
+def _quiet(message: str) -> None:
+    pass
+
+
 def config_hash(cfg: ExperimentConfig) -> str:
     """Hash of everything that determines the trajectory (``run.rounds`` and the
     eval/checkpoint cadence excluded, so a finished run can be extended)."""
@@ -227,6 +238,7 @@ def device_info() -> dict[str, Any]:
         "platform": d[0].platform,
         "device_kind": d[0].device_kind,
         "device_count": len(d),
+        "process_count": jax.process_count(),
         "jax": jax.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -284,52 +296,87 @@ class _Prepared:
     rows: list
 
 
+def _data_sharding(cfg: ExperimentConfig, num_clients: int, log: Callable[[str], None]):
+    """Where the clients' examples live: split along the ``clients`` mesh when rounds run
+    under ``shard_map`` and the clients divide evenly over the devices (each process then
+    holds only its own devices' clients), else None (whole, on the default device)."""
+    placement = Placement.from_run(cfg.run)
+    if placement.resolved() != "shard_map":
+        if jax.process_count() > 1:
+            raise ConfigError(f"run.placement={cfg.run.placement!r} runs every client in every process; a "
+                              "multi-process run needs run.placement=auto or shard_map")
+        return None
+    n = jax.device_count()
+    if num_clients % n:
+        if jax.process_count() > 1:
+            log(f"warning: {num_clients} clients do not divide over {n} devices: every process holds every "
+                f"client's examples (choose data.num_clients as a multiple of {n} to split them)")
+        return None
+    return NamedSharding(client_mesh(), PartitionSpec(CLIENT_AXIS))
+
+
 def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str], None]) -> _Prepared:
     """The run directory's rules (one place): a new run needs an empty directory; a resumed
     one the same configuration up to run length / evaluation / checkpoint frequency, the
     same partition, and metrics.jsonl rows up to its checkpoint: the newest checkpoint that
     verifies and that metrics.jsonl covers, to whose round metrics.jsonl is cut back.
     Writes config.json and the partition report; returns the data, algorithm and
-    (restored) state."""
-    cfg_path, ckpt_path = out / "config.json", out / CHECKPOINT
-    if resume:
-        if not cfg_path.exists():
-            raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
-        stored = config_from_dict(json.loads(cfg_path.read_text()))
-        if config_hash(stored) != config_hash(cfg):
-            raise ConfigError(
-                f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
-                "run.eval_every and run.checkpoint_every may change when resuming"
-            )
-    elif holds_run(out):
-        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    (restored) state. In a multi-process run, process 0 alone reads and writes the
+    directory and hands its verdict and the restored state to the others."""
+    cfg_path, ckpt_path, mpath = out / "config.json", out / CHECKPOINT, out / "metrics.jsonl"
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    manifest = make_partition(cfg, dataset)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(cfg_path, cfg.to_json())
-    mpath = out / "partition" / "manifest.json"
-    if resume and mpath.exists() and part.load_manifest(mpath)["sha256"] != manifest["sha256"]:
-        raise ValueError(f"--resume: the partition recomputed now differs from {mpath}")
-    table = write_partition_report(manifest, dataset, out / "partition")
-    data = make_federated_data(dataset, part.manifest_splits(manifest))
+    manifest = make_partition(cfg, dataset)  # (every process: it is a function of the config)
+
+    def check_and_write() -> str:
+        if resume:
+            if not cfg_path.exists():
+                raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
+            stored = config_from_dict(json.loads(cfg_path.read_text()))
+            if config_hash(stored) != config_hash(cfg):
+                raise ConfigError(
+                    f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
+                    "run.eval_every and run.checkpoint_every may change when resuming"
+                )
+        elif holds_run(out):
+            raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cfg_path, cfg.to_json())
+        manifest_path = out / "partition" / "manifest.json"
+        if resume and manifest_path.exists() and part.load_manifest(manifest_path)["sha256"] != manifest["sha256"]:
+            raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
+        return write_partition_report(manifest, dataset, out / "partition")
+
+    table = on_main(check_and_write, errors=_ERRORS)
+    splits = part.manifest_splits(manifest)
+    data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
 
     algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
     state = algo.init(init_key(cfg.run.seed))
-    start, rows, mpath = 0, [], out / "metrics.jsonl"
+    start, rows, restored = 0, [], None
     if resume:
-        rows = _read_metrics(mpath)
-        if checkpoint_files(ckpt_path):
-            try:
-                state, start = load_checkpoint(ckpt_path, state, config_sha256=config_hash(cfg), max_round=len(rows),
-                                               warn=lambda m: log(f"warning: {m}"))
-            except CheckpointError as e:
-                raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None
-            log(f"resumed {out} at round {start}")
-        # cut back to the restored round now, so the directory is consistent even
-        # if this run stops before its next save
-        rows = rows[:start]
-        if mpath.exists() and mpath.read_bytes() != _metrics_bytes(rows):
-            _write_metrics(mpath, rows)
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+        def read() -> int:
+            nonlocal rows, restored
+            rows, start = _read_metrics(mpath), 0
+            if checkpoint_files(ckpt_path):
+                try:
+                    restored, start = read_checkpoint(ckpt_path, shapes, config_sha256=config_hash(cfg),
+                                                      max_round=len(rows), warn=lambda m: log(f"warning: {m}"))
+                except CheckpointError as e:
+                    raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None
+                log(f"resumed {out} at round {start}")
+            # cut back to the restored round now, so the directory is consistent even
+            # if this run stops before its next save
+            rows = rows[:start]
+            if mpath.exists() and mpath.read_bytes() != _metrics_bytes(rows):
+                _write_metrics(mpath, rows)
+            return start
+
+        start = on_main(read, errors=_ERRORS)
+        if start:
+            zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
+            state = put_like(broadcast(restored if is_main() else zeros), state)
     return _Prepared(dataset, manifest, table, data, algo, state, start, rows)
 
 
@@ -340,23 +387,29 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
     algo, data, state, rows = run.algo, run.data, run.state, run.rows
     ckpt_path, chash = out / CHECKPOINT, config_hash(cfg)
     total = cfg.run.rounds
-    bar = Progress(total, run.start, enabled=progress)
+    bar = Progress(total, run.start, enabled=progress if is_main() else False)
     saved_round = completed = run.start
     final: dict = {}
     t_first = None
 
     def save(r):
         nonlocal saved_round
-        # metrics first: rows past the checkpoint are cut on resume, missing ones could not be
-        _write_metrics(out / "metrics.jsonl", rows)
-        save_checkpoint(ckpt_path, state, round=r, config_sha256=chash)
+        host = to_host(state)  # (every process: sharded leaves are gathered by a collective)
+        if is_main():
+            # metrics first: rows past the checkpoint are cut on resume, missing ones could not be
+            _write_metrics(out / "metrics.jsonl", rows)
+            save_checkpoint(ckpt_path, host, round=r, config_sha256=chash)
         saved_round = r
+
+    def host_metrics(s, metrics):
+        metrics = to_host(metrics)
+        return metrics if algo.host_metrics is None else algo.with_host_metrics(to_host(s), data, metrics)
 
     try:
         for r in range(run.start, total):
             t0 = time.perf_counter()
             new_state, metrics = algo.round(state, data, round_key(cfg.run.seed, r))
-            metrics = algo.with_host_metrics(new_state, data, jax.device_get(metrics))
+            metrics = host_metrics(new_state, metrics)
             row = {"round": r + 1, **_scalars(metrics)}
             bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
             if bad:
@@ -368,10 +421,10 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
             state = new_state
             completed = r + 1
             if completed % cfg.run.eval_every == 0 or completed == total:
-                final = algo.with_host_metrics(state, data, jax.device_get(algo.evaluate(state, data)))
+                final = host_metrics(state, algo.evaluate(state, data))
                 row.update(_scalars(final))
                 if algo.export is not None:  # NAS: the architecture derived at this round
-                    row["architecture"] = json.loads(algo.export(state).to_json())
+                    row["architecture"] = json.loads(algo.export(to_host(state)).to_json())
             rows.append(row)
             if t_first is None:
                 t_first = time.perf_counter() - t0
@@ -389,7 +442,7 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
     finally:
         bar.close()
     if not final:  # nothing ran (already finished): evaluate the restored state
-        final = algo.with_host_metrics(state, data, jax.device_get(algo.evaluate(state, data)))
+        final = host_metrics(state, algo.evaluate(state, data))
     return state, rows, final, completed, t_first
 
 
@@ -445,9 +498,14 @@ def run_experiment(
     """
     out = Path(out_dir)
     t_start = time.perf_counter()
+    if not is_main():  # one writer, one voice: process 0 (a multi-process run)
+        log = _quiet
     run = _prepare(cfg, out, resume, log)  # the run directory
     state, rows, final, completed, t_first = _train(cfg, out, run, progress=progress, on_round_end=on_round_end,
                                                     log=log)  # the loop
     timing = {"wall_time_s": round(time.perf_counter() - t_start, 3),
               "first_round_s_incl_compile": None if t_first is None else round(t_first, 3)}
-    return _report(cfg, out, run, state, rows, final, completed, timing)  # the report
+    if not is_main():
+        return {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed,
+                "final": _scalars(final), "timing": timing, "device": device_info()}
+    return _report(cfg, out, run, to_host(state), rows, final, completed, timing)  # the report

@@ -221,6 +221,10 @@ def map_clients(
         out_specs=P(CLIENT_AXIS),
         check_vma=False,
     )(padded, shared)
+    # Every device gets every client's result (an all-gather), so what follows (the
+    # aggregation, metrics) runs in one fixed order whatever the number of devices and
+    # processes: the same bits as on one device, not a layout-dependent all-reduce.
+    out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, P()))
     return jax.tree.map(lambda x: x[:m], out)
 
 

@@ -105,14 +105,15 @@ class FederatedData:
         return ClientData(x=s.x, y=s.y, count=s.counts)
 
 
-def stack_clients(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray]) -> ClientSplit:
+def stack_clients(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray], max_examples: int | None = None) -> ClientSplit:
     """Stack per-client index lists into one padded :class:`ClientSplit` (host arrays).
 
     Padding rows repeat the client's first example (or zeros for an empty client)
-    so they hold finite values; they are masked by ``counts`` everywhere.
+    so they hold finite values; they are masked by ``counts`` everywhere. Clients are
+    padded to ``max_examples`` (default: the largest of ``parts``).
     """
     counts = np.array([len(p) for p in parts], np.int32)
-    m = max(1, int(counts.max(initial=0)))
+    m = max(1, int(counts.max(initial=0))) if max_examples is None else max_examples
     xs = np.zeros((len(parts), m) + x.shape[1:], x.dtype)
     ys = np.zeros((len(parts), m), np.int32)
     for k, p in enumerate(parts):
@@ -124,9 +125,33 @@ def stack_clients(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray]) -> 
     return ClientSplit(x=xs, y=ys, counts=counts)
 
 
-def make_federated_data(dataset: Dataset, splits: Mapping[str, Sequence[np.ndarray]]) -> FederatedData:
+def _sharded_split(x: np.ndarray, y: np.ndarray, parts: Sequence[np.ndarray], sharding) -> ClientSplit:
+    """:func:`stack_clients` as global arrays split along the client axis by ``sharding``:
+    each process stacks only the clients of its own devices."""
+    m = max(1, max((len(p) for p in parts), default=0))
+    k = len(parts)
+
+    def rows(index):
+        sl = index[0] if index else slice(None)
+        return stack_clients(x, y, list(parts)[sl], max_examples=m)
+
+    def leaf(name, shape):
+        return jax.make_array_from_callback(
+            shape, sharding, lambda index: getattr(rows(index), name)[(slice(None),) + tuple(index[1:])])
+
+    return ClientSplit(x=leaf("x", (k, m) + x.shape[1:]), y=leaf("y", (k, m)), counts=leaf("counts", (k,)))
+
+
+def make_federated_data(dataset: Dataset, splits: Mapping[str, Sequence[np.ndarray]], *,
+                        sharding: jax.sharding.Sharding | None = None) -> FederatedData:
     """Place a partition (``{"train": [...], "val": [...], "test": [...]}`` of
-    indices into ``dataset.x_train``) on device as :class:`FederatedData`."""
+    indices into ``dataset.x_train``) on device as :class:`FederatedData`.
+
+    ``sharding`` (e.g. ``NamedSharding(client_mesh(), P("clients"))``) splits the
+    clients' arrays along their leading axis over the devices, and each process builds
+    only its own devices' rows (a multi-process run never holds every client's examples
+    in every process); the server's test set is replicated. None: everything on the
+    default device."""
     missing = [s for s in SPLITS if s not in splits]
     if missing:
         raise ValueError(f"splits is missing {missing}; expected keys {SPLITS}")
@@ -134,12 +159,15 @@ def make_federated_data(dataset: Dataset, splits: Mapping[str, Sequence[np.ndarr
     if len(sizes) != 1:
         raise ValueError(f"splits must list the same number of clients, got {sizes}")
     num_clients = sizes.pop()
-    stacked = {s: stack_clients(dataset.x_train, dataset.y_train, splits[s]) for s in SPLITS}
     info = DataInfo.of(dataset, num_clients)
-    data = FederatedData(
-        server_x=dataset.x_test, server_y=dataset.y_test.astype(np.int32), info=info, **stacked
-    )
-    return jax.device_put(data)
+    server = {"server_x": dataset.x_test, "server_y": dataset.y_test.astype(np.int32)}
+    if sharding is None:
+        stacked = {s: stack_clients(dataset.x_train, dataset.y_train, splits[s]) for s in SPLITS}
+        return jax.device_put(FederatedData(info=info, **server, **stacked))
+    stacked = {s: _sharded_split(dataset.x_train, dataset.y_train, splits[s], sharding) for s in SPLITS}
+    replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    server = {k: jax.make_array_from_callback(v.shape, replicated, lambda index, v=v: v[index]) for k, v in server.items()}
+    return FederatedData(info=info, **server, **stacked)
 
 
 # --- On-device minibatches ----------------------------------------------------------
