@@ -19,8 +19,10 @@ layer of our own: it is ``jax.distributed`` plus four host-side helpers.
   sharded ones) and back to the template's placement.
 
 A process that dies is noticed by the others through the coordination service's
-heartbeats: they stop with an error after at most ``heartbeat_s`` seconds (or at once
-when a collective loses its peer) instead of waiting forever.
+heartbeats: within ``heartbeat_s`` seconds (30, or ``$JAXFEDNAS_HEARTBEAT_S``) they
+abort with JAX's "Terminating process because the JAX distributed service detected
+fatal errors ... stopped sending heartbeats: <ids>" (exit status 134) instead of
+waiting forever. The run directory keeps the last checkpoint process 0 saved.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import jax
 import numpy as np
 
 ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
-HEARTBEAT_S = 30  # a silent process is declared dead after this many seconds
+HEARTBEAT_S = int(os.environ.get("JAXFEDNAS_HEARTBEAT_S", 30))  # a silent process is declared dead after this long
 INIT_TIMEOUT_S = 300  # how long processes wait for each other at start-up
 
 
