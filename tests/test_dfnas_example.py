@@ -9,13 +9,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "1", "--iid-clients", "--set", "algo.space=tiny", "--set", "algo.local_epochs=1",
-        "--set", "algo.bn_recalibration_batches=1"]
+        "--set", "algo.bn_recalibration_batches=1", "--set", "algo.batch_size=128"]
+# --set reaches only the DFNAS runs' algo fields; the FedAvg baseline (5 local epochs of
+# batch 32 by default) gets the same few steps here
+FEDAVG_TINY = {"algo.local_epochs": 1, "algo.batch_size": 128}
 
 
 def _example():
     spec = importlib.util.spec_from_file_location("example_dfnas", ROOT / "examples" / "dfnas.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    mod.FEDAVG = {**mod.FEDAVG, **FEDAVG_TINY}
     return mod
 
 
