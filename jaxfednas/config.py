@@ -129,7 +129,13 @@ class RunConfig(Validated):
                                 range=(0.0, 0.999))
     seed: int = param(0, "seed of initialisation, client sampling and local randomness", range=(0, 2**31 - 1))
     placement: str = param("auto", "how clients are laid on devices", choices=("auto", "vmap", "map", "shard_map"))
-    client_chunk_size: int | None = param(None, "clients per lax.map chunk (placement=map)", range=(1, None))
+    client_chunk_size: int | None = param(None, "clients in flight per device: clients vmapped together per lax.map "
+                                          "chunk (placement map, and within each device under shard_map); None: "
+                                          "one at a time with map/auto-on-CPU, all at once with vmap",
+                                          range=(1, None))
+    memory_budget_gib: float | None = param(None, "pick client_chunk_size as the largest whose compiled round fits "
+                                            "this many GiB per device (XLA's memory analysis; compiles a few "
+                                            "candidates once); None: client_chunk_size as given", range=(0.001, None))
     eval_every: int = param(1, "evaluate every N rounds (and after the last)", range=(1, None))
     checkpoint_every: int = param(1, "checkpoint every N rounds (and after the last)", range=(1, None))
 

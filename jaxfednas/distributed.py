@@ -143,7 +143,12 @@ def broadcast(tree: Any) -> Any:
         return tree
     from jax.experimental import multihost_utils  # noqa: PLC0415
 
-    return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(tree))
+    # as bytes: broadcast_one_to_all sums process 0's values with zeros, which would turn
+    # -0.0 into +0.0; integer sums of the bytes are exact
+    leaves, treedef = jax.tree.flatten(jax.tree.map(np.asarray, tree))
+    raw = multihost_utils.broadcast_one_to_all([np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in leaves])
+    return jax.tree.unflatten(treedef, [np.asarray(r).astype(np.uint8).view(x.dtype).reshape(x.shape)
+                                        for r, x in zip(raw, leaves)])
 
 
 def _leaf_to_host(x: Any) -> np.ndarray:

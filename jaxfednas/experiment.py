@@ -315,6 +315,43 @@ def _data_sharding(cfg: ExperimentConfig, num_clients: int, log: Callable[[str],
     return NamedSharding(client_mesh(), PartitionSpec(CLIENT_AXIS))
 
 
+def round_memory_gib(algo, state, data, key) -> float:
+    """Per-device memory of one compiled round (arguments + outputs - donated + XLA's
+    temporaries, from ``compiled.memory_analysis()``), in GiB. Compiles the round."""
+    m = algo.round.lower(state, data, key).compile().memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes) / 2**30
+
+
+def fit_memory_budget(cfg: ExperimentConfig, data, log: Callable[[str], None] = print) -> ExperimentConfig:
+    """``cfg`` with ``run.client_chunk_size`` (clients in flight per device) the largest
+    of 1, 2, 4, ... (and every client of a device) whose compiled round fits
+    ``run.memory_budget_gib`` per device; 1 with a warning when none fits. Unchanged when
+    no budget is set. Each candidate is compiled once (the persistent compilation cache,
+    when on, keeps the chosen one)."""
+    budget = cfg.run.memory_budget_gib
+    if budget is None:
+        return cfg
+    placement = Placement.from_run(cfg.run)
+    per_device = placement.clients_per_device(data.info.num_clients)
+    candidates = sorted({min(2**i, per_device) for i in range(per_device.bit_length() + 1)})
+    key, chosen, table = round_key(cfg.run.seed, 0), None, []
+    for c in candidates:
+        trial = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, client_chunk_size=c))
+        algo = algorithm_module(cfg.algorithm).build(trial, data.info)
+        gib = round_memory_gib(algo, algo.init(init_key(cfg.run.seed)), data, key)
+        table.append(f"{c}: {gib:.3g} GiB")
+        if gib > budget:
+            break
+        chosen = c
+    if chosen is None:
+        log(f"warning: run.memory_budget_gib={budget}: even one client in flight needs {table[0].split(': ')[1]} "
+            "per device; running with client_chunk_size=1")
+        chosen = 1
+    log(f"run.memory_budget_gib={budget}: clients in flight per device -> round memory {', '.join(table)}; "
+        f"using client_chunk_size={chosen}")
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, client_chunk_size=chosen))
+
+
 def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str], None]) -> _Prepared:
     """The run directory's rules (one place): a new run needs an empty directory; a resumed
     one the same configuration up to run length / evaluation / checkpoint frequency, the
@@ -350,7 +387,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
     splits = part.manifest_splits(manifest)
     data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
 
-    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
+    algo = algorithm_module(cfg.algorithm).build(fit_memory_budget(cfg, data, log), data.info)
     state = algo.init(init_key(cfg.run.seed))
     start, rows, restored = 0, [], None
     if resume:

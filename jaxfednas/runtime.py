@@ -69,8 +69,9 @@ class Placement:
 
     @classmethod
     def from_run(cls, run: Any) -> Placement:
-        """The placement a run's config asks for (``run.placement``, ``run.client_chunk_size``)."""
-        return cls(run.placement, run.client_chunk_size)
+        """The placement a run's config asks for (``run.placement``, ``run.client_chunk_size``;
+        a chunk size runs clients in chunks of that many within each device too)."""
+        return cls(run.placement, run.client_chunk_size, "vmap" if run.client_chunk_size is None else "map")
 
     def single_path(self) -> Placement:
         """For single-path methods (one sampled candidate per block, ``lax.switch``):
@@ -81,7 +82,7 @@ class Placement:
         if self.mode != "auto":
             return self
         mode = "shard_map" if jax.device_count() > 1 else "map"
-        return Placement(mode, client_chunk_size=None, within="map")
+        return Placement(mode, client_chunk_size=self.client_chunk_size, within="map")
 
     def state_sharding(self) -> NamedSharding | None:
         """Where the server state lives between rounds: replicated over the ``clients``
@@ -106,6 +107,10 @@ class Placement:
         # XLA:CPU turns vmapped per-client convolutions into slow grouped convolutions:
         # there, clients one after another are faster (benchmarks/RESULTS.md).
         return "map" if jax.default_backend() == "cpu" else "vmap"
+
+    def clients_per_device(self, clients: int) -> int:
+        """How many of ``clients`` one device runs in a round under this placement."""
+        return math.ceil(clients / jax.device_count()) if self.resolved() == "shard_map" else clients
 
     def resolved_within(self) -> str:
         if self.mode == "auto" and jax.default_backend() == "cpu":

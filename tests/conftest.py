@@ -112,3 +112,25 @@ def assert_summary_consistent(run_dir) -> None:
         assert_accuracy(float(r["test_acc"]), int(r["n_test"]))
     np.testing.assert_allclose(final["client_test_acc_mean_unweighted"],
                                np.mean([float(r["test_acc"]) for r in rows]), rtol=1e-5)
+
+
+# The smallest settings of each algorithm that still run its real code path; an
+# algorithm not listed here runs with its defaults (on the tiny federation below).
+TINY = {
+    "fedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "local_only": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "local_adaptation": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "ditto": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "perfedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
+    "fednas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny"},
+    "fednas_train": {"algo.C": 4, "algo.layers": 2, "algo.genotype": "FEDNAS_V1"},
+    "dp_fnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+                "algo.iterations_per_round": 1},
+    "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1},
+    # the search runs in the first round (t_s = 0) and the next
+    "spider": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+               "algo.warmup_rounds": 0, "algo.recovery_rounds": 1},
+    "perfedrlnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+                    "algo.local_epochs": 1},
+}
+EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import EVERY_PARTY, TINY
 from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
@@ -28,26 +29,6 @@ from jaxfednas.experiment import make_partition
 from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
 from jaxfednas.rng import init_key, round_key
 
-# The smallest settings of each algorithm that still run its real code path; an
-# algorithm not listed here runs with its defaults (on the tiny federation below).
-TINY = {
-    "fedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
-    "local_only": {"algo.local_epochs": 1, "algo.batch_size": 32},
-    "local_adaptation": {"algo.local_epochs": 1, "algo.batch_size": 32},
-    "ditto": {"algo.local_epochs": 1, "algo.batch_size": 32},
-    "perfedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
-    "fednas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny"},
-    "fednas_train": {"algo.C": 4, "algo.layers": 2, "algo.genotype": "FEDNAS_V1"},
-    "dp_fnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
-                "algo.iterations_per_round": 1},
-    "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1},
-    # the search runs in the first round (t_s = 0) and the next
-    "spider": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
-               "algo.warmup_rounds": 0, "algo.recovery_rounds": 1},
-    "perfedrlnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
-                    "algo.local_epochs": 1},
-}
-EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration
 
 
 @pytest.fixture(scope="module", params=sorted(ALGORITHMS))

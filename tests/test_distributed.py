@@ -8,6 +8,7 @@ Every process is a CLI subprocess (the test process itself has 8 fake devices an
 coordinator)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -20,9 +21,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from conftest import EVERY_PARTY, TINY
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
+from jaxfednas.experiment import fit_memory_budget, round_memory_gib
+from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
+from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import CLIENT_AXIS, client_mesh
 
 FEDAVG = ["fedavg", "--clients", "8", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
@@ -101,6 +106,19 @@ def test_four_processes_fedavg_and_fednas(tmp_path):
         _same_run(tmp_path / f"{name}-one", tmp_path / f"{name}-four")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_two_processes(tmp_path, name):
+    # opt-in (about 6 min on 2 cores): every registered algorithm, tiny settings (those of
+    # test_contract.py), 2 processes x 1 device vs 1 process x 2 devices, bitwise
+    args = [name, "--dataset", "synthetic", "--clients", "4"]
+    args += ["--clients-per-round", "2"] * (name not in EVERY_PARTY)
+    args += [a for k, v in TINY.get(name, {}).items() for a in ("--set", f"{k}={v}")]
+    _run(args, tmp_path / "one", processes=1, devices=2, rounds=2)
+    _run(args, tmp_path / "two", processes=2, devices=1, rounds=2)
+    _same_run(tmp_path / "one", tmp_path / "two")
+
+
 def test_a_dead_process_stops_the_others(tmp_path):
     out = tmp_path / "run"
     procs = _start(FEDAVG, out, processes=2, devices=1, rounds=500, env={"JAXFEDNAS_HEARTBEAT_S": "5"})
@@ -131,3 +149,27 @@ def test_sharded_federated_data_equals_whole():
     x = sharded.train.x
     assert x.sharding.spec == P(CLIENT_AXIS)
     assert {s.data.shape[0] for s in x.addressable_shards} == {8 // jax.device_count()}
+
+
+def test_memory_budget_picks_clients_in_flight(tiny_data):
+    # placement map on one device: 4 clients, candidates 1, 2, 4 in flight
+    cfg = make_config("fedavg", overrides={"data.dataset": "synthetic", "data.num_clients": 4, "run.placement": "map",
+                                           **TINY["fedavg"]})
+    gib = {}
+    for c in (1, 4):
+        trial = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, client_chunk_size=c))
+        a = algorithm_module("fedavg").build(trial, tiny_data.info)
+        gib[c] = round_memory_gib(a, a.init(init_key(0)), tiny_data, round_key(0, 0))
+    assert gib[4] > gib[1] > 0  # more clients in flight, more memory
+    logs = []
+    roomy = fit_memory_budget(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, memory_budget_gib=100.0)),
+                              tiny_data, logs.append)
+    assert roomy.run.client_chunk_size == 4 and "using client_chunk_size=4" in logs[-1]
+    between = (gib[1] + gib[4]) / 2
+    mid = fit_memory_budget(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, memory_budget_gib=between)),
+                            tiny_data, logs.append)
+    assert mid.run.client_chunk_size in (1, 2)
+    tight = fit_memory_budget(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, memory_budget_gib=gib[1] / 2)),
+                              tiny_data, logs.append)
+    assert tight.run.client_chunk_size == 1 and logs[-2].startswith("warning:")
+    assert fit_memory_budget(cfg, tiny_data, logs.append) is cfg  # no budget: unchanged
