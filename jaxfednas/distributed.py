@@ -53,13 +53,15 @@ def _env_int(name: str) -> int | None:
 
 
 def _cluster_detected() -> bool:
-    """A launcher JAX recognises by itself (SLURM with several tasks, Open MPI)."""
+    """A launcher JAX recognises by itself with several tasks: a SLURM job step (``srun``;
+    a bare ``salloc`` shell has no step and stays single-process) or Open MPI's ``mpirun``."""
     def count(name):
         try:
             return int(os.environ.get(name, "1"))
         except ValueError:
             return 1
-    return count("SLURM_NTASKS") > 1 or count("OMPI_COMM_WORLD_SIZE") > 1
+    slurm_step = "SLURM_STEP_NODELIST" in os.environ and count("SLURM_STEP_NUM_TASKS") > 1
+    return slurm_step or count("OMPI_COMM_WORLD_SIZE") > 1
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None, *,

@@ -420,14 +420,14 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
 def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_round_end, log):
     """Rounds ``run.start .. cfg.run.rounds`` with evaluation, checkpoints, Ctrl-C and
     non-finite handling. Returns ``(state, rows, final metrics, rounds completed,
-    first round's seconds)``."""
+    (first round's seconds, later rounds' seconds))``."""
     algo, data, state, rows = run.algo, run.data, run.state, run.rows
     ckpt_path, chash = out / CHECKPOINT, config_hash(cfg)
     total = cfg.run.rounds
     bar = Progress(total, run.start, enabled=progress if is_main() else False)
     saved_round = completed = run.start
     final: dict = {}
-    t_first = None
+    t_first, t_rest = None, []  # seconds of the first round (with compilation) and of the later ones
 
     def save(r):
         nonlocal saved_round
@@ -465,6 +465,8 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
             rows.append(row)
             if t_first is None:
                 t_first = time.perf_counter() - t0
+            else:
+                t_rest.append(time.perf_counter() - t0)
             if completed % cfg.run.checkpoint_every == 0 or completed == total:
                 save(completed)
             bar.update(completed, row)
@@ -480,7 +482,7 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
         bar.close()
     if not final:  # nothing ran (already finished): evaluate the restored state
         final = host_metrics(state, algo.evaluate(state, data))
-    return state, rows, final, completed, t_first
+    return state, rows, final, completed, (t_first, t_rest)
 
 
 def _report(cfg: ExperimentConfig, out: Path, run: _Prepared, state, rows: list, final: dict, completed: int,
@@ -538,10 +540,12 @@ def run_experiment(
     if not is_main():  # one writer, one voice: process 0 (a multi-process run)
         log = _quiet
     run = _prepare(cfg, out, resume, log)  # the run directory
-    state, rows, final, completed, t_first = _train(cfg, out, run, progress=progress, on_round_end=on_round_end,
+    state, rows, final, completed, (t_first, t_rest) = _train(cfg, out, run, progress=progress, on_round_end=on_round_end,
                                                     log=log)  # the loop
     timing = {"wall_time_s": round(time.perf_counter() - t_start, 3),
-              "first_round_s_incl_compile": None if t_first is None else round(t_first, 3)}
+              "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),
+              "later_rounds_s_mean": round(sum(t_rest) / len(t_rest), 4) if t_rest else None,
+              "processes": jax.process_count()}
     if not is_main():
         return {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed,
                 "final": _scalars(final), "timing": timing, "device": device_info()}

@@ -22,9 +22,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from conftest import EVERY_PARTY, TINY
+from jaxfednas import cli
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
+from jaxfednas.distributed import DistributedError, initialize
 from jaxfednas.experiment import fit_memory_budget, round_memory_gib
 from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
 from jaxfednas.rng import init_key, round_key
@@ -35,31 +37,52 @@ FEDNAS = ["fednas", "--clients", "4", "--set", "algo.C=4", "--set", "algo.layers
           "--set", "algo.primitives=tiny", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port(slurm: bool = False) -> int:
+    """A free local port (for a SLURM job, one JAX can derive from a job id: 61440-65535)."""
+    candidates = np.random.default_rng().permutation(np.arange(61440, 65536)) if slurm else [0]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", int(port)))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port")
 
 
 def _env(devices: int, **extra) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAXFEDNAS_CACHE="off",
-               **extra)
-    env.pop("JAX_COORDINATOR_ADDRESS", None)
-    return env
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS",
+                                                                      "SLURM_", "OMPI_"))}
+    return dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAXFEDNAS_CACHE="off", **extra)
 
 
-def _start(args: list[str], out: Path, *, processes: int, devices: int, rounds: int, resume=False, env=None):
-    """``processes`` CLI processes of one run (``devices`` fake CPU devices each)."""
+def _start(args: list[str], out: Path, *, processes: int, devices: int, rounds: int, resume=False, env=None,
+           form="flags"):
+    """``processes`` CLI processes of one run (``devices`` fake CPU devices each), told of
+    each other by the CLI's flags, by ``JAX_COORDINATOR_ADDRESS``/``JAX_NUM_PROCESSES``/
+    ``JAX_PROCESS_ID`` (``form="env"``), or by the variables of a SLURM job step that JAX
+    detects by itself (``form="slurm"``, the coordinator on localhost)."""
     cmd = [sys.executable, "-m", "jaxfednas.cli", "run", *args, "--rounds", str(rounds), "--out", str(out),
            "--no-progress"] + (["--resume"] if resume else [])
     if processes == 1:
         return [subprocess.Popen(cmd, env=_env(devices, **(env or {})), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)]
-    coord = f"127.0.0.1:{_free_port()}"
-    return [subprocess.Popen(cmd + ["--coordinator", coord, "--num-processes", str(processes), "--process-id", str(i)],
-                             env=_env(devices, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-            for i in range(processes)]
+    port = _free_port(slurm=form == "slurm")
+    procs = []
+    for i in range(processes):
+        extra, flags = dict(env or {}), []
+        if form == "flags":
+            flags = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes), "--process-id", str(i)]
+        elif form == "env":
+            extra.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
+                         JAX_PROCESS_ID=str(i))
+        else:  # JAX derives the port from the job id: 65535 - 4095 + id % 4096
+            extra.update(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST="localhost",
+                         SLURM_NTASKS=str(processes), SLURM_STEP_NUM_TASKS=str(processes), SLURM_PROCID=str(i),
+                         SLURM_LOCALID=str(i))
+        procs.append(subprocess.Popen(cmd + flags, env=_env(devices, **extra), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
 
 
 def _run(args, out, **kw) -> list[str]:
@@ -91,7 +114,7 @@ def test_fednas_two_processes_equal_one_device_count(tmp_path):
     # (same global device count: the same per-device program; across device counts the
     # per-client search may differ by float reassociation, ~1e-10 on α)
     _run(FEDNAS, tmp_path / "one", processes=1, devices=2, rounds=2)
-    _run(FEDNAS, tmp_path / "two", processes=2, devices=1, rounds=2)
+    _run(FEDNAS, tmp_path / "two", processes=2, devices=1, rounds=2, form="env")
     _same_run(tmp_path / "one", tmp_path / "two")
 
 
@@ -120,8 +143,10 @@ def test_every_algorithm_two_processes(tmp_path, name):
 
 
 def test_a_dead_process_stops_the_others(tmp_path):
+    # (the two processes find each other as the tasks of a SLURM job step)
     out = tmp_path / "run"
-    procs = _start(FEDAVG, out, processes=2, devices=1, rounds=500, env={"JAXFEDNAS_HEARTBEAT_S": "5"})
+    procs = _start(FEDAVG, out, processes=2, devices=1, rounds=500, env={"JAXFEDNAS_HEARTBEAT_S": "5"},
+                   form="slurm")
     deadline = time.monotonic() + 120
     while not (out / "metrics.jsonl").exists():  # the run is under way (round 1 saved)
         assert time.monotonic() < deadline and procs[0].poll() is None, "the run did not start"
@@ -173,3 +198,26 @@ def test_memory_budget_picks_clients_in_flight(tiny_data):
                               tiny_data, logs.append)
     assert tight.run.client_chunk_size == 1 and logs[-2].startswith("warning:")
     assert fit_memory_budget(cfg, tiny_data, logs.append) is cfg  # no budget: unchanged
+
+
+def test_initialize_arguments(monkeypatch):
+    # nothing given, no launcher: one process, nothing initialised
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_STEP_NODELIST",
+              "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "4")  # a salloc shell without a job step
+    assert initialize() is False
+    with pytest.raises(DistributedError, match="missing process_id"):
+        initialize("127.0.0.1:1234", 2)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(DistributedError, match="JAX_NUM_PROCESSES='two' is not an integer"):
+        initialize("127.0.0.1:1234", process_id=0)
+    with pytest.raises(DistributedError, match="HOST:PORT"):
+        initialize("localhost", 2, 0)
+    with pytest.raises(DistributedError, match="process_id < num_processes"):
+        initialize("127.0.0.1:1234", 2, 2)
+
+
+def test_cli_reports_bad_multiprocess_flags(capsys):
+    assert cli.main(["run", "fedavg", "--coordinator", "127.0.0.1:1234", "--num-processes", "2"]) == 2
+    assert "missing process_id" in capsys.readouterr().err
