@@ -17,11 +17,12 @@ TINY = dict(C=4, layers=1, steps=1, primitives="tiny", eval_batch_size=64, w_mom
             w_clip=0.0, arch_weight_decay=0.0)
 
 
-def make_data2():
-    """2 synthetic parties (8x8x1, 10 classes): 32 search-train / 16 search-val / 16 test each."""
+def make_data2(num_train: int = 128):
+    """2 synthetic parties (8x8x1, 10 classes), ``num_train`` examples split 50/25/25 into
+    search-train / search-val / test (128: about 32 / 16 / 16 each)."""
     cfg = make_config("dp_fnas", overrides={"data.dataset": "synthetic", "data.num_clients": 2})
     assert cfg.data.split == (0.5, 0.25, 0.25) and cfg.data.partition == "iid"  # DP-FNAS's DEFAULTS
-    ds = load_dataset("synthetic", num_train=128, num_test=32)
+    ds = load_dataset("synthetic", num_train=num_train, num_test=32)
     return make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
 
 

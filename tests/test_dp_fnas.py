@@ -16,7 +16,9 @@ from jaxfednas.runtime import Placement
 
 @pytest.fixture(scope="module")
 def data2():
-    return make_data2()
+    # ~9 search-train / 3 search-val examples per party: the per-example second-order
+    # terms of a 68-example round take ~50 s to run on XLA:CPU, of 18 examples ~1 s
+    return make_data2(num_train=32)
 
 
 @pytest.fixture(scope="module")
