@@ -133,9 +133,12 @@ def resolve_clients_per_round(value: int | float, num_clients: int) -> int:
 
 
 def sample_clients(key: jax.Array, num_clients: int, clients_per_round: int) -> jax.Array:
-    """Sorted indices of ``clients_per_round`` clients drawn uniformly without replacement."""
+    """Sorted indices of ``clients_per_round`` clients drawn uniformly without replacement.
+    Every client (full participation): the host constant ``np.arange(num_clients)``, which
+    :func:`is_every_client` recognises so that rows are used in place instead of gathered
+    (no copy, and no collective when the rows are split over devices)."""
     if clients_per_round == num_clients:
-        return jnp.arange(num_clients, dtype=jnp.int32)
+        return np.arange(num_clients, dtype=np.int32)
     idx = jax.random.choice(key, num_clients, (clients_per_round,), replace=False)
     return jnp.sort(idx).astype(jnp.int32)
 
@@ -288,14 +291,22 @@ def masked_weighted_mean(tree: Any, masks: Any, weights: jax.Array, fallback: An
 # --- Persistent per-client rows ---------------------------------------------------
 
 
+def is_every_client(idx: Any, num_clients: int) -> bool:
+    """Whether ``idx`` is :func:`sample_clients`'s host constant for every client in order."""
+    return isinstance(idx, np.ndarray) and idx.shape == (num_clients,) and bool((idx == np.arange(num_clients)).all())
+
+
 def gather_rows(tree: Any, idx: jax.Array) -> Any:
-    """Rows ``idx`` of every leaf (leading axis = all clients)."""
-    return jax.tree.map(lambda a: a[idx], tree)
+    """Rows ``idx`` of every leaf (leading axis = all clients); every client: the leaves
+    themselves."""
+    return jax.tree.map(lambda a: a if is_every_client(idx, a.shape[0]) else a[idx], tree)
 
 
 def scatter_rows(tree: Any, idx: jax.Array, rows: Any, keep: jax.Array | None = None) -> Any:
     """Write ``rows`` back at ``idx``; all other clients' rows are untouched. With ``keep``
     (``[len(idx)]`` bool, e.g. :func:`reporting_clients`), only the rows where it is True."""
     if keep is not None:
-        rows = jax.tree.map(lambda a, r: jnp.where(keep.reshape((-1,) + (1,) * (r.ndim - 1)), r, a[idx]), tree, rows)
-    return jax.tree.map(lambda a, r: a.at[idx].set(r), tree, rows)
+        rows = jax.tree.map(lambda a, r: jnp.where(keep.reshape((-1,) + (1,) * (r.ndim - 1)), r, gather_rows(a, idx)),
+                            tree, rows)
+    return jax.tree.map(lambda a, r: r.astype(a.dtype) if is_every_client(idx, a.shape[0]) else a.at[idx].set(r),
+                        tree, rows)

@@ -96,8 +96,12 @@ class FederatedData:
     info: DataInfo = flax.struct.field(pytree_node=False)
 
     def clients(self, split: str, idx: jax.Array) -> ClientData:
-        """Rows ``idx`` of ``split`` as a batch of :class:`ClientData` (leading axis)."""
+        """Rows ``idx`` of ``split`` as a batch of :class:`ClientData` (leading axis); every
+        client in order (:func:`jaxfednas.runtime.sample_clients` under full participation):
+        the arrays in place, not gathered (clients split over devices stay where they are)."""
         s = getattr(self, split)
+        if isinstance(idx, np.ndarray) and idx.shape == s.counts.shape and (idx == np.arange(len(idx))).all():
+            return ClientData(x=s.x, y=s.y, count=s.counts)
         return ClientData(x=s.x[idx], y=s.y[idx], count=s.counts[idx])
 
     def all_clients(self, split: str) -> ClientData:
