@@ -78,6 +78,9 @@ class DittoState:
     round: jax.Array  # int32, rounds completed
 
 
+ROWS = ("personal",)  # per-client fields (leading axis K): split along the clients mesh
+
+
 def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> Callable:
     """``personal_train(v, w, client, key) -> (v, metrics)``: E local epochs of
     ``v ← v − η(∇F_k(v) + λ(v − w))`` with a fresh client optimizer; ``w`` (the
@@ -152,7 +155,7 @@ def ditto(
         )
         return out
 
-    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jax.jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

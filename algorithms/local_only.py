@@ -49,6 +49,9 @@ class LocalOnlyState:
     round: jax.Array
 
 
+ROWS = ("clients",)  # per-client fields (leading axis K): split along the clients mesh
+
+
 def local_only(
     cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
     dropout_rate: float = 0.0,
@@ -78,7 +81,7 @@ def local_only(
     def evaluate(state: LocalOnlyState, data: FederatedData):
         return evaluate_clients(model, info, state.clients, data, cfg.eval_batch_size, placement=placement, personal=True)
 
-    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jax.jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -165,6 +165,10 @@ class PerFedRLNASState:
     round: jax.Array  # int32
 
 
+# per-client fields (leading axis K): split along the clients mesh
+ROWS = ("policy", "policy_opt", "acc", "best_acc", "seen", "resources")
+
+
 def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
     """The choice space ``cfg`` names, for ``info``'s images and classes."""
     if cfg.space == "darts":
@@ -491,7 +495,7 @@ def perfedrlnas(
     def export(state: PerFedRLNASState) -> PersonalArchitectures:
         return PersonalArchitectures.of(state, space, cfg)
 
-    return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init), round=jax.jit(round_fn),
+    return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS),
                               evaluate=jax.jit(evaluate), export=export, personalize=jax.jit(personalize))
 
 

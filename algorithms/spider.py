@@ -141,6 +141,10 @@ class SpiderState:
     round: jax.Array  # int32, rounds completed
 
 
+# per-client fields (leading axis K): split along the clients mesh
+ROWS = ("personal", "opt_state", "arch", "edge_done", "node_done", "clock")
+
+
 def initial_mask(primitives, steps: int) -> dict[str, np.ndarray]:
     """A_k at phase 1: the whole supernet, every op of every edge (a zero op excepted)."""
     keep = np.array([p != "none" for p in primitives], np.float32)
@@ -405,7 +409,7 @@ def spider(
         return PersonalArchitectures.of(state, primitives, steps)
 
     return FederatedAlgorithm(
-        name="spider", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+        name="spider", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jax.jit(evaluate),
         export=export, write_architecture=PersonalArchitectures.plot,
     )
 

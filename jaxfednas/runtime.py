@@ -92,12 +92,34 @@ class Placement:
             return None
         return NamedSharding(client_mesh(), P())
 
-    def jit_init(self, init: Callable) -> Callable:
+    def jit_init(self, init: Callable, rows: tuple[str, ...] = ()) -> Callable:
         """``jax.jit(init)`` with its state placed where rounds return theirs. Otherwise
         round 2, whose inputs carry the mesh sharding round 1 gave them, would compile the
-        round a second time (tests/test_contract.py counts the traces)."""
-        sharding = self.state_sharding()
-        return jax.jit(init) if sharding is None else jax.jit(init, out_shardings=sharding)
+        round a second time (tests/test_contract.py counts the traces). ``rows``: the
+        state's per-client fields (see :meth:`state_shardings`)."""
+        if self.state_sharding() is None:
+            return jax.jit(init)
+        return jax.jit(init, out_shardings=self.state_shardings(init, rows))
+
+    def jit_round(self, round_fn: Callable, init: Callable, rows: tuple[str, ...]) -> Callable:
+        """``jax.jit(round_fn)`` returning the state placed as :meth:`jit_init` places it
+        (per-client ``rows`` split along the ``clients`` mesh) and replicated metrics."""
+        if self.state_sharding() is None:
+            return jax.jit(round_fn)
+        return jax.jit(round_fn, out_shardings=(self.state_shardings(init, rows), self.state_sharding()))
+
+    def state_shardings(self, init: Callable, rows: tuple[str, ...]) -> Any:
+        """Where each leaf of ``init``'s state lives under ``shard_map``: the leaves of the
+        fields named in ``rows`` (persistent per-client rows with a leading client axis:
+        personal models, policies, masks) split along the ``clients`` mesh when the clients
+        divide evenly over the devices, so a device keeps only its own clients' rows
+        between rounds; everything else replicated."""
+        shapes = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
+        mesh, n = client_mesh(), jax.device_count()
+        split, whole = NamedSharding(mesh, P(CLIENT_AXIS)), NamedSharding(mesh, P())
+        every = jax.tree.map(lambda _: whole, shapes)
+        return every.replace(**{f: jax.tree.map(lambda x: split if x.shape and x.shape[0] % n == 0 else whole,
+                                                getattr(shapes, f)) for f in rows})
 
     def resolved(self) -> str:
         if self.mode != "auto":
