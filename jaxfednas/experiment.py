@@ -546,7 +546,8 @@ def run_experiment(
               "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),
               "later_rounds_s_mean": round(sum(t_rest) / len(t_rest), 4) if t_rest else None,
               "processes": jax.process_count()}
+    host_state = to_host(state)  # (every process: gathering rows split over processes is a collective)
     if not is_main():
         return {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed,
                 "final": _scalars(final), "timing": timing, "device": device_info()}
-    return _report(cfg, out, run, to_host(state), rows, final, completed, timing)  # the report
+    return _report(cfg, out, run, host_state, rows, final, completed, timing)  # the report

@@ -37,6 +37,9 @@ FEDNAS = ["fednas", "--clients", "4", "--set", "algo.C=4", "--set", "algo.layers
           "--set", "algo.primitives=tiny", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
 
 
+TINY_ARGS = {name: [a for k, v in TINY.get(name, {}).items() for a in ("--set", f"{k}={v}")] for name in ALGORITHMS}
+
+
 def _free_port(slurm: bool = False) -> int:
     """A free local port (for a SLURM job, one JAX can derive from a job id: 61440-65535)."""
     candidates = np.random.default_rng().permutation(np.arange(61440, 65536)) if slurm else [0]
@@ -118,6 +121,17 @@ def test_fednas_two_processes_equal_one_device_count(tmp_path):
     _same_run(tmp_path / "one", tmp_path / "two")
 
 
+def test_rows_split_over_processes(tmp_path):
+    # local-only keeps a model per client, split across the two processes; 2 of 4 clients
+    # per round, so each round gathers rows from the other process and scatters them back
+    # (and the final report gathers them all: every process must take part)
+    args = ["local_only", "--dataset", "synthetic", "--clients", "4", "--clients-per-round", "2",
+            *TINY_ARGS["local_only"]]
+    _run(args, tmp_path / "one", processes=1, devices=2, rounds=2)
+    _run(args, tmp_path / "two", processes=2, devices=1, rounds=2)
+    _same_run(tmp_path / "one", tmp_path / "two")
+
+
 @pytest.mark.slow
 def test_four_processes_fedavg_and_fednas(tmp_path):
     # opt-in (about 2 min on 2 cores): 4 processes x 1 device vs 1 process x 4 devices,
@@ -136,7 +150,7 @@ def test_every_algorithm_two_processes(tmp_path, name):
     # test_contract.py), 2 processes x 1 device vs 1 process x 2 devices, bitwise
     args = [name, "--dataset", "synthetic", "--clients", "4"]
     args += ["--clients-per-round", "2"] * (name not in EVERY_PARTY)
-    args += [a for k, v in TINY.get(name, {}).items() for a in ("--set", f"{k}={v}")]
+    args += TINY_ARGS[name]
     _run(args, tmp_path / "one", processes=1, devices=2, rounds=2)
     _run(args, tmp_path / "two", processes=2, devices=1, rounds=2)
     _same_run(tmp_path / "one", tmp_path / "two")
