@@ -29,6 +29,34 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _status_kib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def rss_mib() -> float:
+    """This process's resident set size now (Linux /proc)."""
+    return _status_kib("VmRSS") / 1024.0
+
+
+def hwm_mib() -> float:
+    """This process's peak resident set size since start or the last :func:`reset_hwm`."""
+    return _status_kib("VmHWM") / 1024.0
+
+
+def reset_hwm() -> bool:
+    """Reset this process's peak-RSS mark to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     """Seconds for ``fn()`` with its result blocked on, and the result."""
     import jax

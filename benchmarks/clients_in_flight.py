@@ -27,22 +27,6 @@ import time
 import _bench_util as bu
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def _hwm_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def worker(chunk: int, image: int, clients: int, out: str) -> None:
     bu.ensure_repo_on_path()
     import jax
@@ -66,11 +50,10 @@ def worker(chunk: int, image: int, clients: int, out: str) -> None:
     compiled = algo.round.lower(state, data, round_key(0, 0)).compile()
     compile_s = time.perf_counter() - t0
     gib = round_memory_gib(algo, state, data, round_key(0, 0))  # (the same analysis, from a cached compile)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the high-water mark: compilation's own memory is not counted
-    before = _rss_mib()
+    bu.reset_hwm()  # compilation's own memory is not counted
+    before = bu.rss_mib()
     jax.block_until_ready(compiled(state, data, round_key(0, 0)))
-    peak = _hwm_mib() - before
+    peak = bu.hwm_mib() - before
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(state, data, round_key(0, 1)))
     round_s = time.perf_counter() - t0

@@ -95,30 +95,7 @@ def steps_repeats(args, config: str) -> tuple[int, int]:
 # --- memory probes (Linux /proc) ------------------------------------------------------
 
 
-def _status_kib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return float(line.split()[1])
-    return float("nan")
-
-
-def rss_mib() -> float:
-    return _status_kib("VmRSS") / 1024.0
-
-
-def hwm_mib() -> float:
-    return _status_kib("VmHWM") / 1024.0
-
-
-def reset_hwm() -> bool:
-    """Reset this process's peak-RSS mark to the current RSS (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+rss_mib, hwm_mib, reset_hwm = bu.rss_mib, bu.hwm_mib, bu.reset_hwm  # (dfnas_cost, elastic_single_path use fs.*)
 
 
 # --- JAX workers ----------------------------------------------------------------------

@@ -33,26 +33,10 @@ import sys
 import time
 
 from _bench_util import (command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, median,
-                         peak_rss_mib, write_results)
+                         hwm_mib, peak_rss_mib, reset_hwm, rss_mib, write_results)
 
 ROWS = {"single": "single path (a `cond` per op: only the sampled op of each edge runs)",
         "masked": "masked supernet (every op computed, ×0/1)"}
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def _hwm_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def worker(args) -> dict:
@@ -93,16 +77,15 @@ def worker(args) -> dict:
 
     for s in range(args.warmup):
         run(100 + s)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _rss_mib()
+    reset_hwm()
+    before = rss_mib()
     times = []
     for s in range(args.repeats):
         t = time.perf_counter()
         run(1000 + s)
         times.append((time.perf_counter() - t) / args.steps)
     return {"lower_s": t1 - t0, "compile_s": t2 - t1, "s_per_step": median(times), "temp_mib": temp,
-            "peak_rss_gib": peak_rss_mib() / 1024, "step_mem_gib": (_hwm_mib() - before) / 1024}
+            "peak_rss_gib": peak_rss_mib() / 1024, "step_mem_gib": (hwm_mib() - before) / 1024}
 
 
 def main(argv=None) -> int:
