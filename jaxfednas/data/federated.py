@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxfednas import rng
 from jaxfednas.data.datasets import Dataset
+from jaxfednas.runtime import is_every_client
 
 SPLITS = ("train", "val", "test")
 
@@ -100,7 +101,7 @@ class FederatedData:
         client in order (:func:`jaxfednas.runtime.sample_clients` under full participation):
         the arrays in place, not gathered (clients split over devices stay where they are)."""
         s = getattr(self, split)
-        if isinstance(idx, np.ndarray) and idx.shape == s.counts.shape and (idx == np.arange(len(idx))).all():
+        if is_every_client(idx, s.counts.shape[0]):
             return ClientData(x=s.x, y=s.y, count=s.counts)
         return ClientData(x=s.x[idx], y=s.y[idx], count=s.counts[idx])
 
