@@ -194,12 +194,18 @@ def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
     :func:`read_checkpoint`, which this places); returns ``(state, completed_rounds)``."""
     from jaxfednas.distributed import put_like  # noqa: PLC0415
 
-    template_host = jax.tree.map(np.asarray, jax.device_get(template)) if jax.process_count() == 1 else None
-    state, r = read_checkpoint(path, template if template_host is None else template_host,
-                               config_sha256=config_sha256, max_round=max_round, warn=warn)
+    state, r = read_checkpoint(path, shape_template(template), config_sha256=config_sha256, max_round=max_round,
+                               warn=warn)
     # Each leaf goes where the template's lives (e.g. replicated over the clients mesh),
     # so the first round after a resume runs the already-compiled program.
     return put_like(state, template), r
+
+
+def shape_template(tree: Any) -> Any:
+    """``tree``'s leaves as ``jax.ShapeDtypeStruct`` (what :func:`read_checkpoint` needs;
+    nothing is copied from the devices)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.asarray(x).dtype),
+                        tree)
 
 
 def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None,

@@ -39,7 +39,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfednas import plots
 from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError,
-                                  load_checkpoint, read_checkpoint, save_checkpoint, sha256_text)
+                                  load_checkpoint, read_checkpoint, save_checkpoint, sha256_text,
+                                  shape_template)
 from jaxfednas.config import apply_overrides, ConfigError, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
@@ -391,7 +392,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
     state = algo.init(init_key(cfg.run.seed))
     start, rows, restored = 0, [], None
     if resume:
-        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+        shapes = shape_template(state)
 
         def read() -> int:
             nonlocal rows, restored
