@@ -20,6 +20,11 @@ Deviations of the authors' code that are available as options for parity
     removes the weight clip (α's gradient is not clipped in either setting).
 Kept from the code because the paper is silent: optimizers and the cosine
 schedule (0.025 → 0.001 over the local epochs) are re-created every round.
+
+``evaluate`` reports the paper's supernet accuracy ``global_test_acc`` (eval mode, the
+averaged BN running statistics) and beside it ``global_test_acc_bn_batch`` (each test
+batch's own statistics) and ``global_test_acc_bn_recal`` (statistics re-estimated by the
+clients on their training examples and pooled, :func:`recalibrated_batch_stats`).
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import make_augment
+from algorithms.common import client_batch_statistics, make_augment, pool_batch_statistics
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
@@ -43,7 +48,8 @@ from jaxfednas.rng import client_keys
 from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
 from search_spaces import arch_entropy
-from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of, Genotype, plot_genotype
+from search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of, Genotype,
+                                 plot_genotype)
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
@@ -76,6 +82,9 @@ class FedNASConfig(Validated):
                              "auto (on CPU for images of 16x16 pixels and more), on, off (the edge scan)",
                              choices=("auto", "on", "off"))
     personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
+    bn_recalibration_batches: int = param(
+        10, "also report global_test_acc_bn_recal: the supernet with BatchNorm statistics re-estimated on up to "
+        "this many eval-size batches of each client's training examples, pooled n_k/n (0: off)", range=(0, None))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
     def check(self):
@@ -175,6 +184,30 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
     return local_search
 
 
+def recalibrated_batch_stats(
+    model: DartsSearchNetwork, info: DataInfo, variables: dict, data: FederatedData, *, batch_size: int,
+    max_batches: int, placement: Placement,
+) -> dict:
+    """Federated BatchNorm recalibration of the supernet ``variables`` (w and α unchanged):
+    every client runs the supernet in training mode over up to ``max_batches`` batches of
+    ``batch_size`` of its own training examples (in data order, unaugmented, padding
+    masked) and measures each BatchNorm's mean and variance over those examples; the
+    server pools them n_k/n into the mean and variance of all the examples together
+    (:func:`algorithms.common.pool_batch_statistics`). Returns the pooled ``batch_stats``."""
+    zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+
+    def stats_of(stats, x, mask):
+        v = {"params": variables["params"], "arch": variables["arch"], "batch_stats": stats}
+        return model.apply(v, info.normalize(x), train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+
+    def one(client, _):
+        return client_batch_statistics(stats_of, zeros, client, batch_size=batch_size, max_batches=max_batches,
+                                       momentum=BN_MOMENTUM)
+
+    stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
+    return pool_batch_statistics(stats, n)
+
+
 def fednas(
     cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
     dropout_rate: float = 0.0,
@@ -225,6 +258,13 @@ def fednas(
         # test batch's own statistics shows how much of the gap is that lag.
         batch_bn = lambda x: model.apply(v, info.normalize(x), train=True, mutable=["batch_stats"])[0]  # noqa: E731
         out["global_test_acc_bn_batch"] = global_accuracy(batch_bn, data, cfg.eval_batch_size)["global_test_acc"]
+        if cfg.bn_recalibration_batches:
+            # Federated recalibration: the statistics of the clients' training examples under
+            # the current w and α, measured by the clients and pooled n_k/n (no test data used).
+            stats = recalibrated_batch_stats(model, info, v, data, batch_size=cfg.eval_batch_size,
+                                             max_batches=cfg.bn_recalibration_batches, placement=placement)
+            recal = logits_fn({**v, "batch_stats": stats})
+            out["global_test_acc_bn_recal"] = global_accuracy(recal, data, cfg.eval_batch_size)["global_test_acc"]
         for split in ("val", "test"):
             out.update(client_accuracies(logits_fn, v, data, cfg.eval_batch_size, placement=placement, split=split))
         out["arch_entropy"] = arch_entropy(v["arch"])

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.fednas import FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet
+from algorithms.fednas import (FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet,
+                               recalibrated_batch_stats)
 from algorithms.fednas_train import FedNASTrainConfig, fednas_train, resolve_genotype
 from jaxfednas.config import ConfigError
 from jaxfednas.data import make_federated_data
@@ -76,14 +77,46 @@ def test_one_compilation_per_round_and_evaluate(data2, algo_and_states, count_tr
             state, _ = algo.round(state, data2, jax.random.PRNGKey(r))
             out = algo.evaluate(state, data2)
     assert traced == []
-    for k in ("global_test_acc", "global_test_acc_bn_batch", "client_val_acc_mean_unweighted", "client_val_acc_std_unweighted",
-              "client_test_acc_mean_weighted", "arch_entropy"):
+    for k in ("global_test_acc", "global_test_acc_bn_batch", "global_test_acc_bn_recal",
+              "client_val_acc_mean_unweighted", "client_val_acc_std_unweighted", "client_test_acc_mean_weighted",
+              "arch_entropy"):
         assert np.isfinite(float(out[k])), k
     # entropy of softmax(α) starts near log|O| and the derived genotype has the tiny space's ops
     assert float(out["arch_entropy"]) <= np.log(3) + 1e-6
     g = algo.export(state)
     assert isinstance(g, Genotype) and g.steps == 2
     assert {op for op, _ in g.normal} <= {"skip_connect", "avg_pool_3x3", "sep_conv_3x3"}
+
+
+def test_bn_recalibration_pools_the_clients_training_statistics(data2, algo_and_states):
+    cfg, _, _, s1, _, _ = algo_and_states
+    model = make_supernet(cfg, data2.info)
+    stats = {}
+    for mode in ("map", "vmap"):  # the same statistics however clients are placed
+        stats[mode] = jax.jit(lambda v, d: recalibrated_batch_stats(
+            model, data2.info, v, d, batch_size=10, max_batches=3, placement=Placement(mode)))(s1.variables, data2)
+    for a, b in zip(jax.tree.leaves(stats["map"]), jax.tree.leaves(stats["vmap"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # by hand: the stem convolution's outputs on each client's first min(n_k, 3 x 10) training
+    # examples (29 and 35 here: a partial last batch and a cap), all pooled together
+    train = data2.all_clients("train")
+    counts = np.minimum(np.asarray(train.count), 30)
+    assert counts.tolist() == [29, 30]
+    x = jnp.concatenate([data2.info.normalize(train.x[k, :n]) for k, n in enumerate(counts)])
+    y = np.asarray(jax.lax.conv_general_dilated(x, s1.variables["params"]["stem_conv"]["kernel"], (1, 1),
+                                                ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC")),
+                   np.float64)
+    got = stats["map"]["stem_bn"]
+    np.testing.assert_allclose(np.asarray(got["mean"]), y.mean((0, 1, 2)), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got["var"]), y.var((0, 1, 2)), rtol=1e-4)
+    # every BatchNorm re-estimated: none keeps the running statistics of the search
+    for new, old in zip(jax.tree.leaves(stats["map"]), jax.tree.leaves(s1.variables["batch_stats"])):
+        assert new.shape == old.shape and np.abs(np.asarray(new) - np.asarray(old)).max() > 1e-3
+    # 0 switches the metric off (traced only); negative is a config error
+    off = fednas(FedNASConfig(**TINY, bn_recalibration_batches=0), data2.info, placement=Placement("map"))
+    assert "global_test_acc_bn_recal" not in jax.eval_shape(off.evaluate, s1, data2)
+    with pytest.raises(ConfigError, match="bn_recalibration_batches"):
+        FedNASConfig(bn_recalibration_batches=-1)
 
 
 def test_personalize_adapts_every_client(data2, algo_and_states):
