@@ -6,7 +6,9 @@ linear classifier. Ops and preprocessing use affine BN; pooling ops have no BN; 
 is ``op1(h_a) + op2(h_b)``. Drop path (per example, keep ``1 - p``, rescaled by
 ``1/(1 - p)``) acts on every non-identity op output in training mode and needs a
 ``"dropout"`` rng. The optional CIFAR auxiliary head sits after cell ``2*layers//3``;
-its loss weight in DARTS is :data:`AUX_WEIGHT`.
+its loss weight in DARTS is :data:`AUX_WEIGHT`. DARTS sizes the head for the 8x8 maps that
+32x32 images leave there; smaller maps (8x8 digits leave 2x2) get a smaller pool
+(:func:`aux_pool`).
 
 ``build(genotype, ...)`` is an alias of the constructor. Repeated normal cells are
 scanned exactly as in :mod:`search_spaces.darts.search`.
@@ -21,14 +23,15 @@ from jaxfednas.nn import Conv
 
 from .genotypes import Genotype
 from .operations import batch_norm, FactorizedReduce, is_identity, make_op, ReLUConvBN
-from .search import cell_groups, cell_plan, CellSpec, run_cells
+from .search import cell_groups, cell_plan, CellSpec, reduction_indices, run_cells
 
 AUX_WEIGHT = 0.4
 """Weight of the auxiliary-head cross entropy in the DARTS training loss."""
 
 
 def drop_path(x, drop_prob, rng):
-    """Zero whole examples with probability ``drop_prob`` and rescale the rest by ``1/(1-p)``."""
+    """Zero whole examples with probability ``drop_prob`` and rescale the rest by ``1/(1-p)``
+    (one Bernoulli draw per example, shared by its pixels and channels, as DARTS' ``drop_path``)."""
     keep = 1.0 - drop_prob
     m = jax.random.bernoulli(rng, keep, (x.shape[0], 1, 1, 1))
     return jnp.where(m, x / keep, jnp.zeros((), x.dtype))
@@ -68,17 +71,43 @@ class EvalCell(nn.Module):
         return jnp.concatenate([states[i] for i in concat], axis=-1)
 
 
+def aux_pool(size: int) -> tuple[int, int]:
+    """Window and stride of the auxiliary head's average pool over ``size`` pixels (one axis).
+
+    DARTS' 5 / stride 3 (no padding) turns the 8x8 maps of 32x32 images into 2x2, which
+    the head's 2x2 conv reduces to 1x1. It leaves fewer than 2 pixels below 8, so there the
+    pool is ``size - 1`` wide with stride 1: still 2x2 out, from overlapping windows as in
+    DARTS (on 2x2 maps, e.g. 8x8 digits after two reductions, a no-op). Below 2 pixels
+    the head cannot run.
+    """
+    if size >= 8:
+        return 5, 3
+    if size >= 2:
+        return size - 1, 1
+    raise ValueError(f"the auxiliary head needs feature maps of at least 2x2 pixels, got {size} pixels")
+
+
+def aux_input_size(image_hw: tuple[int, int], layers: int) -> tuple[int, int]:
+    """Height and width of the maps the auxiliary head sees: the cell output after cell
+    ``2*layers//3`` (every reduction up to it halves the image; the stem keeps it)."""
+    n = sum(1 for i in reduction_indices(layers) if i <= 2 * layers // 3)
+    h, w = image_hw
+    return h >> n, w >> n
+
+
 class AuxiliaryHeadCIFAR(nn.Module):
     """ReLU -> avg pool 5/3 -> 1x1 conv 128 -> BN -> ReLU -> 2x2 conv 768 -> BN -> ReLU -> linear.
 
-    Meant for 8x8 inputs (pool to 2x2, the 2x2 conv to 1x1).
+    Meant for 8x8 inputs (pool to 2x2, the 2x2 conv to 1x1); smaller inputs (2 to 7
+    pixels a side) pool with :func:`aux_pool`'s smaller window to 2x2 as well.
     """
 
     num_classes: int
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
-        x = nn.avg_pool(nn.relu(x), (5, 5), (3, 3), padding="VALID")
+        (kh, sh), (kw, sw) = aux_pool(x.shape[1]), aux_pool(x.shape[2])
+        x = nn.avg_pool(nn.relu(x), (kh, kw), (sh, sw), padding="VALID")
         x = Conv(128, (1, 1), use_bias=False)(x)
         x = nn.relu(batch_norm(x, train, mask, affine=True))
         x = Conv(768, (2, 2), padding="VALID", use_bias=False)(x)
