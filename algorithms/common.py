@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from search_spaces.models import MODELS
+from jaxfednas import rng
 from jaxfednas.config import Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, run_local_epochs
@@ -53,23 +54,35 @@ def make_client_optimizer(cfg: SupervisedConfig) -> optax.GradientTransformation
     return optax.chain(*parts)
 
 
-def make_batch_grad(model: nn.Module, info: DataInfo, augment: str) -> Callable:
-    """``batch_grad(params, stats, batch, key) -> (grads, stats, metrics)``: the gradient of
-    one minibatch's masked mean cross entropy (``key`` drives augmentation), the BatchNorm
-    statistics after that training-mode pass, and ``loss_sum`` / ``correct`` / ``examples``
-    over the real (unmasked) examples. Shared by every supervised client update."""
+def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weight: float = 0.0) -> Callable:
+    """``batch_grad(params, stats, batch, key, drop_path_prob=None) -> (grads, stats, metrics)``:
+    the gradient of one minibatch's masked mean cross entropy (``key`` drives augmentation),
+    the BatchNorm statistics after that training-mode pass, and ``loss_sum`` / ``correct`` /
+    ``examples`` over the real (unmasked) examples. Shared by every supervised client update.
+
+    Two options of the DARTS evaluation network (:class:`search_spaces.darts.DartsNetwork`):
+    ``aux_weight`` > 0 — ``model`` returns ``(logits, aux_logits)`` in training mode and the
+    loss is CE + aux_weight · CE_aux (``loss_sum`` is that objective, as DARTS logs it;
+    ``correct`` counts the main head); ``drop_path_prob`` (a traced scalar) is passed to the
+    model with a ``"dropout"`` rng from :func:`jaxfednas.rng.drop_path_key` of ``key``. With
+    both off the computation is the plain one, unchanged."""
     aug = make_augment(augment, info.name)
 
-    def batch_grad(params, stats, batch, key):
+    def batch_grad(params, stats, batch, key, drop_path_prob=None):
         x = augment_batch(key, info.normalize(batch["x"]), aug)
         mask = batch["mask"]
         n = jnp.maximum(mask.sum(), 1)
+        extra = {} if drop_path_prob is None else {
+            "drop_path_prob": drop_path_prob, "rngs": {"dropout": rng.drop_path_key(key)}}
 
         def loss_fn(p):
-            logits, new_vars = model.apply(
-                {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"]
+            out, new_vars = model.apply(
+                {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"], **extra
             )
+            logits, aux_logits = out if aux_weight > 0 else (out, None)
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
+            if aux_weight > 0:
+                ce = ce + aux_weight * optax.softmax_cross_entropy_with_integer_labels(aux_logits, batch["y"]) * mask
             correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
             return ce.sum() / n, (new_vars.get("batch_stats", {}), ce.sum(), correct)
 
@@ -79,21 +92,22 @@ def make_batch_grad(model: nn.Module, info: DataInfo, augment: str) -> Callable:
     return batch_grad
 
 
-def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig) -> Callable:
-    """``local_train(variables, client, key) -> (variables, metrics)``: E epochs of
-    minibatch SGD from ``variables`` on one client's data, with a fresh optimizer
-    (as FedAvg's clients do every round)."""
+def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig, *, aux_weight: float = 0.0) -> Callable:
+    """``local_train(variables, client, key, drop_path_prob=None) -> (variables, metrics)``: E
+    epochs of minibatch SGD from ``variables`` on one client's data, with a fresh optimizer
+    (as FedAvg's clients do every round); ``aux_weight`` and ``drop_path_prob``: see
+    :func:`make_batch_grad` (None: no drop path, and no dropout rng drawn)."""
     opt = make_client_optimizer(cfg)
-    batch_grad = make_batch_grad(model, info, cfg.augment)
+    batch_grad = make_batch_grad(model, info, cfg.augment, aux_weight=aux_weight)
 
-    def step(carry, batch, key):
-        params, stats, opt_state = carry
-        grads, stats, metrics = batch_grad(params, stats, batch, key)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, stats, opt_state), metrics
+    def local_train(variables: dict, client: ClientData, key: jax.Array, drop_path_prob: jax.Array | None = None):
+        def step(carry, batch, key):
+            params, stats, opt_state = carry
+            grads, stats, metrics = batch_grad(params, stats, batch, key, drop_path_prob)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, stats, opt_state), metrics
 
-    def local_train(variables: dict, client: ClientData, key: jax.Array):
         params, stats = variables["params"], variables["batch_stats"]
         carry = (params, stats, opt.init(params))
         (params, stats, _), metrics = run_local_epochs(

@@ -12,6 +12,7 @@ BatchNorm running statistics are averaged with the same weights n_k / n_S.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import flax.linen as nn
 import flax.struct
@@ -70,12 +71,19 @@ def fedavg(
     placement: Placement = Placement(),
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
+    aux_weight: float = 0.0,
+    drop_path: Callable[[jax.Array], jax.Array] | None = None,
 ) -> FederatedAlgorithm:
     """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
-    ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`)."""
+    ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`).
+
+    For a DARTS evaluation network (:mod:`algorithms.fednas_train`): ``aux_weight`` > 0
+    adds its auxiliary head's loss; ``drop_path(round) -> p`` gives the drop-path
+    probability of the round's local training (every client, every step), None: no drop
+    path (the computation of plain FedAvg)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    local_train = make_local_train(model, info, cfg)
+    local_train = make_local_train(model, info, cfg, aux_weight=aux_weight)
 
     def init(key):
         return FedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
@@ -83,10 +91,11 @@ def fedavg(
     def round_fn(state: FedAvgState, data: FederatedData, key: jax.Array):
         idx, keys = round_clients(key, info.num_clients, m)
         clients = data.clients("train", idx)
+        p = None if drop_path is None else drop_path(state.round)
         new_vars, metrics = map_clients(
-            lambda c, v: local_train(v, c[0], c[1]),
+            lambda c, s: local_train(s[0], c[0], c[1], s[1]),
             (clients, keys),
-            state.variables,
+            (state.variables, p),
             placement=placement,
         )
         weights = clients.count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0

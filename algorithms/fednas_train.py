@@ -12,9 +12,30 @@ hard-codes for this stage —, ``DARTS_V1``, ``DARTS_V2``), a path to a JSON gen
 (e.g. a search run's ``architecture.json``) or the JSON text itself (what
 ``examples/fednas.py`` stores, so that ``config.json`` alone reproduces the run).
 
-Deviations from the authors' train stage, both because the shared local-SGD loop
-has no dropout rng or second head yet: no drop path (the code uses a constant 0.5)
-and no auxiliary head (off in the FedNAS code as well).
+Two parts of the DARTS evaluation recipe (Liu et al., arXiv:1806.09055, §3.2/§A.2) are
+options, off by default (the digits main job trains without them):
+
+* ``algo.drop_path_prob`` p: DARTS' drop path — every non-identity op's output inside a
+  cell is zeroed per example with probability p_t and the kept examples scaled by
+  1/(1 − p_t), in local training only. DARTS ramps p_t = p · epoch / epochs; a federation
+  has rounds where DARTS has epochs, so here p_t = p · t / T in round t = 0 … T − 1 of
+  T = ``run.rounds`` (``drop_path_schedule=linear``; 0 in the first round, constant
+  within a round, every client the same); ``constant`` uses p in every round, as the
+  FedNAS authors' train stage does (p = 0.5). Each minibatch slot draws its masks from
+  its own key (:func:`jaxfednas.rng.drop_path_key`), so runs are reproducible and a
+  resumed run draws what an uninterrupted one draws. A resumed run must keep
+  ``run.rounds``: T is part of the schedule.
+* ``algo.auxiliary_weight`` w: DARTS' CIFAR auxiliary head after cell ``2*layers//3``
+  (ReLU → avg pool → 1×1 conv 128 → BN → ReLU → 2×2 conv 768 → BN → ReLU → linear); the
+  local loss is CE + w · CE_aux (DARTS: 0.4), the reported ``train_loss`` is that
+  objective. Evaluation uses the main head only; the head's weights are averaged like
+  the others. DARTS pools the 8×8 maps of 32×32 images with a 5×5 window, stride 3; the
+  8×8 digits leave 2×2 maps there, which the head pools with a smaller window
+  (:func:`search_spaces.darts.aux_pool`); maps smaller than 2×2 are a config error.
+
+The FedNAS paper states no evaluation recipe; the authors' train stage
+(docs/authors_code.md §0.4, §2.1) uses a constant p = 0.5 and no auxiliary head. Preset
+``paper`` follows DARTS (p = 0.2 ramped, w = 0.4), ``authors_code`` the authors' code.
 """
 from __future__ import annotations
 
@@ -22,12 +43,14 @@ import dataclasses
 import json
 import os
 
+import jax.numpy as jnp
+
 from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.runtime import Placement
-from search_spaces.darts import DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
+from search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
 
 DESCRIPTION = "FedNAS evaluation stage: FedAvg training of a DARTS network built from a genotype"
 
@@ -39,6 +62,12 @@ class FedNASTrainConfig(FedAvgConfig):
     genotype: str = param("FEDNAS_V1", "known cell name, path to a genotype JSON, or the JSON itself")
     C: int = param(8, "initial channels of the evaluation network (FedNAS code: 16)", range=(2, 512))
     layers: int = param(5, "cells of the evaluation network (FedNAS code: 8)", range=(1, 64))
+    drop_path_prob: float = param(0.0, "drop-path probability p of the cells' non-identity ops in local training "
+                                  "(DARTS 0.2, FedNAS code 0.5; 0: off)", range=(0.0, 0.9))
+    drop_path_schedule: str = param("linear", "linear: p·t/T in round t of T = run.rounds (DARTS' ramp, by round); "
+                                    "constant: p every round (FedNAS code)", choices=("linear", "constant"))
+    auxiliary_weight: float = param(0.0, "loss weight of the auxiliary head after cell 2·layers//3 "
+                                    "(DARTS 0.4; 0: no auxiliary head)", range=(0.0, 10.0))
 
     def check(self):
         if self.C % 2:
@@ -47,15 +76,22 @@ class FedNASTrainConfig(FedAvgConfig):
 
 
 CONFIG = FedNASTrainConfig
+_AUTHORS = {
+    "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
+    "data.split": (1.0, 0.0, 0.0), "run.rounds": 500, "algo.C": 16, "algo.layers": 8,
+    "algo.local_epochs": 15, "algo.batch_size": 64, "algo.client_lr": 0.025, "algo.weight_decay": 3e-4,
+}
 PRESETS = {
     "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 3},
     # The authors' train stage (docs/authors_code.md §2.1, §2.4): FedNAS_V1, C=16, 8 cells, CIFAR-10,
-    # 16 Dirichlet(0.5) clients, 500 rounds, 15 local epochs, batch 64, lr 0.025, wd 3e-4.
-    "paper": {
-        "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
-        "data.split": (1.0, 0.0, 0.0), "run.rounds": 500, "algo.C": 16, "algo.layers": 8,
-        "algo.local_epochs": 15, "algo.batch_size": 64, "algo.client_lr": 0.025, "algo.weight_decay": 3e-4,
-    },
+    # 16 Dirichlet(0.5) clients, 500 rounds, 15 local epochs, batch 64, lr 0.025, wd 3e-4; with
+    # DARTS' drop path (0.2, ramped over the rounds) and auxiliary head (0.4): the paper names no
+    # evaluation recipe, and DARTS' is the one it builds on.
+    "paper": {**_AUTHORS, "algo.drop_path_prob": 0.2, "algo.drop_path_schedule": "linear",
+              "algo.auxiliary_weight": 0.4},
+    # The same with the authors' train stage as coded: drop path 0.5 in every round, no auxiliary head.
+    "authors_code": {**_AUTHORS, "algo.drop_path_prob": 0.5, "algo.drop_path_schedule": "constant",
+                     "algo.auxiliary_weight": 0.0},
 }
 
 
@@ -76,24 +112,48 @@ def resolve_genotype(spec: str) -> Genotype:
 
 
 def make_network(cfg: FedNASTrainConfig, info: DataInfo) -> DartsNetwork:
-    return DartsNetwork(resolve_genotype(cfg.genotype), cfg.C, info.num_classes, cfg.layers)
+    """The evaluation network of ``cfg`` (with its auxiliary head when ``auxiliary_weight`` > 0)."""
+    if cfg.auxiliary_weight > 0:
+        h, w = aux_input_size(info.image_shape[:2], cfg.layers)
+        if min(h, w) < 2:
+            raise ConfigError(
+                f"algo.auxiliary_weight={cfg.auxiliary_weight}: the auxiliary head needs at least 2x2 maps after "
+                f"cell {2 * cfg.layers // 3}, {info.image_shape[0]}x{info.image_shape[1]} images leave {h}x{w}; "
+                f"set it to 0 or use fewer cells")
+    return DartsNetwork(resolve_genotype(cfg.genotype), cfg.C, info.num_classes, cfg.layers,
+                        auxiliary=cfg.auxiliary_weight > 0)
+
+
+def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
+    """``round -> p_t`` (traced) for :func:`algorithms.fedavg.fedavg`, or None when drop path is off."""
+    p = cfg.drop_path_prob
+    if p == 0:
+        return None
+    if cfg.drop_path_schedule == "constant":
+        return lambda t: jnp.float32(p)
+    if rounds is None:
+        raise ValueError("fednas_train: drop_path_schedule='linear' needs rounds (run.rounds)")
+    # DARTS' p·epoch/epochs with rounds for epochs; capped at p for rounds past T
+    return lambda t: jnp.float32(p) * jnp.minimum(t.astype(jnp.float32) / rounds, 1.0)
 
 
 def fednas_train(
     cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0,
+    dropout_rate: float = 0.0, rounds: int | None = None,
 ) -> FederatedAlgorithm:
-    """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``."""
+    """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``; ``rounds``
+    (T, ``run.rounds``) is needed by the linear drop-path ramp."""
     algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
-                  dropout_rate=dropout_rate)
+                  dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
+                  drop_path=drop_path_schedule(cfg, rounds))
     return algo._replace(name="fednas_train")
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas_train(
         config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate, rounds=config.run.rounds,
     )
 
 
-__all__ = ["FedNASTrainConfig", "FedAvgState", "fednas_train", "resolve_genotype", "make_network"]
+__all__ = ["FedNASTrainConfig", "FedAvgState", "fednas_train", "resolve_genotype", "make_network", "drop_path_schedule"]

@@ -14,7 +14,8 @@ draws (everything is a function of ``(seed, round, client, step)``)::
         ├─ CLIENT ─ k                        client_keys(round key, ids): client k's key
         │   ├─ e                             local epoch e's data permutation (data.federated)
         │   ├─ STEP ─ t                      step_key(client key, t): minibatch slot t
-        │   │                                (augmentation, sampled paths, ...)
+        │   │   │                            (augmentation, sampled paths, ...)
+        │   │   └─ DROP_PATH                 drop_path_key(step key): DARTS drop path
         │   ├─ PERSONAL                      Ditto's personal update (other minibatches)
         │   ├─ SEARCH                        search_keys(client keys): SPIDER's random edge / node
         │   └─ POLICY                        policy_keys(client keys): PerFedRLNAS's sampled subnet
@@ -50,6 +51,8 @@ STEP = 1_000_003  # far above any local-epoch index
 PERSONAL = 0x7D177000  # Ditto
 SEARCH = 0x5E4C0000  # SPIDER-Searcher's random choices
 POLICY = 0x501C0000  # PerFedRLNAS: the subnet sampled from a client's policy
+# Under a step key (augmentation uses the step key itself)
+DROP_PATH = 0xD409A000  # per-example path dropping of the DARTS evaluation network
 # Under a DP-FNAS party's iteration key
 DP_TRAIN_SAMPLE, DP_TRAIN_NOISE, DP_VAL_SAMPLE, DP_VAL_NOISE, DP_TRAIN_AUG, DP_VAL_AUG = range(6)
 # A seed of its own: evaluation-time adaptation of the personalization baselines
@@ -91,6 +94,11 @@ def client_keys(round_key: jax.Array, client_ids: jax.Array) -> jax.Array:
 def step_key(client_key: jax.Array, t: jax.Array | int) -> jax.Array:
     """The key of a client's minibatch slot ``t`` (counted over all its local epochs)."""
     return jax.random.fold_in(jax.random.fold_in(client_key, STEP), t)
+
+
+def drop_path_key(step_key: jax.Array) -> jax.Array:
+    """The ``"dropout"`` rng of a minibatch slot's drop path (DARTS evaluation network)."""
+    return jax.random.fold_in(step_key, DROP_PATH)
 
 
 def personal_keys(client_keys: jax.Array) -> jax.Array:
