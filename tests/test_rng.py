@@ -29,7 +29,8 @@ def test_streams_of_a_round_are_distinct():
     ids = jnp.arange(50)
     ck = rng.client_keys(r, ids)
     keys = [rng.sample_key(r), *ck, *rng.personal_keys(ck), *rng.search_keys(ck), *rng.policy_keys(ck),
-            *[rng.step_key(ck[0], t) for t in range(20)], *rng.adaptation_keys(ids), rng.personalize_key(1)]
+            *[rng.step_key(ck[0], t) for t in range(20)], *rng.adaptation_keys(ids), rng.personalize_key(1),
+            *[rng.drop_path_key(rng.step_key(ck[0], t)) for t in range(20)]]
     keys += [jax.random.fold_in(ck[0], e) for e in range(20)]  # local epochs' permutations
     assert len({_data(k) for k in keys}) == len(keys)
 
