@@ -41,8 +41,10 @@ from algorithms.common import client_batch_statistics, make_augment, pool_batch_
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
-from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, num_steps, random_batch, run_local_epochs
-from jaxfednas.evaluation import client_accuracies, global_accuracy
+from jaxfednas.data.federated import (ClientData, DataInfo, FederatedData, num_steps, random_batch, run_local_epochs,
+                                     run_local_epochs_selected)
+from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, evaluate_examples, global_accuracy,
+                                  select_by_validation)
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
@@ -123,9 +125,14 @@ def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
 
 
 def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:
-    """``local_search(variables, train, val, key) -> (variables, metrics)``:
+    """``local_search(variables, train, val, key, select=None) -> (variables, metrics)``:
     ClientLocalSearch(k, w, α) of Algorithm 1 (lines 9-15), ``epochs`` local epochs of
-    the MiLeNAS step (Eq. 4) with fresh optimizers and a cosine schedule over the epochs."""
+    the MiLeNAS step (Eq. 4) with fresh optimizers and a cosine schedule over the epochs.
+
+    ``select(variables) -> (score, record)``, if given, scores the starting model and the
+    model after every epoch and the best one is returned instead of the last
+    (:func:`jaxfednas.data.federated.run_local_epochs_selected`: ties to the later epoch,
+    ``metrics["selected"]`` and ``metrics["candidates"]``); the steps are the same."""
     aug = make_augment(cfg.augment, info.name)
 
     def loss_fn(params, arch, stats, batch):
@@ -138,7 +145,7 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
         correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
         return ce.sum() / jnp.maximum(mask.sum(), 1), (new["batch_stats"], {"loss_sum": ce.sum(), "correct": correct})
 
-    def local_search(variables, train: ClientData, val: ClientData, key):
+    def local_search(variables, train: ClientData, val: ClientData, key, select: Callable | None = None):
         steps_per_epoch = jnp.maximum(num_steps(train.count, cfg.batch_size), 1)
         lr = cosine_lr(cfg.w_lr, cfg.w_lr_min, epochs)
         w_tx = weight_optimizer(lr=lambda count: lr(count // steps_per_epoch), momentum=cfg.w_momentum,
@@ -178,8 +185,16 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
 
         opt_state = {WEIGHTS: w_tx.init(tree["params"]), ARCH: a_tx.init(tree["arch"])}
         carry = (tree, variables["batch_stats"], opt_state)
-        (tree, stats, _), metrics = run_local_epochs(step, carry, train, key, epochs=epochs, batch_size=cfg.batch_size)
-        return {"params": tree["params"], "arch": tree["arch"], "batch_stats": stats}, metrics
+
+        def model_of(carry):
+            tree, stats, _ = carry
+            return {"params": tree["params"], "arch": tree["arch"], "batch_stats": stats}
+
+        if select is None:
+            carry, metrics = run_local_epochs(step, carry, train, key, epochs=epochs, batch_size=cfg.batch_size)
+            return model_of(carry), metrics
+        return run_local_epochs_selected(step, carry, train, key, epochs=epochs, batch_size=cfg.batch_size,
+                                         model_of=model_of, select=select)
 
     return local_search
 
@@ -272,14 +287,41 @@ def fednas(
 
     def personalize(state: FedNASState, data: FederatedData, key):
         """§2.5 "alternative local adaptation": every client runs ``personalize_epochs``
-        epochs of the same MiLeNAS rule (Eq. 4) on its own data, from the global w and α;
-        each adapted supernet is evaluated on the client's own test split."""
+        epochs of the same MiLeNAS rule (Eq. 4) on its own data, from the global w and α.
+        Each client keeps, among the global model (candidate 0) and its model after each
+        epoch (1..E), the one most accurate on its own validation split (ties: the later;
+        :func:`jaxfednas.evaluation.select_by_validation`) — the paper reports the round
+        best on the clients' test splits instead. Returns those models (rows, a leading
+        client axis) and: ``client_test_acc*`` (the kept models on each client's test
+        split), ``personal_epoch`` (the kept candidate), ``client_test_acc_final*`` (after
+        all E epochs), ``client_test_acc_global*`` (the global model, candidate 0) and the
+        per-candidate ``client_{val,test}_acc_by_epoch`` ``[clients, E + 1]``."""
         ids = jnp.arange(info.num_clients)
-        per_client = (data.all_clients("train"), data.all_clients("val"), client_keys(key, ids))
-        rows, _ = map_clients(lambda c, v: adapt(v, *c), per_client, state.variables, placement=placement)
+
+        def correct(v, split: ClientData):
+            return evaluate_examples(logits_fn(v), split.x, split.y, split.count, batch_size=cfg.eval_batch_size)["correct"]
+
+        def one(c, v):
+            train, val, test, k = c
+
+            def select(m):  # the choice reads the validation count only; test is recorded for the report
+                record = {"val": correct(m, val), "test": correct(m, test)}
+                return record["val"], record
+
+            return adapt(v, train, val, k, select=select)
+
+        per_client = (data.all_clients("train"), data.all_clients("val"), data.all_clients("test"),
+                      client_keys(key, ids))
+        rows, met = map_clients(one, per_client, state.variables, placement=placement)
+        by_epoch = met["candidates"]  # [clients, E + 1] correct counts
+        idx, _ = select_by_validation(by_epoch["val"], by_epoch["test"])
         out = client_accuracies(logits_fn, rows, data, cfg.eval_batch_size, placement=placement, personal=True)
-        out.update(client_accuracies(logits_fn, state.variables, data, cfg.eval_batch_size, placement=placement,
-                                     tag="_global"))
+        test_n = data.all_clients("test").count
+        out.update(client_accuracy_summary(by_epoch["test"][:, -1], test_n, tag="_final"))
+        out.update(client_accuracy_summary(by_epoch["test"][:, 0], test_n, tag="_global"))
+        out["personal_epoch"] = idx
+        for split, n in (("val", data.all_clients("val").count), ("test", test_n)):
+            out[f"client_{split}_acc_by_epoch"] = by_epoch[split] / jnp.maximum(n, 1)[:, None]
         out["arch_entropy"] = arch_entropy(rows["arch"])
         return rows, out
 

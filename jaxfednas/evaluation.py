@@ -3,7 +3,9 @@
 * :func:`global_accuracy` — one model on the server's global test set;
 * :func:`client_accuracies` — every client on its own split (test or val), with the
   shared model or each client's own row of a per-client state, placed by the runtime;
-* :func:`evaluate_examples` / :func:`client_accuracy_summary` — the pieces under them.
+* :func:`evaluate_examples` / :func:`client_accuracy_summary` — the pieces under them;
+* :func:`select_by_validation` — per client, the candidate model (round, epoch, ...)
+  with the best validation score and its test score (model selection that never reads test).
 
 Models enter as logits functions (``logits_of(variables) -> (x -> logits)``), so any
 network, subnet or recalibrated child can be evaluated the same way.
@@ -117,3 +119,24 @@ def client_accuracies(
     per_client = (clients, variables) if personal else clients
     r = map_clients(one, per_client, None if personal else variables, placement=placement)
     return client_accuracy_summary(r["correct"], r["count"], prefix=f"client_{split}", tag=tag)
+
+
+def select_by_validation(val_score: jax.Array, test_score: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Model selection by validation: for every client (leading axis) the candidate (last
+    axis: rounds, local epochs, ...) with the highest ``val_score``, the **last** among
+    ties (with equal validation evidence, the candidate trained longest: a client without
+    validation examples keeps the final one), and ``test_score`` at that candidate.
+    ``test_score`` is only read, never compared. Scores are best given as counts of
+    correct predictions (exact ties); NaN scores are not supported.
+
+    >>> idx, test = select_by_validation(jnp.array([[3, 5, 5], [2, 1, 0]]), jnp.array([[6, 7, 8], [9, 8, 1]]))
+    >>> idx.tolist(), test.tolist()
+    ([2, 0], [8, 9])
+    """
+    val_score, test_score = jnp.asarray(val_score), jnp.asarray(test_score)
+    if val_score.shape != test_score.shape or val_score.ndim < 1:
+        raise ValueError(f"val_score {val_score.shape} and test_score {test_score.shape} must have one shape "
+                         "(..., candidates)")
+    last = val_score.shape[-1] - 1
+    idx = last - jnp.argmax(jnp.flip(val_score, -1), axis=-1)  # argmax returns the first maximum
+    return idx, jnp.take_along_axis(test_score, idx[..., None], axis=-1)[..., 0]

@@ -7,7 +7,8 @@ import pytest
 
 from search_spaces.models import ResNet
 from jaxfednas.data.augment import Augment, augment_batch
-from jaxfednas.data.federated import ClientData, epoch_permutation, run_local_epochs, stack_clients
+from jaxfednas.data.federated import (ClientData, epoch_permutation, run_local_epochs, run_local_epochs_selected,
+                                     stack_clients)
 from jaxfednas.nn import _native, conv_canonical_grad, conv_patch_grad
 
 
@@ -43,6 +44,57 @@ def test_local_epochs_visit_each_example_once_and_skip_padded_steps(count, batch
     assert int(calls) == epochs * -(-count // batch)  # ceil(n / B) real steps per epoch
     assert int(metrics["seen"]) == epochs * count
     assert int(metrics["steps"]) == epochs * -(-count // batch)
+
+
+def test_epoch_end_hook_sees_every_epoch_and_leaves_the_steps_alone():
+    m, count = 8, 7
+    client = ClientData(x=jnp.arange(m, dtype=jnp.float32), y=jnp.zeros(m, jnp.int32), count=jnp.int32(count))
+
+    def step(carry, b, key):  # order- and key-dependent, so a changed batch or key would show
+        total, n = carry
+        return (total * 1.5 + (b["x"] * b["mask"]).sum() + jax.random.uniform(key), n + 1), {"seen": b["mask"].sum()}
+
+    def run(hook):
+        return jax.jit(lambda c: run_local_epochs(step, (0.0, 0), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
+                                                  epoch_end=hook))(client)
+
+    plain, m_plain = run(None)
+    # the hook sees the carry after each epoch (3 steps of ceil(7 / 3)) and may change it
+    hooked, m_hooked = run(lambda carry, e: ((carry[0], carry[1] + 100), {"epoch": e, "steps_so_far": carry[1]}))
+    assert float(hooked[0]) == float(plain[0]) and int(hooked[1]) == int(plain[1]) + 300
+    assert m_hooked["epoch_end"]["epoch"].tolist() == [0, 1, 2]
+    assert m_hooked["epoch_end"]["steps_so_far"].tolist() == [3, 106, 209]
+    assert int(m_hooked["seen"]) == int(m_plain["seen"]) == 3 * count and int(m_hooked["steps"]) == 9
+
+
+def test_selected_epochs_keep_the_best_model_and_the_same_steps():
+    client = ClientData(x=jnp.arange(8, dtype=jnp.float32), y=jnp.zeros(8, jnp.int32), count=jnp.int32(7))
+
+    def step(carry, b, key):  # the "model" is a number that every step changes
+        return carry * 1.5 + (b["x"] * b["mask"]).sum() + jax.random.uniform(key), {"seen": b["mask"].sum()}
+
+    def run(scores):  # candidate c scores scores[c] (the model after c epochs is looked up by value)
+        @jax.jit
+        def go(c):
+            _, m = run_local_epochs(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
+                                    epoch_end=lambda m, e: (m, m))
+            traj = jnp.concatenate([jnp.array([0.5]), m["epoch_end"]])
+
+            def select(model):
+                return jnp.asarray(scores)[jnp.argmin(jnp.abs(traj - model))], model
+            return run_local_epochs_selected(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
+                                             model_of=lambda m: m, select=select)
+        return go(client)
+
+    for scores, want in (([0, 2, 5, 1], 2), ([3, 1, 2, 3], 3), ([7, 1, 2, 3], 0), ([4, 4, 4, 4], 3)):
+        best, metrics = run(scores)  # ties: the later candidate
+        traj = np.asarray(metrics["candidates"])
+        assert int(metrics["selected"]) == want and float(best) == traj[want], scores
+        assert traj[0] == 0.5 and len(set(traj.tolist())) == 4  # start + 3 epochs, all different
+        assert int(metrics["seen"]) == 3 * 7 and int(metrics["steps"]) == 9
+    plain, _ = jax.jit(lambda c: run_local_epochs(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3,
+                                                  batch_size=3))(client)
+    assert float(plain) == traj[-1]  # the same steps as without selection
 
 
 def test_augment_off_is_identity_and_on_keeps_shape():

@@ -14,6 +14,7 @@ from jaxfednas.config import ConfigError
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
+from jaxfednas.evaluation import select_by_validation
 from jaxfednas.experiment import make_partition, run_experiment
 from jaxfednas.registry import algorithm_module, make_config
 from jaxfednas.runtime import Placement, round_clients
@@ -119,18 +120,43 @@ def test_bn_recalibration_pools_the_clients_training_statistics(data2, algo_and_
         FedNASConfig(bn_recalibration_batches=-1)
 
 
+def test_select_by_validation_never_reads_test():
+    val = jnp.array([[3, 5, 5, 4],   # tie at 1 and 2: the later
+                     [0, 0, 0, 0],   # no validation examples: the last candidate
+                     [9, 2, 2, 2]])  # the global model (candidate 0) wins
+    test = jnp.array([[1, 2, 3, 9], [5, 6, 7, 8], [4, 9, 9, 9]])  # the test-best candidates are never picked
+    idx, picked = select_by_validation(val, test)
+    assert idx.tolist() == [2, 3, 0] and picked.tolist() == [3, 8, 4]
+    # the same choice whatever the test numbers say
+    assert select_by_validation(val, -test)[0].tolist() == [2, 3, 0]
+    with pytest.raises(ValueError, match="one shape"):
+        select_by_validation(val, test[:, :2])
+
+
 def test_personalize_adapts_every_client(data2, algo_and_states):
     cfg, algo, _, s1, _, _ = algo_and_states
     rows, out = algo.personalize(s1, data2, jax.random.PRNGKey(3))
     an = np.asarray(rows["arch"]["alphas_normal"])
     assert an.shape == (2, 5, 3)  # a row of α per client
     g = np.asarray(s1.variables["arch"]["alphas_normal"])
-    assert np.abs(an[0] - g).max() > 0 and np.abs(an[1] - g).max() > 0
     assert np.abs(an[0] - an[1]).max() > 0  # each client adapted on its own data
     assert out["client_test_acc"].shape == (2,) and out["client_test_acc_global"].shape == (2,)
     counts = data2.all_clients("test").count
-    assert_client_summary(out, counts)
-    assert_client_summary(out, counts, tag="_global")
+    for tag in ("", "_global", "_final"):
+        assert_client_summary(out, counts, tag=tag)
+    # candidates: the global model and the model after each of the E = 1 epochs; each client
+    # keeps the one best on its validation split, and its test accuracy is what is reported
+    n_val, n_test = (np.asarray(data2.all_clients(s).count) for s in ("val", "test"))
+    val_correct = np.rint(np.asarray(out["client_val_acc_by_epoch"]) * n_val[:, None]).astype(int)
+    test_correct = np.rint(np.asarray(out["client_test_acc_by_epoch"]) * n_test[:, None]).astype(int)
+    assert val_correct.shape == (2, 2)
+    pick = np.asarray(out["personal_epoch"])
+    assert pick.tolist() == np.asarray(select_by_validation(val_correct, test_correct)[0]).tolist()
+    np.testing.assert_allclose(out["client_test_acc"], test_correct[[0, 1], pick] / n_test, rtol=1e-6)
+    np.testing.assert_allclose(out["client_test_acc_global"], test_correct[:, 0] / n_test, rtol=1e-6)
+    np.testing.assert_allclose(out["client_test_acc_final"], test_correct[:, -1] / n_test, rtol=1e-6)
+    for k in range(2):  # the rows are the kept models: the global one when candidate 0 won
+        assert (np.abs(an[k] - g).max() > 0) == (pick[k] > 0)
     genos = client_genotypes(cfg, rows["arch"])
     assert len(genos) == 2 and all(isinstance(x, Genotype) for x in genos)
     # deterministic in its key

@@ -216,6 +216,7 @@ def run_local_epochs(
     *,
     epochs: int,
     batch_size: int,
+    epoch_end: Callable[[Any, jax.Array], tuple[Any, Any]] | None = None,
 ) -> tuple[Any, dict[str, jax.Array]]:
     """Run ``epochs`` local epochs of ``step_fn(carry, batch, key) -> (carry, metrics)``.
 
@@ -224,6 +225,10 @@ def run_local_epochs(
     ``ceil(n_k / B)`` steps leaves ``carry`` unchanged and contributes zero
     metrics. Returns the final carry and the metrics summed over real steps plus
     ``"steps"``, the number of real steps taken.
+
+    ``epoch_end(carry, epoch) -> (carry, out)``, if given, runs after each epoch (to score
+    the model on held-out data, keep the best one, ...); its ``out`` come back stacked
+    over epochs as ``metrics["epoch_end"]``. The steps, keys and batches are the same.
     """
     m = client.y.shape[0]
     slots = math.ceil(m / batch_size)
@@ -249,7 +254,60 @@ def run_local_epochs(
         carry, metrics = jax.lax.cond(active, run, skip, carry)
         return carry, metrics
 
-    carry, metrics = jax.lax.scan(body, carry, jnp.arange(epochs * slots))
-    summed = jax.tree.map(lambda v: v.sum(0), metrics)
+    if epoch_end is None:
+        carry, metrics = jax.lax.scan(body, carry, jnp.arange(epochs * slots))
+        summed = jax.tree.map(lambda v: v.sum(0), metrics)
+    else:
+        def epoch(carry, e):
+            carry, metrics = jax.lax.scan(body, carry, e * slots + jnp.arange(slots))
+            carry, out = epoch_end(carry, e)
+            return carry, (jax.tree.map(lambda v: v.sum(0), metrics), out)
+
+        carry, (metrics, outs) = jax.lax.scan(epoch, carry, jnp.arange(epochs))
+        summed = jax.tree.map(lambda v: v.sum(0), metrics)
+        summed["epoch_end"] = outs
     summed["steps"] = jnp.minimum(n_steps * epochs, epochs * slots).astype(jnp.int32)
     return carry, summed
+
+
+def run_local_epochs_selected(
+    step_fn: Callable[[Any, dict[str, jax.Array], jax.Array], tuple[Any, dict[str, jax.Array]]],
+    carry: Any,
+    client: ClientData,
+    key: jax.Array,
+    *,
+    epochs: int,
+    batch_size: int,
+    model_of: Callable[[Any], Any],
+    select: Callable[[Any], tuple[jax.Array, Any]],
+) -> tuple[Any, dict[str, jax.Array]]:
+    """:func:`run_local_epochs` that keeps the best of its models: ``select(model) ->
+    (score, record)`` scores the starting model (candidate 0) and the model after every
+    epoch (candidates 1..``epochs``; ``model_of(carry)`` extracts it). Returns the model
+    with the highest score, the **later** one among ties (the rule of
+    :func:`jaxfednas.evaluation.select_by_validation`), and the metrics of
+    :func:`run_local_epochs` plus ``"selected"`` (its candidate index) and
+    ``"candidates"`` (every candidate's ``record``, stacked). The steps are the same as
+    :func:`run_local_epochs`'s. Holds one extra copy of the model."""
+    def tracked_step(c, batch, k):
+        inner, best = c
+        inner, metrics = step_fn(inner, batch, k)
+        return (inner, best), metrics
+
+    def epoch_end(c, e):
+        inner, (best, best_score, best_epoch) = c
+        model = model_of(inner)
+        score, record = select(model)
+        take = score >= best_score  # ties: the later candidate
+        best = tree_where(take, model, best)
+        return (inner, (best, jnp.where(take, score, best_score), jnp.where(take, e + 1, best_epoch))), record
+
+    start = model_of(carry)
+    score0, record0 = select(start)
+    (_, (best, _, selected)), metrics = run_local_epochs(
+        tracked_step, (carry, (start, score0, jnp.int32(0))), client, key, epochs=epochs, batch_size=batch_size,
+        epoch_end=epoch_end)
+    records = metrics.pop("epoch_end")
+    metrics["candidates"] = jax.tree.map(lambda a, r: jnp.concatenate([a[None], r]), record0, records)
+    metrics["selected"] = selected
+    return best, metrics
