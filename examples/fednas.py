@@ -10,8 +10,9 @@ Global mode (Algorithm 1, then §3.2's "additional evaluation stage"):
      search-train / search-val split, the server averages w, BN statistics and α (Eq. 5);
   2. ``train/``   — the derived genotype's DARTS network trained from scratch with FedAvg
      on the same clients (each client's search-train + search-val examples);
-  3. ``results.md`` / ``results.json`` — supernet global accuracy, genotype, evaluation
-     accuracy, parameter counts, wall times; cell diagrams in ``search/plots/``.
+  3. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
+     the paper's; test-batch statistics; statistics recalibrated by the clients), genotype,
+     evaluation accuracy, parameter counts, wall times; cell diagrams in ``search/plots/``.
 
 Personalized mode (§2.5, Table 1): label-skew partition (5 classes per client), a
 FedNAS search with 4 of 8 clients per round, then every client adapts w and α locally
@@ -20,7 +21,11 @@ with the same MiLeNAS rule; the baselines (``local_adaptation``, ``ditto``,
 the same examples FedNAS searches on. Reported: mean ± std over clients of the
 accuracy on each client's own held-out 25 % (the paper's "average local validation
 accuracy"), per-client accuracies (``clients.csv``, ``plots/clients.png``) and
-per-client genotypes (``personal_genotypes.json``).
+per-client genotypes (``personal_genotypes.json``). Each FedNAS client reports the
+model it keeps by its own *validation* accuracy among the global model and its model
+after each adaptation epoch (ties: the later); the paper picks the round with the best
+mean accuracy on the clients' test splits. The kept epochs and every epoch's accuracies
+are in ``personal_selection.json``.
 
 Every stage is a run directory of its own (config, manifest, metrics, checkpoint,
 plots); ``--resume`` continues whichever stage was interrupted.
@@ -132,6 +137,8 @@ def global_search(args, overrides: dict) -> None:
     rows = [
         ("supernet global test acc (search, final round)", _fmt(s["final"]["global_test_acc"])),
         ("same, BN with test-batch statistics", _fmt(s["final"]["global_test_acc_bn_batch"])),
+        ("same, BN recalibrated on the clients' training examples (pooled n_k/n)",
+         _fmt(s["final"].get("global_test_acc_bn_recal", float("nan")))),
         ("supernet client val acc (mean ± std, unweighted)",
          f"{_fmt(s['final']['client_val_acc_mean_unweighted'])} ± {_fmt(s['final']['client_val_acc_std_unweighted'])}"),
         (f"α entropy (nats; uniform: {np.log(len(PRIMITIVE_SETS[search_cfg.algo.primitives])):.4f})",
@@ -169,6 +176,12 @@ def personalized(args, overrides: dict) -> None:
     genos = client_genotypes(search_cfg.algo, rows["arch"])
     atomic_write_text(out / "personal_genotypes.json",
                       json.dumps([g.to_dict() for g in genos], indent=1, sort_keys=True) + "\n")
+    selection = {  # candidate 0: the global model; e: after e adaptation epochs
+        "kept_epoch": np.asarray(pers["personal_epoch"]).tolist(),
+        "val_acc_by_epoch": np.round(np.asarray(pers["client_val_acc_by_epoch"], np.float64), 6).tolist(),
+        "test_acc_by_epoch": np.round(np.asarray(pers["client_test_acc_by_epoch"], np.float64), 6).tolist(),
+    }
+    atomic_write_text(out / "personal_selection.json", json.dumps(selection, indent=1) + "\n")
     t_pers = time.perf_counter() - t0 + s["timing"]["wall_time_s"]
     print(f"  local adaptation of w and α on every client: {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -205,12 +218,20 @@ def personalized(args, overrides: dict) -> None:
                            for k in range(d.num_clients))
     atomic_write_text(out / "clients.csv", csv)
     _plot_clients(results, out / "plots" / "clients.png")
-    atomic_write_text(out / "results.md", f"# Personalized FedNAS vs baselines ({d.dataset}, {d.partition})\n\n{table}")
+    notes = (
+        f"FedNAS: each client keeps the model best on its own validation split among the global model (epoch 0) "
+        f"and its {search_cfg.algo.personalize_epochs} adaptation epochs (ties: the later); kept epochs "
+        f"{selection['kept_epoch']}. After all epochs instead: "
+        f"{pers['client_test_acc_final_mean_unweighted']:.4f} ± {pers['client_test_acc_final_std_unweighted']:.4f}; "
+        f"the unadapted global supernet: {pers['client_test_acc_global_mean_unweighted']:.4f} ± "
+        f"{pers['client_test_acc_global_std_unweighted']:.4f}.\n"
+    )
+    atomic_write_text(out / "results.md",
+                      f"# Personalized FedNAS vs baselines ({d.dataset}, {d.partition})\n\n{table}\n{notes}")
     print("\n" + table)
-    print(f"unadapted global supernet on the same splits: {pers['client_test_acc_global_mean_unweighted']:.4f} ± "
-          f"{pers['client_test_acc_global_std_unweighted']:.4f}")
+    print(notes, end="")
     print(f"per-client accuracies: {out / 'clients.csv'}, {out / 'plots' / 'clients.png'}; "
-          f"per-client genotypes: {out / 'personal_genotypes.json'}")
+          f"per-client genotypes: {out / 'personal_genotypes.json'}; kept epochs: {out / 'personal_selection.json'}")
 
 
 def _plot_clients(results: dict, path: Path) -> None:

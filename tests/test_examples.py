@@ -26,6 +26,7 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     assert _example("fednas").main(TINY + ["--train-rounds", "1", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert 0.0 <= float(res["evaluation-stage global test acc"]) <= 1.0
+    assert 0.0 <= float(res["same, BN recalibrated on the clients' training examples (pooled n_k/n)"]) <= 1.0
     assert "<-" in res["derived normal cell"]
     train_cfg = json.loads((out / "train" / "config.json").read_text())
     # the evaluation stage trains exactly the exported genotype, on the same partition
@@ -51,3 +52,8 @@ def test_fednas_example_personalized_table(tmp_path):
     acc = np.loadtxt(out / "clients.csv", delimiter=",", skiprows=1)
     assert acc.shape == (4, 5) and np.all((acc[:, 1:] >= 0) & (acc[:, 1:] <= 1))
     assert len(json.loads((out / "personal_genotypes.json").read_text())) == 4
+    sel = json.loads((out / "personal_selection.json").read_text())  # candidates: global model + 1 epoch
+    assert np.asarray(sel["test_acc_by_epoch"]).shape == (4, 2) and set(sel["kept_epoch"]) <= {0, 1}
+    kept = np.asarray(sel["test_acc_by_epoch"])[np.arange(4), sel["kept_epoch"]]
+    np.testing.assert_allclose(acc[:, 1], kept, atol=1e-5)  # the table reports the kept models
+    assert "kept epochs" in table
