@@ -13,6 +13,7 @@ from search_spaces.shufflenet import (
     child_variables,
     derive,
     get_space,
+    macs_table,
     ShuffleArch,
     ShuffleNetwork,
     ShuffleSpace,
@@ -122,3 +123,17 @@ def test_arch_type_derive_and_json():
         ShuffleArch("tiny", (0, 1, 4))
     with pytest.raises(ValueError, match="not in space"):
         uniform_arch("cross_device", "xception")
+
+
+def test_macs_table_sums_to_child_cost():
+    """A child's multiply-adds are the fixed stem + head plus one table entry per block;
+    on the ImageNet space the entries are DSNAS' own FLOPs table (its network.py)."""
+    for space, shape, choices in (("tiny", (8, 8, 1), (3, 0, 2)), ("small", (8, 8, 1), (2, 3, 0, 1, 3, 2, 0))):
+        table = macs_table(space, 10, shape)
+        assert table.blocks.shape == (get_space(space).num_blocks, 4) and (table.blocks > 0).all()
+        want = child_cost(ShuffleArch(space, choices), 10, shape)["macs"]
+        assert table.of(choices) == want == table.fixed + sum(table.blocks[l, c] for l, c in enumerate(choices))
+    imagenet = macs_table("imagenet", 1000, (224, 224, 3))
+    np.testing.assert_array_equal(imagenet.blocks[0], [13396992, 15805440, 19418112, 13146112])
+    np.testing.assert_array_equal(imagenet.blocks[8], [30670080, 31673600, 33178880, 21199360])
+    np.testing.assert_array_equal(imagenet.blocks[19], [10176320, 10427200, 10803520, 15476160])

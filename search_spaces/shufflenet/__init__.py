@@ -6,14 +6,15 @@ arXiv:2002.09128), used by DFNAS (Garg et al., arXiv:2010.06223).
 * :mod:`.network` — :class:`ShuffleSpace` / :data:`SPACES` (geometries, incl. our
   32×32 one) and :class:`ShuffleNetwork` (supernet or child);
 * :mod:`.arch` — :class:`ShuffleArch`, :func:`derive`, :func:`build`,
-  :func:`child_variables`, :func:`child_cost` (parameters and multiply-adds).
+  :func:`child_variables`, :func:`child_cost` (parameters and multiply-adds),
+  :func:`macs_table` (multiply-adds per block and candidate).
 """
-from .arch import build, child_cost, child_variables, derive, ShuffleArch, uniform_arch
+from .arch import build, child_cost, child_variables, derive, macs_table, MacsTable, ShuffleArch, uniform_arch
 from .blocks import auto_depthwise_impl, BN_EPS, BN_MOMENTUM, CANDIDATES, DSNAS_BN_EPS, channel_split, KERNELS, ShuffleUnit
 from .network import BlockSpec, ChoiceBlock, get_space, init_alpha, ShuffleNetwork, ShuffleSpace, SPACES
 
 __all__ = [
     "auto_depthwise_impl", "BN_EPS", "BN_MOMENTUM", "BlockSpec", "DSNAS_BN_EPS", "CANDIDATES", "ChoiceBlock", "KERNELS", "SPACES", "ShuffleArch", "ShuffleNetwork",
     "ShuffleSpace", "ShuffleUnit", "build", "channel_split", "child_cost", "child_variables", "derive",
-    "get_space", "init_alpha", "uniform_arch",
+    "get_space", "init_alpha", "macs_table", "MacsTable", "uniform_arch",
 ]

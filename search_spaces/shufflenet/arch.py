@@ -5,12 +5,16 @@ DSNAS/DFNAS deployment rule (argmax of α per block, ties to the lower index);
 :func:`build` gives the child network that holds only the chosen units, and
 :func:`child_variables` cuts its weights and BatchNorm statistics out of the
 supernet's, so the child computes exactly what the supernet computes on that path.
+:func:`child_cost` counts a child's parameters and multiply-adds; :func:`macs_table`
+splits the multiply-adds per block and candidate, so that a sampled path's cost is a
+sum of lookups (DSNAS' FLOPs penalty).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +22,7 @@ import numpy as np
 
 from jaxfednas.cost import count_macs
 
-from .blocks import BN_EPS
+from .blocks import BN_EPS, Head, make_unit, Stem
 from .network import get_space, ShuffleNetwork
 
 
@@ -101,3 +105,48 @@ def child_cost(arch: ShuffleArch, num_classes: int, image_shape: tuple[int, ...]
     params = sum(int(np.prod(l.shape)) for l in jax.tree.leaves(shapes["params"]))
     macs = count_macs(lambda v, x: model.apply(v, x), shapes, x)
     return {"params": params, "macs": macs}
+
+
+class MacsTable(NamedTuple):
+    """Multiply-adds of one image through a child of a space: ``fixed`` (stem and head)
+    plus ``blocks[l, c_l]`` for every block ``l`` (:meth:`of`). Exact, because a block's
+    input shape does not depend on the choices before it (every candidate of a block
+    has the same output shape)."""
+
+    fixed: int
+    blocks: np.ndarray  # [blocks, candidates] int64
+
+    def of(self, choices) -> int:
+        """Multiply-adds of the child with these candidate indices (== ``child_cost``'s)."""
+        choices = np.asarray(choices)
+        return self.fixed + int(self.blocks[np.arange(len(choices)), choices].sum())
+
+
+def _macs_and_output(module, x: jax.ShapeDtypeStruct):
+    shapes = jax.eval_shape(lambda x: module.init(jax.random.key(0), x), x)
+    fn = lambda v, x: module.apply(v, x)  # noqa: E731
+    return count_macs(fn, shapes, x), jax.eval_shape(fn, shapes, x)
+
+
+@functools.lru_cache(maxsize=32)
+def macs_table(space: str, num_classes: int, image_shape: tuple[int, ...]) -> MacsTable:
+    """Per-block, per-candidate multiply-adds of one image (convolutions and matrix
+    products, counted from the traced computation like :func:`child_cost`): each unit is
+    traced alone on its block's input shape; identical blocks are traced once. For the
+    ``imagenet`` space the blocks' entries are DSNAS' own FLOPs table (tested)."""
+    sp = get_space(space)
+    image_shape = tuple(int(d) for d in image_shape)
+    x = jax.ShapeDtypeStruct((1,) + tuple(image_shape), jnp.float32)
+    fixed, h = _macs_and_output(Stem(sp.stem_channels, sp.stem_stride), x)
+    traced: dict = {}
+    rows = []
+    for spec in sp.plan():
+        key = (spec, h.shape)
+        if key not in traced:
+            traced[key] = [_macs_and_output(make_unit(c, *spec, dw_impl="grouped"), h) for c in sp.candidates]
+        rows.append([m for m, _ in traced[key]])
+        h = traced[key][0][1]
+    fixed += _macs_and_output(Head(sp.last_channels, num_classes), h)[0]
+    blocks = np.asarray(rows, np.int64)
+    blocks.setflags(write=False)  # cached: shared by every caller
+    return MacsTable(int(fixed), blocks)
