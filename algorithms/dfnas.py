@@ -28,6 +28,24 @@ In the federated setting the rule is applied by the server to the aggregated α 
 every round (DSNAS applies it at every epoch start; a round is one start of local
 search from the shared α) and fixed blocks never unfix.
 
+Resource constraint (DSNAS §3.3, optional: ``flops_coef`` > 0). The search loss gains
+a penalty on the multiply-adds C(Z) of the sampled child above a target t, L + λ·C(Z)
+while C(Z) > t. C(Z) is a sum of table lookups, C(Z) = C_0 + Σ_l F[l, Z_l]
+(:func:`search_spaces.shufflenet.macs_table`; stem and head C_0 are fixed), and is not
+differentiable in Z, so it reaches α only through the score function, block by block
+(SNAS' local decomposition: the other blocks' costs do not depend on α_l):
+  ∂/∂α_l ← ∂L/∂1_l·(Z_l − p_l) + λ·1[C(Z) > t]·(F[l, Z_l] − Σ_c p_lc F[l, c])·(Z_l − p_l),
+with p_l = softmax(α_l) and F in millions of multiply-adds. The baseline Σ_c p_lc F[l, c]
+leaves the expectation unchanged (E[Z_l − p_l] = 0) and removes most of the noise of a
+penalty that is positive for every sample. While every child is over the target the
+term is an unbiased estimate of ∇α λ·E[C(Z)]; near the target it is DSNAS' rule of
+penalising only the samples over it (its code: 290 MFLOPs of blocks). w is unaffected.
+Two differences from DSNAS' code, which backpropagates λ·Σ_l p_l[Z_l]·F[l, Z_l]: the
+code's α gradient is the score times p_l[Z_l] (a rescaling of λ that grows as a block
+concentrates) and has no baseline. Round metrics report ``expected_madds`` (the
+expected C(Z) under softmax(α), fixed blocks at their choice) and ``child_madds``
+(argmax(α)'s).
+
 Single-path cost: on a device clients must run one after another so that a per-client
 ``lax.switch`` stays a real branch (under ``vmap`` it computes every candidate);
 :meth:`jaxfednas.runtime.Placement.single_path` turns ``auto`` into a sequential map
@@ -41,6 +59,7 @@ rounds; optimizers fresh every round (clients are stateless).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import flax.struct
@@ -50,7 +69,7 @@ import optax
 
 from algorithms.common import client_batch_statistics, make_augment, pool_batch_statistics
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, Validated, param
+from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
@@ -59,7 +78,8 @@ from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporti
                                round_clients, weighted_mean)
 from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
-    auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, ShuffleArch, ShuffleNetwork, SPACES,
+    auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, macs_table, MacsTable, ShuffleArch,
+    ShuffleNetwork, SPACES,
 )
 
 DESCRIPTION = "DFNAS (Garg et al.): DSNAS single-path search on a ShuffleNetV2 supernet, FedAvg of w and α"
@@ -88,6 +108,18 @@ class DFNASConfig(Validated):
         20, "evaluate the child with BatchNorm statistics re-estimated on up to this many training batches per "
         "client, averaged n_i/n (0: the running statistics of the search)", range=(0, None))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+    flops_coef: float = param(
+        0.0, "DSNAS' resource constraint: α penalty λ per million multiply-adds of the sampled child while it is "
+        "over flops_target (0: off; DSNAS' ImageNet search: 1e-6 to 1e-5)", range=(0.0, None))
+    flops_target: int | float = param(
+        0.82, "multiply-adds per image above which a sampled child is penalised: an integer count, or a float "
+        "fraction in [0, 1] of the space's largest child (0.82: DSNAS' 290M of blocks on ImageNet)",
+        range=(0, None))
+
+    def check(self):
+        if isinstance(self.flops_target, float) and self.flops_target > 1.0:
+            raise ConfigError(f"algo.flops_target={self.flops_target!r}: a float is a fraction of the largest "
+                              "child in [0, 1]; give multiply-adds as an integer")
 
 
 CONFIG = DFNASConfig
@@ -124,6 +156,49 @@ def dsnas_arch_grad(credit: jax.Array, path: jax.Array, alpha: jax.Array) -> jax
     """Step 5's α gradient: ∂L/∂1_l · ∂log p_α(Z)/∂α_l = credit_l · (Z_l − softmax(α_l))."""
     z = jax.nn.one_hot(path, alpha.shape[-1], dtype=alpha.dtype)
     return credit[:, None] * (z - jax.nn.softmax(alpha, -1))
+
+
+def flops_credit(path: jax.Array, alpha: jax.Array, table: jax.Array, fixed_cost: float, target: float,
+                 coef: float) -> jax.Array:
+    """The resource constraint's block credits (module docstring): λ·1[C(Z) > t]·(F[l, Z_l]
+    − E_{softmax(α_l)} F[l]); ``table`` [blocks, candidates] and the costs in millions of
+    multiply-adds. Added to ∂L/∂1_l, :func:`dsnas_arch_grad` turns it into the score-function
+    gradient of the penalty."""
+    cost = jnp.take_along_axis(table, path[:, None], -1)[:, 0]
+    over = fixed_cost + cost.sum() > target
+    baseline = (jax.nn.softmax(alpha, -1) * table).sum(-1)
+    return jnp.where(over, coef * (cost - baseline), 0.0)
+
+
+def expected_cost(alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array, table: jax.Array,
+                  fixed_cost: float) -> jax.Array:
+    """E[C(Z)] under Z_l ~ softmax(α_l), fixed blocks at their choice (units of ``table``)."""
+    p = jnp.where(fixed[:, None], jax.nn.one_hot(fixed_choice, alpha.shape[-1]), jax.nn.softmax(alpha, -1))
+    return fixed_cost + (p * table).sum()
+
+
+def cost_table(cfg: DFNASConfig, info: DataInfo) -> MacsTable:
+    """Multiply-adds per block and candidate of ``cfg.space`` on ``info``'s images."""
+    return macs_table(cfg.space, info.num_classes, tuple(info.image_shape))
+
+
+def flops_target_macs(cfg: DFNASConfig, table: MacsTable) -> float:
+    """``cfg.flops_target`` in multiply-adds (a float is a fraction of the largest child)."""
+    if isinstance(cfg.flops_target, float):
+        return cfg.flops_target * float(table.fixed + table.blocks.max(-1).sum())
+    return float(cfg.flops_target)
+
+
+def flops_penalty(cfg: DFNASConfig, info: DataInfo) -> Callable:
+    """``penalty(path, alpha) -> [blocks]``: :func:`flops_credit` with ``cfg``'s λ, target and
+    the space's cost table in millions of multiply-adds."""
+    table = cost_table(cfg, info)
+    target = flops_target_macs(cfg, table)
+    if target >= table.fixed + table.blocks.max(-1).sum():
+        warnings.warn(f"algo.flops_target={cfg.flops_target!r} ({target:,.0f} multiply-adds) is not below the "
+                      f"largest child of space {cfg.space!r}: the FLOPs penalty never applies", stacklevel=3)
+    mega = jnp.asarray(table.blocks / 1e6, jnp.float32)
+    return lambda path, alpha: flops_credit(path, alpha, mega, table.fixed / 1e6, target / 1e6, cfg.flops_coef)
 
 
 def fix_blocks(alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array, threshold: float):
@@ -167,6 +242,7 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
     aug = make_augment(cfg.augment, info.name)
     nc = model.space.num_candidates
     arch_tx = optax.adam(cfg.arch_lr, b1=0.5, b2=0.999)
+    penalty = flops_penalty(cfg, info) if cfg.flops_coef > 0 else None  # static: off compiles today's program
 
     def loss_fn(params, gates, stats, batch, path):
         logits, new = model.apply({"params": params, "batch_stats": stats}, batch["x"], path, gates, train=True,
@@ -195,7 +271,8 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
                 params, gates, stats, batch, path)  # 3-4
             upd, w_state = w_tx.update(g_w, w_state, params, active=unit_mask(params, path, nc))  # 5
             params = optax.apply_updates(params, upd)
-            g_a = jnp.where(fixed[:, None], 0.0, dsnas_arch_grad(credit, path, alpha))
+            arch_credit = credit if penalty is None else credit + penalty(path, alpha)  # resource constraint: α only
+            g_a = jnp.where(fixed[:, None], 0.0, dsnas_arch_grad(arch_credit, path, alpha))
             upd, arch_state = arch_tx.update(g_a, arch_state, alpha)
             alpha = jnp.where(fixed[:, None], alpha, optax.apply_updates(alpha, upd))  # fixed α stays as stored
             metrics = {"loss_sum": ms["loss_sum"], "correct": ms["correct"], "examples": batch["mask"].sum(),
@@ -220,6 +297,8 @@ def dfnas(
     placement = placement.single_path()
     local_search = make_local_search(cfg, info, model, cfg.local_epochs)
     nb = model.space.num_blocks
+    table = cost_table(cfg, info)
+    madds = jnp.asarray(table.blocks, jnp.float32)  # float32 sums: exact to ~1e-7 relative
 
     def init(key):
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)
@@ -250,6 +329,9 @@ def dfnas(
             "lr": lr,
             "arch_entropy": arch_entropy(avg["arch"]["alpha"]),
             "fixed_blocks": fixed.sum(),
+            "expected_madds": expected_cost(avg["arch"]["alpha"], fixed, choice, madds, table.fixed),
+            "child_madds": table.fixed + jnp.take_along_axis(
+                madds, jnp.argmax(avg["arch"]["alpha"], -1)[:, None], -1).sum(),
             **reported_metrics(weights, key, idx, dropout_rate),
         }
         return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1), metrics

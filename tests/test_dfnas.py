@@ -1,18 +1,26 @@
 """DFNAS (Algorithms 1 and 2) on the 3-block "tiny" ShuffleNet space: the DSNAS
 estimator against its formula, early fixing, exact FedAvg of w and α, single-path
-execution, BatchNorm recalibration."""
+execution, BatchNorm recalibration, the FLOPs penalty (DSNAS' resource constraint)."""
+import itertools
+import warnings
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import algorithms.dfnas as dfnas_module
 from algorithms.common import client_batch_statistics, pool_batch_statistics
 from algorithms.dfnas import (
+    cost_table,
     DFNASConfig,
     dfnas,
     dsnas_arch_grad,
+    expected_cost,
     fix_blocks,
+    flops_credit,
+    flops_penalty,
     make_local_search,
     make_supernet,
     sample_path,
@@ -22,6 +30,7 @@ from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import ClientData
+from jaxfednas.config import ConfigError
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
 from jaxfednas import rng
@@ -208,3 +217,100 @@ def test_bn_recalibration_statistics_are_exact():
     allx = np.concatenate([xs[:7], np.asarray(other.x)])
     np.testing.assert_allclose(np.asarray(pooled["BatchNorm_0"]["mean"]), allx.mean(0), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(pooled["BatchNorm_0"]["var"]), allx.var(0), rtol=1e-5)
+
+
+def test_flops_penalty_is_the_score_function_gradient_of_the_expected_cost():
+    """Summed over all 4^3 paths weighted by p_α(Z), the penalty's α gradient
+    credit·(Z_l − p_l) equals ∇α λ·E[C(Z)] when every child is over the target and is
+    zero when none is; children under the target get no credit."""
+    table = jnp.array([[1.0, 2.0, 4.0, 3.0], [0.5, 0.7, 0.9, 0.6], [0.2, 0.3, 0.5, 0.4]])
+    alpha = jax.random.normal(jax.random.key(0), (3, 4))
+    paths = jnp.array(list(itertools.product(range(4), repeat=3)))
+    lam, fixed_cost = 2.5, 1.0
+    no_fix = jnp.zeros(3, bool), jnp.zeros(3, jnp.int32)
+
+    @jax.jit
+    def check(alpha):
+        prob = jnp.exp(jax.nn.log_softmax(alpha, -1)[jnp.arange(3), paths].sum(-1))  # p_α(Z) of each path
+
+        def mean_grad(target):
+            g = jax.vmap(lambda z: dsnas_arch_grad(flops_credit(z, alpha, table, fixed_cost, target, lam), z, alpha))
+            return (prob[:, None, None] * g(paths)).sum(0)
+
+        exact = jax.grad(lambda a: lam * expected_cost(a, *no_fix, table, fixed_cost))(alpha)
+        credits = jax.vmap(lambda z: flops_credit(z, alpha, table, fixed_cost, 3.0, lam))(paths)
+        return mean_grad(0.0), exact, mean_grad(100.0), credits
+
+    over, exact, never, credits = check(alpha)
+    np.testing.assert_allclose(np.asarray(over), np.asarray(exact), rtol=1e-4, atol=1e-6)
+    assert float(jnp.abs(never).max()) == 0.0
+    cost = fixed_cost + np.asarray(table)[np.arange(3), np.asarray(paths)].sum(-1)
+    assert (np.abs(np.asarray(credits)).max(-1) > 0).tolist() == (cost > 3.0).tolist()
+    # fixed blocks count at their choice in the expected cost
+    fixed, choice = jnp.array([True, False, False]), jnp.array([2, 0, 0])
+    want = fixed_cost + 4.0 + (jax.nn.softmax(alpha[1:], -1) * table[1:]).sum()
+    np.testing.assert_allclose(float(expected_cost(alpha, fixed, choice, table, fixed_cost)), float(want), rtol=1e-6)
+
+
+def test_flops_off_builds_no_penalty(data2, monkeypatch):
+    """flops_coef = 0 (the default) builds the unpenalised step whatever the target:
+    the round is the program of before the option (bitwise equal, checked once
+    against that code; every other test here runs it)."""
+    def boom(*a, **k):
+        raise AssertionError("penalty built with flops_coef = 0")
+
+    monkeypatch.setattr(dfnas_module, "flops_penalty", boom)
+    cfg = DFNASConfig(**TINY, flops_target=1)
+    make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), 1)
+    with pytest.raises(AssertionError, match="penalty built"):
+        on = DFNASConfig(**TINY, flops_coef=1e-6)
+        make_local_search(on, data2.info, make_supernet(on, data2.info), 1)
+
+
+def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data2, algo_and_states, count_traces):
+    """A large λ and a target below the cheapest child: after one round the most
+    expensive candidate of every block loses α against the cheapest (a sign error
+    would raise it), and the expected multiply-adds fall, below the unpenalised
+    round's too. With every block fixed (α frozen, paths forced) the penalised round
+    equals the unpenalised one bit for bit: the penalty touches nothing but α."""
+    _, off, s0, s_off, m_off, key = algo_and_states
+    cfg = DFNASConfig(**TINY, arch_lr=0.05, flops_coef=1000.0, flops_target=0)
+    table = cost_table(cfg, data2.info)
+    algo = dfnas(cfg, data2.info, rounds=4)
+    s1, m1 = algo.round(s0, data2, key)
+    d = np.asarray(s1.variables["arch"]["alpha"] - s0.variables["arch"]["alpha"])
+    rows = np.arange(3)
+    gap = d[rows, table.blocks.argmax(1)] - d[rows, table.blocks.argmin(1)]
+    assert (gap <= 1e-6).all() and gap.sum() < -0.1, gap
+    e0 = float(expected_cost(s0.variables["arch"]["alpha"], s0.fixed, s0.fixed_choice,
+                             jnp.asarray(table.blocks, jnp.float32), table.fixed))
+    assert float(m1["expected_madds"]) < e0 - 200 and float(m1["expected_madds"]) < float(m_off["expected_madds"])
+    assert float(m1["child_madds"]) == table.of(np.asarray(s1.variables["arch"]["alpha"]).argmax(1))
+
+    like = lambda x, ref: jax.device_put(x, ref.sharding)  # noqa: E731  (s0's placement: no recompiling)
+    frozen = s0.replace(fixed=like(np.ones(3, bool), s0.fixed), fixed_choice=like(np.array([2, 1, 3], np.int32),
+                                                                                  s0.fixed_choice))
+    with count_traces() as traced:  # both programs already compiled
+        got, want = algo.round(frozen, data2, key), off.round(frozen, data2, key)
+    assert traced == []
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(got[1]["expected_madds"]) == table.of((2, 1, 3))
+
+
+def test_flops_config_errors(data2):
+    with pytest.raises(ConfigError, match="flops_target"):
+        DFNASConfig(flops_target=1.5)  # a float is a fraction
+    with pytest.raises(ConfigError, match="flops_target"):
+        DFNASConfig(flops_target=-1)
+    with pytest.raises(ConfigError, match="flops_coef"):
+        DFNASConfig(flops_coef=-1e-6)
+    with pytest.raises(ConfigError, match="integer"):
+        make_config("dfnas", overrides={"algo.flops_target": "2e8"})
+    assert make_config("dfnas", overrides={"algo.flops_target": "200000000"}).algo.flops_target == 200_000_000
+    assert make_config("dfnas", overrides={"algo.flops_target": "0.5"}).algo.flops_target == 0.5
+    with pytest.warns(UserWarning, match="never applies"):  # a target no child exceeds
+        flops_penalty(DFNASConfig(**TINY, flops_coef=1.0, flops_target=1.0), data2.info)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flops_penalty(DFNASConfig(**TINY, flops_coef=1.0, flops_target=0.9), data2.info)
