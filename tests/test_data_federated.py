@@ -73,21 +73,19 @@ def test_selected_epochs_keep_the_best_model_and_the_same_steps():
     def step(carry, b, key):  # the "model" is a number that every step changes
         return carry * 1.5 + (b["x"] * b["mask"]).sum() + jax.random.uniform(key), {"seen": b["mask"].sum()}
 
-    def run(scores):  # candidate c scores scores[c] (the model after c epochs is looked up by value)
-        @jax.jit
-        def go(c):
-            _, m = run_local_epochs(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
-                                    epoch_end=lambda m, e: (m, m))
-            traj = jnp.concatenate([jnp.array([0.5]), m["epoch_end"]])
+    @jax.jit
+    def run(c, scores):  # candidate i scores scores[i] (the model after i epochs is looked up by value)
+        _, m = run_local_epochs(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
+                                epoch_end=lambda m, e: (m, m))
+        traj = jnp.concatenate([jnp.array([0.5]), m["epoch_end"]])
 
-            def select(model):
-                return jnp.asarray(scores)[jnp.argmin(jnp.abs(traj - model))], model
-            return run_local_epochs_selected(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
-                                             model_of=lambda m: m, select=select)
-        return go(client)
+        def select(model):
+            return scores[jnp.argmin(jnp.abs(traj - model))], model
+        return run_local_epochs_selected(step, jnp.float32(0.5), c, jax.random.PRNGKey(1), epochs=3, batch_size=3,
+                                         model_of=lambda m: m, select=select)
 
     for scores, want in (([0, 2, 5, 1], 2), ([3, 1, 2, 3], 3), ([7, 1, 2, 3], 0), ([4, 4, 4, 4], 3)):
-        best, metrics = run(scores)  # ties: the later candidate
+        best, metrics = run(client, jnp.array(scores))  # ties: the later candidate
         traj = np.asarray(metrics["candidates"])
         assert int(metrics["selected"]) == want and float(best) == traj[want], scores
         assert traj[0] == 0.5 and len(set(traj.tolist())) == 4  # start + 3 epochs, all different
