@@ -299,7 +299,8 @@ def fednas(
         ids = jnp.arange(info.num_clients)
 
         def correct(v, split: ClientData):
-            return evaluate_examples(logits_fn(v), split.x, split.y, split.count, batch_size=cfg.eval_batch_size)["correct"]
+            r = evaluate_examples(logits_fn(v), split.x, split.y, split.count, batch_size=cfg.eval_batch_size)
+            return r["correct"]
 
         def one(c, v):
             train, val, test, k = c
