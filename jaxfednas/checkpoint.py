@@ -187,7 +187,7 @@ def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_s
             kept += 1
 
 
-def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None,
+def load_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | tuple[str, ...] | None = None,
                     max_round: int | None = None, warn: Callable[[str], None] | None = None) -> tuple[Any, int]:
     """Restore a state shaped like ``template`` and placed like it (the shardings of its
     ``jax.Array`` leaves) from the newest good checkpoint of ``path`` (see
@@ -208,7 +208,7 @@ def shape_template(tree: Any) -> Any:
                         tree)
 
 
-def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | None = None,
+def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | tuple[str, ...] | None = None,
                     max_round: int | None = None, warn: Callable[[str], None] | None = None) -> tuple[Any, int]:
     """The state (NumPy leaves, structured like ``template``, whose leaves need only a
     shape and dtype) from the newest good checkpoint of ``path`` (see
@@ -216,7 +216,8 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
 
     A damaged file (truncated, empty, checksum mismatch, unreadable) or one of a round
     above ``max_round`` is skipped for the next older one, and ``warn`` (default: a
-    ``warning:`` line on stderr) gets one line naming what was skipped. Raises
+    ``warning:`` line on stderr) gets one line naming what was skipped. ``config_sha256``:
+    the configuration hash (or hashes) the checkpoint must carry, None: any. Raises
     :class:`CheckpointError` when no file is usable, and ``ValueError`` when the good one
     was written for a different configuration or does not match the template's structure.
     """
@@ -241,10 +242,11 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
             skipped.insert(0, f"{path.name}: missing")
         msg = f"{path.parent}: skipped {'; '.join(skipped)}; using {found.name} (round {raw['round']})"
         (warn or (lambda s: print(f"warning: {s}", file=sys.stderr)))(msg)
-    if config_sha256 is not None and raw["config_sha256"] != config_sha256:
+    accepted = (config_sha256,) if isinstance(config_sha256, str) else config_sha256
+    if accepted is not None and raw["config_sha256"] not in accepted:
         raise ValueError(
             f"{found} was written for a different configuration (config sha256 {raw['config_sha256'][:12]} "
-            f"!= {config_sha256[:12]}); resume with the run directory's own config"
+            f"!= {accepted[0][:12]}); resume with the run directory's own config"
         )
     state = flax.serialization.from_state_dict(template, raw["state"])
     for a, b in zip(jax.tree.leaves(template), jax.tree.leaves(state)):

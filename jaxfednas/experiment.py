@@ -142,7 +142,8 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     out = Path(out_dir)
     if not (out / "config.json").exists() or not checkpoint_files(out / CHECKPOINT):
         raise FileNotFoundError(f"{out} holds no finished run (config.json and {CHECKPOINT} are needed)")
-    cfg = config_from_dict(json.loads((out / "config.json").read_text()))
+    stored = json.loads((out / "config.json").read_text())
+    cfg = config_from_dict(stored)
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     manifest = make_partition(cfg, dataset)
     saved = out / "partition" / "manifest.json"
@@ -150,7 +151,8 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
         raise ValueError(f"the partition recomputed now differs from {saved}")
     data = make_federated_data(dataset, part.manifest_splits(manifest))
     algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
-    state, rounds = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)), config_sha256=config_hash(cfg))
+    state, rounds = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)),
+                                    config_sha256=_accepted_hashes(cfg, stored, _quiet))
     return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
 
 
@@ -161,10 +163,28 @@ def _quiet(message: str) -> None:
 def config_hash(cfg: ExperimentConfig) -> str:
     """Hash of everything that determines the trajectory (``run.rounds`` and the
     eval/checkpoint cadence excluded, so a finished run can be extended)."""
-    d = cfg.to_dict()
-    for k in ("rounds", "eval_every", "checkpoint_every"):
-        d["run"].pop(k)
+    return _dict_hash(cfg.to_dict())
+
+
+def _dict_hash(d: dict) -> str:
+    d = {**d, "run": {k: v for k, v in d.get("run", {}).items() if k not in ("rounds", "eval_every", "checkpoint_every")}}
     return sha256_text(json.dumps(d, sort_keys=True))
+
+
+def _accepted_hashes(cfg: ExperimentConfig, stored: dict, log: Callable[[str], None]) -> tuple[str, ...]:
+    """The config hashes a run directory's checkpoints may carry when resuming ``cfg``
+    (already checked equal to the directory's ``config.json`` read with today's
+    defaults): ``cfg``'s own, and the hash of ``config.json`` as written -- which differs
+    when the library has gained config fields since (the run resumes with their
+    defaults, which keep the earlier behaviour; said in one line)."""
+    written = _dict_hash(stored)
+    if written == config_hash(cfg):
+        return (written,)
+    now = cfg.to_dict()
+    missing = [f"{s}.{k}" for s in ("data", "run", "algo") for k in now.get(s, {}) if k not in stored.get(s, {})]
+    if missing:
+        log(f"note: config.json predates the fields {', '.join(missing)}; resuming with their defaults")
+    return config_hash(cfg), written
 
 
 def make_partition(cfg: ExperimentConfig, dataset: Dataset) -> dict:
@@ -366,15 +386,17 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
     manifest = make_partition(cfg, dataset)  # (every process: it is a function of the config)
 
     def check_and_write() -> str:
+        nonlocal accepted
         if resume:
             if not cfg_path.exists():
                 raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
-            stored = config_from_dict(json.loads(cfg_path.read_text()))
-            if config_hash(stored) != config_hash(cfg):
+            raw = json.loads(cfg_path.read_text())
+            if config_hash(config_from_dict(raw)) != config_hash(cfg):
                 raise ConfigError(
                     f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
                     "run.eval_every and run.checkpoint_every may change when resuming"
                 )
+            accepted = _accepted_hashes(cfg, raw, log)
         elif holds_run(out):
             raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
@@ -384,6 +406,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
             raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
         return write_partition_report(manifest, dataset, out / "partition")
 
+    accepted = (config_hash(cfg),)  # (process 0) the hashes a resumed checkpoint may carry
     table = on_main(check_and_write, errors=_ERRORS)
     splits = part.manifest_splits(manifest)
     data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
@@ -399,7 +422,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
             rows, start = _read_metrics(mpath), 0
             if checkpoint_files(ckpt_path):
                 try:
-                    restored, start = read_checkpoint(ckpt_path, shapes, config_sha256=config_hash(cfg),
+                    restored, start = read_checkpoint(ckpt_path, shapes, config_sha256=accepted,
                                                       max_round=len(rows), warn=lambda m: log(f"warning: {m}"))
                 except CheckpointError as e:
                     raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None

@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 
 import flax.serialization
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxfednas import cli
-from jaxfednas.checkpoint import CheckpointError, checkpoint_files, load_checkpoint, save_checkpoint
-from jaxfednas.experiment import run_experiment
+from jaxfednas.checkpoint import (CheckpointError, checkpoint_files, load_checkpoint, read_checkpoint, save_checkpoint,
+                                  shape_template)
+from jaxfednas.experiment import _dict_hash, run_experiment
 from jaxfednas.registry import make_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +172,41 @@ def test_old_single_checkpoint_directory_resumes(tmp_path, straight):
     assert logged[0] == f"resumed {d} at round 3"
     for name in ("metrics.jsonl", "checkpoint.msgpack", "clients.csv"):
         assert (d / name).read_bytes() == (straight[0] / name).read_bytes(), name
+
+
+def test_a_run_from_before_a_new_config_field_resumes_with_its_default(tmp_path, straight):
+    """A run directory written before the library gained a config field (here: algo.server_lr
+    absent from config.json, checkpoints hashed without it) resumes, says so in one line,
+    and ends with the bytes of an uninterrupted run; a foreign checkpoint is still refused."""
+    d = tmp_path / "older"
+    shutil.copytree(straight[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["algo"]["server_lr"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    for p, r in ((d / "checkpoint.3.msgpack", 3), (d / "checkpoint.msgpack", 4)):
+        state, _ = read_checkpoint(p, shape_template(_straight_state()))
+        save_checkpoint(p, state, round=r, config_sha256=_dict_hash(cfg), keep=1)
+    logged = []
+    run_experiment(_cfg(), d, resume=True, progress=False, log=logged.append)
+    assert "note: config.json predates the fields algo.server_lr; resuming with their defaults" in logged
+    assert f"resumed {d} at round 4" in logged
+    assert json.loads((d / "config.json").read_text())["algo"]["server_lr"] == 1.0
+    # a checkpoint of any other configuration is still refused
+    (d / "config.json").write_text(json.dumps(cfg))
+    save_checkpoint(d / "checkpoint.msgpack", state, round=4, config_sha256="0" * 64, keep=1)
+    with pytest.raises(ValueError, match="written for a different configuration"):
+        run_experiment(_cfg(), d, resume=True, progress=False, log=lambda s: None)
+
+
+def _straight_state():
+    from jaxfednas.registry import algorithm_module  # noqa: PLC0415
+    from jaxfednas.data.datasets import load_dataset  # noqa: PLC0415
+    from jaxfednas.data.federated import DataInfo  # noqa: PLC0415
+
+    cfg = _cfg()
+    ds = load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    return jax.eval_shape(algorithm_module("fedavg").build(cfg, DataInfo.of(ds, cfg.data.num_clients)).init,
+                          jax.random.PRNGKey(0))
 
 
 def test_metrics_cut_short_resumes_from_the_checkpoint_they_cover(tmp_path, straight):
