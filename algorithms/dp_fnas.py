@@ -80,7 +80,7 @@ from jaxfednas import privacy
 from jaxfednas.privacy import mechanism as dp
 from jaxfednas.privacy.dpfnas import Accountant, max_iterations
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
+from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.distributed import to_host
@@ -89,7 +89,7 @@ from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import Placement, map_clients
-from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of
+from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 
@@ -98,12 +98,8 @@ ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
 
 
 @dataclasses.dataclass(frozen=True)
-class DPFNASConfig(Validated):
-    SECTION = "algo"
-    C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
-    layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
-    steps: int = param(4, "intermediate nodes per cell (DARTS 4)", range=(1, 8))
-    primitives: str = param("darts", "candidate operations", choices=tuple(PRIMITIVE_SETS))
+class DPFNASConfig(DartsSpaceConfig):
+    """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, steps, primitives), then DP-FNAS' own."""
     norm: str = param("group", "per-example normalisation replacing BatchNorm (BN would couple examples)",
                       choices=("group", "layer"))
     iterations_per_round: int = param(10, "Algorithm 1 iterations per round (one compiled call)", range=(1, 100_000))
@@ -155,8 +151,7 @@ class DPFNASConfig(Validated):
         return self.val_sampling_prob or self.sampling_prob
 
     def check(self):
-        if self.C % 2:
-            raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
+        super().check()
         for noise, clip, nn_, cn in ((self.noise_multiplier, self.clip_norm, "noise_multiplier", "clip_norm"),
                                      (self.tau, self.arch_clip_norm, "arch_noise_multiplier", "arch_clip_norm")):
             if noise > 0 and clip <= 0:

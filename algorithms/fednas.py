@@ -39,7 +39,7 @@ import optax
 
 from algorithms.common import client_batch_statistics, make_augment, pool_batch_statistics
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
+from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import (ClientData, DataInfo, FederatedData, num_steps, random_batch, run_local_epochs,
                                      run_local_epochs_selected)
@@ -50,18 +50,14 @@ from jaxfednas.rng import client_keys
 from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
 from search_spaces import arch_entropy
-from search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, derive, supernet_of, Genotype,
-                                 plot_genotype)
+from search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
+                                 group_edges_param, supernet_of, Genotype, plot_genotype)
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
 @dataclasses.dataclass(frozen=True)
-class FedNASConfig(Validated):
-    SECTION = "algo"
-    C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
-    layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
-    steps: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
-    primitives: str = param("darts", "candidate operations", choices=tuple(PRIMITIVE_SETS))
+class FedNASConfig(DartsSpaceConfig):
+    """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, steps, primitives), then FedNAS' own."""
     local_epochs: int = param(1, "local epochs E per round (paper 5)", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size (paper 64)", range=(1, 1_000_000))
     w_lr: float = param(0.025, "weight learning rate at the first local epoch", range=(0.0, 100.0))
@@ -79,10 +75,7 @@ class FedNASConfig(Validated):
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
     scan_edges: bool = param(True, "run a cell's edges as lax.scan (fast compile) or unrolled (faster steps on "
                              "CPU at C>=16, slower compile; benchmarks/RESULTS.md)")
-    group_edges: str = param("auto", "run a cell's edges grouped by source state (search_spaces/darts/wide.py: "
-                             "same variables and math, ~2x faster steps on CPU at 32x32, ~3x the compile time): "
-                             "auto (on CPU for images of 16x16 pixels and more), on, off (the edge scan)",
-                             choices=("auto", "on", "off"))
+    group_edges: str = group_edges_param()
     personalize_epochs: int = param(5, "local adaptation epochs of personalized FedNAS (§2.5)", range=(1, 10_000))
     bn_recalibration_batches: int = param(
         10, "also report global_test_acc_bn_recal: the supernet with BatchNorm statistics re-estimated on up to "
@@ -90,8 +83,7 @@ class FedNASConfig(Validated):
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
     def check(self):
-        if self.C % 2:
-            raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
+        super().check()
         if self.group_edges == "on" and not self.scan_edges:
             raise ConfigError("algo.group_edges=on needs algo.scan_edges=true (the grouped form reads the "
                               "scanned variables)")

@@ -62,13 +62,14 @@ import optax
 from algorithms.common import make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, Validated, param
+from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
-from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, num_edges, plot_genotype, supernet_of
+from search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
+                                 plot_genotype, primitives_param, supernet_of)
 from search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
 DESCRIPTION = "SPIDER (Mushtaq et al.): FedAvg'd supernet + personal subnets pulled to it, perturbation search"
@@ -76,13 +77,10 @@ CRITERIA = ("removal_hurts_most", "paper_text")
 
 
 @dataclasses.dataclass(frozen=True)
-class SpiderConfig(Validated):
-    SECTION = "algo"
-    C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
-    layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
-    steps: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
-    primitives: str = param("s2", "candidate ops (paper: s2 = skip_connect, sep_conv_3x3); a zero op 'none' is "
-                            "never kept (removal is a mask zero)", choices=tuple(PRIMITIVE_SETS))
+class SpiderConfig(DartsSpaceConfig):
+    """The supernet's geometry (:class:`DartsSpaceConfig`; SPIDER's default ops: s2), then SPIDER's own."""
+    primitives: str = primitives_param("s2", "candidate ops (paper: s2 = skip_connect, sep_conv_3x3); a zero op "
+                                       "'none' is never kept (removal is a mask zero)")
     local_epochs: int = param(1, "local epochs per round (code 1)", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size (paper 32)", range=(1, 1_000_000))
     lr: float = param(0.01, "global-model SGD learning rate at round 0 (paper grid {0.01, 0.03})", range=(0.0, 100.0))
@@ -106,9 +104,7 @@ class SpiderConfig(Validated):
     personal_init: str = param("independent", "personal supernets start from one initialisation independent of "
                                "the global one (code) or as copies of it", choices=("independent", "global"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
-    group_edges: str = param("auto", "run a cell's edges grouped by source state (search_spaces/darts/wide.py; "
-                             "same math, faster on CPU): auto (on CPU, images >= 16x16), on, off (the edge scan)",
-                             choices=("auto", "on", "off"))
+    group_edges: str = group_edges_param()
     eval_batch_size: int = param(500, "evaluation (and search-evaluation) batch size", range=(1, None))
     gain_epochs: int = param(30, "fine-tuning epochs per entry of the personalization-gain matrix (Eq. 6; "
                              "paper 30)", range=(1, 10_000))
