@@ -94,10 +94,9 @@ from algorithms import perfedrlnas as pf
 from jaxfednas import rng
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
-from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.experiment import holds_run, load_run, run_script, run_stage
+from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round
 
@@ -124,7 +123,6 @@ BASELINES = {
     "paper": {"local_adaptation": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.finetune_epochs": 10},
               "local_only": {"algo.model": "resnet18", "algo.client_lr": 0.01}},
 }
-WALL_TIMES = "wall_times.json"
 PLOT = Path("plots") / "memory_vs_budget.png"
 
 
@@ -164,40 +162,6 @@ def configs(args, overrides: dict) -> dict[str, ExperimentConfig]:
         "run.rounds": args.fednas_rounds or SEARCH_ROUNDS[mode], "algo.primitives": a.primitives,
         "algo.C": a.C, "algo.layers": a.layers, "algo.steps": a.steps})
     return out
-
-
-class Runner:
-    """Runs stages into ``out`` and checks that every run tests on the same local test
-    indices as the first. Wall times (``wall_times.json``) survive ``--resume``: a run that
-    was finished keeps the time it took; an interrupted one counts the call that finished it."""
-
-    def __init__(self, out: Path, resume: bool):
-        self.out, self.resume = out, resume
-        path = out / WALL_TIMES
-        self.times = json.loads(path.read_text()) if path.exists() else {}
-        self.test_splits = None
-
-    def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
-        d = self.out / name
-        print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
-              f"{cfg.run.rounds} rounds -> {d}", flush=True)
-        resumed = self.resume and holds_run(d)
-        done = resumed and (d / "summary.json").exists() and \
-            json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
-        s = run_stage(cfg, d, resume=self.resume, describe=_describe)
-        if not (done and name in self.times):  # a finished run extended by --resume adds this call's time
-            before = self.times.get(name, 0.0) if resumed else 0.0
-            self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
-            self.save_times()
-        tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
-        if self.test_splits is None:
-            self.test_splits = (name, tests)
-        elif tests != self.test_splits[1]:  # the comparison means something only on the same test rows
-            raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
-        return s, self.times[name]
-
-    def save_times(self) -> None:
-        atomic_write_text(self.out / WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
 
 
 def _client_acc(run_dir: Path) -> np.ndarray:
@@ -283,7 +247,7 @@ def run(args) -> None:
         args.only = tuple(m for m in args.only if m != "fednas")
     ds = load_dataset(pfr_cfg.data.dataset, pfr_cfg.data.data_dir)
     info = DataInfo.of(ds, pfr_cfg.data.num_clients)
-    runner = Runner(out, args.resume)
+    runner = StageRunner(out, resume=args.resume, describe=_describe)
     rows = []
     for method in args.only:
         if method in PERFEDRLNAS:

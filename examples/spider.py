@@ -74,10 +74,9 @@ import numpy as np
 from algorithms import spider as sp
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
-from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.experiment import holds_run, load_run, run_script, run_stage
+from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import Placement
 
@@ -107,7 +106,6 @@ BASELINES = {
     },
 }
 GAIN_EPOCHS = {"digits": 3, "paper": 30}
-WALL_TIMES = "wall_times.json"
 SHORT_OPS = {"skip_connect": "skip", "sep_conv_3x3": "sep3", "sep_conv_5x5": "sep5", "dil_conv_3x3": "dil3",
              "dil_conv_5x5": "dil5", "avg_pool_3x3": "avg3", "max_pool_3x3": "max3"}
 
@@ -152,37 +150,6 @@ def configs(args, overrides: dict) -> tuple[dict[str, ExperimentConfig], dict]:
     return out, train
 
 
-class Runner:
-    """Runs stages into ``out`` and checks that every run tests on the same local test
-    indices as the first. Wall times (``wall_times.json``) survive ``--resume``: a run that
-    was finished keeps the time it took; an interrupted one counts the call that finished it."""
-
-    def __init__(self, out: Path, resume: bool):
-        self.out, self.resume = out, resume
-        path = out / WALL_TIMES
-        self.times = json.loads(path.read_text()) if path.exists() else {}
-        self.test_splits = None
-
-    def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
-        d = self.out / name
-        print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
-              f"{cfg.run.rounds} rounds -> {d}", flush=True)
-        resumed = self.resume and holds_run(d)
-        done = resumed and (d / "summary.json").exists() and \
-            json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
-        s = run_stage(cfg, d, resume=self.resume, describe=_describe)
-        if not (done and name in self.times):  # a finished run extended by --resume adds this call's time
-            before = self.times.get(name, 0.0) if resumed else 0.0
-            self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
-            atomic_write_text(self.out / WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
-        tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
-        if self.test_splits is None:
-            self.test_splits = (name, tests)
-        elif tests != self.test_splits[1]:  # the comparison means something only on the same test rows
-            raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
-        return s, self.times[name]
-
-
 def _client_acc(run_dir: Path) -> np.ndarray:
     with open(run_dir / "clients.csv") as f:
         return np.array([float(r["test_acc"]) for r in csv.DictReader(f)])
@@ -219,7 +186,7 @@ def run(args) -> None:
     spider_cfg = cfgs["spider"]
     ds = load_dataset(spider_cfg.data.dataset, spider_cfg.data.data_dir)
     info = DataInfo.of(ds, spider_cfg.data.num_clients)
-    runner = Runner(out, args.resume)
+    runner = StageRunner(out, resume=args.resume, describe=_describe)
     rows = []
     for method in args.only:
         if method in ("spider", "local_nas"):

@@ -120,6 +120,48 @@ def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool
                           on_round_end=show)
 
 
+class StageRunner:
+    """The stages of a script that compares methods: each a :func:`run_stage` into
+    ``out/<name>``, checked to test on the same local test indices as the first stage
+    (the comparison means something only on the same test rows), with its wall time.
+
+    Wall times survive ``--resume`` in ``out/wall_times.json``: a run that was finished
+    keeps the time it took; an interrupted one counts the call that finished it; a finished
+    run extended to more rounds adds this call's time::
+
+        runner = StageRunner(out, resume=args.resume, describe=_describe)
+        summary, wall_s = runner.stage("spider", cfg)
+    """
+
+    WALL_TIMES = "wall_times.json"
+
+    def __init__(self, out: str | os.PathLike, *, resume: bool, describe: Callable[[dict], str]):
+        self.out, self.resume, self.describe = Path(out), resume, describe
+        path = self.out / self.WALL_TIMES
+        self.times: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+        self.test_splits: tuple[str, list] | None = None  # (first stage, its clients' test indices)
+
+    def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
+        """Run (or resume, or find finished) stage ``name``: its ``summary.json`` and wall time."""
+        d = self.out / name
+        print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
+              f"{cfg.run.rounds} rounds -> {d}", flush=True)
+        resumed = self.resume and holds_run(d)
+        done = resumed and (d / "summary.json").exists() and \
+            json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
+        s = run_stage(cfg, d, resume=self.resume, describe=self.describe)
+        if not (done and name in self.times):
+            before = self.times.get(name, 0.0) if resumed else 0.0
+            self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
+            atomic_write_text(self.out / self.WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
+        tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
+        if self.test_splits is None:
+            self.test_splits = (name, tests)
+        elif tests != self.test_splits[1]:
+            raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
+        return s, self.times[name]
+
+
 @dataclasses.dataclass(frozen=True)
 class FinishedRun:
     """What a run directory holds, rebuilt: its configuration, algorithm, data and

@@ -164,3 +164,22 @@ def test_load_run_rebuilds_a_finished_run(tmp_path):
     assert float(final["global_test_acc"]) == summary["final"]["global_test_acc"]
     with pytest.raises(FileNotFoundError, match="holds no finished run"):
         load_run(tmp_path / "nothing")
+
+
+def test_stage_runner_keeps_wall_times_and_checks_test_splits(tmp_path, capsys):
+    from jaxfednas.experiment import StageRunner
+
+    describe = lambda row: f"loss {row['train_loss']:.3f}"  # noqa: E731
+    runner = StageRunner(tmp_path, resume=False, describe=describe)
+    _, wall_a = runner.stage("a", _cfg(1))
+    _, wall_b = runner.stage("b", _cfg(1, **{"algo.client_lr": 0.5}))  # same partition: same test rows
+    assert "== a: fedavg, synthetic, 4 clients, 1 rounds" in capsys.readouterr().out
+    times = json.loads((tmp_path / StageRunner.WALL_TIMES).read_text())
+    assert times == {"a": wall_a, "b": wall_b} and wall_a > 0
+    with pytest.raises(RuntimeError, match="c: local test splits differ from a's"):
+        runner.stage("c", _cfg(1, **{"data.partition_seed": 7}))
+    capsys.readouterr()
+    # --resume: a finished stage keeps the time it took (the call that finds it adds nothing)
+    again = StageRunner(tmp_path, resume=True, describe=describe)
+    assert again.stage("a", _cfg(1))[1] == wall_a
+    assert "round 1/1" not in capsys.readouterr().out
