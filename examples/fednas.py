@@ -83,7 +83,8 @@ def _stage(cfg, out: Path, resume: bool) -> dict:
 
 def _model_params(cfg, ds) -> int:
     """Weights of the model one client trains (the supernet, the evaluation network or the
-    baseline's network), counted from shapes only."""
+    baseline's network), counted from shapes only; as DARTS counts, without the training-only
+    auxiliary head (``algo.auxiliary_weight`` > 0)."""
     from jaxfednas.cost import count_params  # noqa: PLC0415
     from algorithms.fednas import make_supernet  # noqa: PLC0415
     from algorithms.fednas_train import make_network  # noqa: PLC0415
@@ -97,7 +98,7 @@ def _model_params(cfg, ds) -> int:
     else:
         model = make_model(cfg.algo.model, ds.num_classes, cfg.data.dataset)
     v = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
-    return count_params(v["params"])
+    return count_params({k: p for k, p in v["params"].items() if k != "auxiliary_head"})
 
 
 def _fmt(x: float) -> str:
