@@ -200,12 +200,18 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
             return int(value)
         if tp is float:
             return float(value)
-        if origin is tuple:
+        if origin is tuple:  # "0.75,0,0.25", also written "[0.75, 0, 0.25]" or "(0.75, 0, 0.25)"
             args = typing.get_args(tp)
-            return tuple(_coerce(v.strip(), args[0], name) for v in value.split(","))
+            inner = value.strip()
+            if inner[:1] + inner[-1:] in ("[]", "()"):
+                inner = inner[1:-1]
+            return tuple(_coerce(v.strip(), args[0], name) for v in inner.split(","))
         return value
     except ValueError:
-        raise ConfigError(f"{name}={value!r}: expected {_type_name(tp)}") from None
+        want = _type_name(tp)
+        if origin is tuple:
+            want = f"comma-separated {_type_name(typing.get_args(tp)[0])} values, e.g. 0.75,0,0.25"
+        raise ConfigError(f"{name}={value!r}: expected {want}") from None
 
 
 def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any]) -> Any:

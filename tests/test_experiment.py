@@ -119,6 +119,7 @@ def test_cli_run_and_partition(tmp_path, capsys):
     (["--set", "algo.batch_size=abc"], "algo.batch_size='abc': expected int"),
     (["--clients-per-round", "9", "--clients", "4"], "run.clients_per_round=9 is out of range: must be in \\[1, 4\\]"),
     (["--set", "data.split=0.5,0.1,0.1"], "data.split"),
+    (["--set", "data.split=a,b"], "data.split='a,b': expected comma-separated float values, e.g. 0.75,0,0.25"),
     (["--set", "data.alpha=0"], "data.alpha=0.0 is out of range"),
     (["--dataset", "cifar10"], "jaxfednas\\[tfds\\]"),
     (["--set", "nope"], "SECTION.FIELD=VALUE"),
@@ -131,6 +132,11 @@ def test_cli_bad_arguments(tmp_path, capsys, argv, message):
 
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "bad" / "config.json").exists()
+
+
+@pytest.mark.parametrize("text", ["0.75,0,0.25", "[0.75, 0.0, 0.25]", "(0.75,0,0.25)"])
+def test_tuple_settings_read_with_or_without_brackets(text):
+    assert make_config("fedavg", overrides={"data.split": text}).data.split == (0.75, 0.0, 0.25)
 
 
 def test_help_lists_every_setting(capsys):
