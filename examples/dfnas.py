@@ -36,7 +36,7 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.experiment import run_script, run_stage
+from jaxfednas.experiment import run_script, StageRunner
 from jaxfednas.registry import make_config
 from search_spaces.shufflenet import child_cost, ShuffleArch, uniform_arch
 
@@ -91,18 +91,18 @@ def run(args) -> None:
     if args.data_dir:
         overrides["data.data_dir"] = args.data_dir
     rows = []
+    # the IID runs partition differently on purpose; wall times survive --resume
+    runner = StageRunner(out, resume=args.resume, describe=_describe, same_test_rows=False)
     for name, algo, over in plan(args, overrides):
         preset = args.preset if algo == "dfnas" and args.preset else None
         cfg = make_config(algo, preset=preset, overrides=over)
         d = cfg.data
-        print(f"== {name}: {algo}, {d.dataset}, {d.num_clients} clients ({d.partition}), {cfg.run.rounds} rounds "
-              f"-> {out / name}", flush=True)
         t0 = time.perf_counter()
-        s = run_stage(cfg, out / name, resume=args.resume, describe=_describe)
+        s, wall_s = runner.stage(name, cfg)
         row = {"run": name, "algorithm": algo, "clients": d.num_clients, "partition": d.partition,
                "rounds": s["rounds"], "global_test_acc": s["final"].get("global_test_acc"),
                "client_test_acc": s["final"].get("client_test_acc_mean_unweighted"),
-               "wall_s": round(s["timing"]["wall_time_s"], 1), "this_call_s": round(time.perf_counter() - t0, 1)}
+               "wall_s": round(wall_s, 1), "this_call_s": round(time.perf_counter() - t0, 1)}
         ds = load_dataset(d.dataset, d.data_dir)
         if algo == "dfnas":  # the deliverable: the final child, as searched
             arch = ShuffleArch(s["architecture"]["space"], tuple(s["architecture"]["choices"]))

@@ -123,7 +123,8 @@ def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool
 class StageRunner:
     """The stages of a script that compares methods: each a :func:`run_stage` into
     ``out/<name>``, checked to test on the same local test indices as the first stage
-    (the comparison means something only on the same test rows), with its wall time.
+    (the comparison means something only on the same test rows; ``same_test_rows=False``
+    for scripts whose stages differ in partition on purpose), with its wall time.
 
     Wall times survive ``--resume`` in ``out/wall_times.json``: a run that was finished
     keeps the time it took; an interrupted one counts the call that finished it; a finished
@@ -135,8 +136,9 @@ class StageRunner:
 
     WALL_TIMES = "wall_times.json"
 
-    def __init__(self, out: str | os.PathLike, *, resume: bool, describe: Callable[[dict], str]):
-        self.out, self.resume, self.describe = Path(out), resume, describe
+    def __init__(self, out: str | os.PathLike, *, resume: bool, describe: Callable[[dict], str],
+                 same_test_rows: bool = True):
+        self.out, self.resume, self.describe, self.same_test_rows = Path(out), resume, describe, same_test_rows
         path = self.out / self.WALL_TIMES
         self.times: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
         self.test_splits: tuple[str, list] | None = None  # (first stage, its clients' test indices)
@@ -154,6 +156,8 @@ class StageRunner:
             before = self.times.get(name, 0.0) if resumed else 0.0
             self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
             atomic_write_text(self.out / self.WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
+        if not self.same_test_rows:
+            return s, self.times[name]
         tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
         if self.test_splits is None:
             self.test_splits = (name, tests)

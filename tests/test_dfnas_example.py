@@ -43,6 +43,9 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert _example().main(TINY + ["--out", str(out)]) != 0
     assert _example().main(TINY + ["--out", str(out), "--resume"]) == 0
     assert "global test acc" in capsys.readouterr().out
+    # a finished run keeps the wall time it took, not the resumed call's
+    again = json.loads((out / "results.json").read_text())
+    assert [r["wall_s"] for r in again] == [r["wall_s"] for r in rows] and rows[0]["wall_s"] > 1
 
 
 def test_cli_runs_dfnas_and_rejects_bad_space(tmp_path):
