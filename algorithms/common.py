@@ -13,9 +13,9 @@ from search_spaces.models import MODELS
 from jaxfednas import rng
 from jaxfednas.config import Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
-from jaxfednas.data.federated import ClientData, DataInfo, run_local_epochs
+from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
-from jaxfednas.runtime import Placement, weighted_mean
+from jaxfednas.runtime import map_clients, Placement, weighted_mean
 
 AUGMENTS = ("auto", "none", "crop_flip", "crop_flip_cutout")
 
@@ -199,3 +199,18 @@ def pool_batch_statistics(stats: Any, n: jax.Array) -> Any:
     pooled with weights ``n``: the mean and variance of all their examples together (a plain
     weighted mean of the variances would leave out the spread of the client means)."""
     return _moments(weighted_mean(_moments(stats), n), inverse=True)
+
+
+def federated_batch_statistics(
+    batch_stats_of: Callable[[Any, jax.Array, jax.Array], Any], zeros: Any, data: FederatedData, *,
+    batch_size: int, max_batches: int, momentum: float, placement: Placement,
+) -> Any:
+    """Federated BatchNorm recalibration: every client measures :func:`client_batch_statistics`
+    on its training split (``batch_stats_of``, ``zeros``, ``momentum`` as there), the server
+    pools them with :func:`pool_batch_statistics`. Weights are not touched."""
+    def one(client, _):
+        return client_batch_statistics(batch_stats_of, zeros, client, batch_size=batch_size,
+                                       max_batches=max_batches, momentum=momentum)
+
+    stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
+    return pool_batch_statistics(stats, n)

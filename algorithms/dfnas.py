@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import client_batch_statistics, make_augment, pool_batch_statistics
+from algorithms.common import federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
@@ -339,21 +339,18 @@ def dfnas(
     def recalibrated(variables, path, data: FederatedData):
         """Federated BatchNorm recalibration of the child ``path`` (DSNAS recalibrates its
         child before deployment; no weight changes): every client measures the child's
-        batch statistics on its training data, the server averages them n_i/n. In the
+        batch statistics on its training data, the server pools them n_i/n. In the
         supernet each unit's running statistics were only updated when it was sampled,
         and mostly under other paths; the child's own statistics replace them."""
-        zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
-
         def stats_of(stats, x, mask):
             return model.apply({"params": variables["params"], "batch_stats": stats}, info.normalize(x), path,
                                train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
 
-        def one(client, _):
-            return client_batch_statistics(stats_of, zeros, client, batch_size=cfg.eval_batch_size,
-                                           max_batches=cfg.bn_recalibration_batches, momentum=BN_MOMENTUM)
-
-        stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
-        return {"params": variables["params"], "batch_stats": pool_batch_statistics(stats, n)}
+        zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+        stats = federated_batch_statistics(stats_of, zeros, data, batch_size=cfg.eval_batch_size,
+                                           max_batches=cfg.bn_recalibration_batches, momentum=BN_MOMENTUM,
+                                           placement=placement)
+        return {"params": variables["params"], "batch_stats": stats}
 
     def evaluate(state: DFNASState, data: FederatedData):
         """The final child argmax(α), run inside the supernet (its output equals the built

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import client_batch_statistics, make_augment, pool_batch_statistics
+from algorithms.common import federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
@@ -201,18 +201,13 @@ def recalibrated_batch_stats(
     masked) and measures each BatchNorm's mean and variance over those examples; the
     server pools them n_k/n into the mean and variance of all the examples together
     (:func:`algorithms.common.pool_batch_statistics`). Returns the pooled ``batch_stats``."""
-    zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
-
     def stats_of(stats, x, mask):
         v = {"params": variables["params"], "arch": variables["arch"], "batch_stats": stats}
         return model.apply(v, info.normalize(x), train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
 
-    def one(client, _):
-        return client_batch_statistics(stats_of, zeros, client, batch_size=batch_size, max_batches=max_batches,
-                                       momentum=BN_MOMENTUM)
-
-    stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
-    return pool_batch_statistics(stats, n)
+    return federated_batch_statistics(stats_of, jax.tree.map(jnp.zeros_like, variables["batch_stats"]), data,
+                                      batch_size=batch_size, max_batches=max_batches, momentum=BN_MOMENTUM,
+                                      placement=placement)
 
 
 def fednas(

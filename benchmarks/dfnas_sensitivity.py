@@ -120,13 +120,12 @@ def run_variant(name: str, over: dict, found: list[str], curve: set[int]) -> dic
            "child": arch, "wall_s": round(time.perf_counter() - t0, 1)}
     if name == "default":  # the recalibration A/B on the same weights
         orig = common.pool_batch_statistics
-        try:
-            import algorithms.dfnas as mod  # noqa: PLC0415
-            mod.pool_batch_statistics = averaged_variance_stats
+        try:  # federated_batch_statistics pools through this module-level name
+            common.pool_batch_statistics = averaged_variance_stats
             algo2 = dfnas(cfg.algo, data.info, rounds=cfg.run.rounds)
             row["global_test_acc_averaged_variance_bn"] = float(algo2.evaluate(state, data)["global_test_acc"])
         finally:
-            mod.pool_batch_statistics = orig
+            common.pool_batch_statistics = orig
     return row
 
 
