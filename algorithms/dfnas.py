@@ -74,7 +74,7 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, cosine_lr
-from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
 from search_spaces import arch_entropy
 from search_spaces.shufflenet import (
@@ -373,7 +373,7 @@ def dfnas(
     def export(state: DFNASState) -> ShuffleArch:
         return derive(state.variables["arch"]["alpha"], cfg.space)
 
-    return FederatedAlgorithm(name="dfnas", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+    return FederatedAlgorithm(name="dfnas", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate),
                               export=export)
 
 

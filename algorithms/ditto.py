@@ -51,7 +51,7 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas import rng
-from jaxfednas.runtime import (Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
+from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
                                round_clients, scatter_rows)
 
 DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client personal models pulled toward it by λ"
@@ -155,7 +155,7 @@ def ditto(
         )
         return out
 
-    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

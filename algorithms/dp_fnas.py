@@ -88,7 +88,7 @@ from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import Placement, map_clients
+from jaxfednas.runtime import jit, Placement, map_clients
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
@@ -401,7 +401,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
                       multiplier=cfg.steps)
 
-    return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate),
+    return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate),
                               export=export, host_metrics=host_report, write_architecture=write_architecture_plots)
 
 

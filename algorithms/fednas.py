@@ -47,7 +47,7 @@ from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, ev
                                   select_by_validation)
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
 from search_spaces import arch_entropy
 from search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
@@ -319,9 +319,9 @@ def fednas(
                       multiplier=cfg.steps)
 
     return FederatedAlgorithm(
-        name="fednas", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate), export=export,
+        name="fednas", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate), export=export,
         write_architecture=write_architecture_plots,
-        personalize=jax.jit(personalize),
+        personalize=jit(personalize),
     )
 
 

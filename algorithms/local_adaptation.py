@@ -33,7 +33,7 @@ from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas import rng
-from jaxfednas.runtime import Placement, map_clients
+from jaxfednas.runtime import jit, Placement, map_clients
 
 DESCRIPTION = "Local adaptation (FedNAS Table 1): FedAvg, then each client fine-tunes the global model before testing"
 
@@ -129,7 +129,7 @@ def local_adaptation(
         return out
 
     # base.init and base.round are FedAvg's own jit-compiled functions.
-    return FederatedAlgorithm(name="local_adaptation", init=base.init, round=base.round, evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="local_adaptation", init=base.init, round=base.round, evaluate=jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -20,7 +20,7 @@ from search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import (Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
+from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
                                round_clients, scatter_rows)
 
 DESCRIPTION = "Local-only training: each client trains a personal model on its own data"
@@ -81,7 +81,7 @@ def local_only(
     def evaluate(state: LocalOnlyState, data: FederatedData):
         return evaluate_clients(model, info, state.clients, data, cfg.eval_batch_size, placement=placement, personal=True)
 
-    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

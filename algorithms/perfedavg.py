@@ -54,7 +54,7 @@ from jaxfednas.data.federated import (
     run_local_epochs,
     tree_where,
 )
-from jaxfednas.runtime import (Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
+from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
 
 DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
@@ -214,7 +214,7 @@ def perfedavg(
         out.update(evaluate_adapted(model, info, adapt, state.variables, data, cfg.eval_batch_size, placement=placement))
         return out
 
-    return FederatedAlgorithm(name="perfedavg", init=placement.jit_init(init), round=jax.jit(round_fn), evaluate=jax.jit(evaluate))
+    return FederatedAlgorithm(name="perfedavg", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

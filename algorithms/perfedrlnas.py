@@ -67,7 +67,7 @@ from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
-from jaxfednas.runtime import (Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
+from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
                                reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
                                scatter_rows)
 from search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
@@ -496,7 +496,7 @@ def perfedrlnas(
         return PersonalArchitectures.of(state, space, cfg)
 
     return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS),
-                              evaluate=jax.jit(evaluate), export=export, personalize=jax.jit(personalize))
+                              evaluate=jit(evaluate), export=export, personalize=jit(personalize))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,7 +556,7 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     evald = data.clients(split, ids)
     res = gather_rows(state.resources, ids)
 
-    @jax.jit
+    @jit
     def step(carry, k):
         policy, opt = carry
         choices = jax.vmap(lambda kk, a: jax.random.categorical(kk, masked_logits(a, valid)))(

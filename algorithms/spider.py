@@ -66,7 +66,7 @@ from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
-from jaxfednas.runtime import (Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
+from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
 from search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
                                  plot_genotype, primitives_param, supernet_of)
@@ -405,7 +405,7 @@ def spider(
         return PersonalArchitectures.of(state, primitives, steps)
 
     return FederatedAlgorithm(
-        name="spider", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jax.jit(evaluate),
+        name="spider", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate),
         export=export, write_architecture=PersonalArchitectures.plot,
     )
 
@@ -516,7 +516,7 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
         r = evaluate_examples(logits, test.x, test.y, test.count, batch_size=cfg.eval_batch_size)
         return r["correct"] / jnp.maximum(r["count"], 1)
 
-    @jax.jit
+    @jit
     def row(client: ClientData, test: ClientData, key):  # p[i, :] for one client i
         return map_clients(lambda mask, _: fine_tune(mask, client, test, key), masks, placement=placement)
 

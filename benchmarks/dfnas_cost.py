@@ -190,12 +190,13 @@ def worker_dfnas(args, mode: str, impl: str, batch: int) -> dict:
     import jax.numpy as jnp
 
     from algorithms.dfnas import DFNASConfig, make_local_search, make_supernet
+    from jaxfednas.runtime import jit
 
     cfg = DFNASConfig(space=args.space, batch_size=batch, local_epochs=1, dw_impl=impl)
     data = _client_data(1, args.steps * batch, args.seed)
     info, client = data.info, _first_client(data)
     model = make_supernet(cfg, info, all_paths=mode == "all")
-    local = jax.jit(make_local_search(cfg, info, model, epochs=1))
+    local = jit(make_local_search(cfg, info, model, epochs=1))
     variables = dict(model.init({"params": jax.random.PRNGKey(args.seed)}, jnp.zeros((1,) + info.image_shape),
                                 train=False))
     nb, nc = model.space.num_blocks, model.space.num_candidates
@@ -227,6 +228,7 @@ def worker_child(args, cand: str, impl: str, batch: int) -> dict:
     from algorithms.dfnas import DFNASConfig
     from jaxfednas.data.augment import augment_batch
     from jaxfednas.data.federated import run_local_epochs
+    from jaxfednas.runtime import jit
     from search_spaces.shufflenet import build, uniform_arch
 
     cfg = DFNASConfig(space=args.space, batch_size=batch, dw_impl=impl)
@@ -260,7 +262,7 @@ def worker_child(args, cand: str, impl: str, batch: int) -> dict:
         (params, _, stats), met = run_local_epochs(step, carry, client_, key, epochs=1, batch_size=batch)
         return {"params": params, "batch_stats": stats}, met
 
-    local = jax.jit(local)
+    local = jit(local)
     variables = dict(model.init(jax.random.PRNGKey(args.seed), jnp.zeros((1,) + info.image_shape), train=False))
     lr = jnp.float32(0.1)
     res = {"kind": f"child:{cand}:{impl}:{batch}", "machine": bu.machine_info(), "load_start": bu.load_line(),
@@ -303,13 +305,14 @@ def worker_fednas(args) -> dict:
     import fednas_search as fs
     from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
     from jaxfednas.nn import default_depthwise_impl
+    from jaxfednas.runtime import jit
 
     C, layers, batch = FEDNAS
     steps = args.fednas_steps
     cfg = FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1)
     info, train, val = fs._single_client_data(steps * batch, batch, args.seed)
     model = make_supernet(cfg, info)
-    local = jax.jit(make_local_search(cfg, info, model, epochs=1))
+    local = jit(make_local_search(cfg, info, model, epochs=1))
     variables = dict(model.init({"params": jax.random.PRNGKey(args.seed)}, jax.numpy.zeros((1,) + info.image_shape),
                                 train=False))
     res = {"kind": "fednas", "machine": bu.machine_info(), "load_start": bu.load_line(), "steps": steps,

@@ -135,13 +135,14 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
     from jaxfednas.cost import count_params
     from jaxfednas.nn import default_depthwise_impl
+    from jaxfednas.runtime import jit
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
     cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, order=order), args)
     info, train, val = _single_client_data(steps * batch, batch, args.seed)
     model = make_supernet(cfg, info)
-    local = jax.jit(make_local_search(cfg, info, model, epochs=1))
+    local = jit(make_local_search(cfg, info, model, epochs=1))
     x0 = jax.numpy.zeros((1,) + info.image_shape)
     variables = dict(model.init({"params": jax.random.PRNGKey(args.seed)}, x0, train=False))
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
@@ -187,7 +188,7 @@ def worker_round(args, placement: str) -> dict:
     from jaxfednas.experiment import make_partition
     from jaxfednas.rng import init_key, round_key
     from jaxfednas.registry import make_config
-    from jaxfednas.runtime import Placement, round_clients, weighted_mean
+    from jaxfednas.runtime import Placement, jit, round_clients, weighted_mean
 
     C, layers, batch = CONFIGS["a"]
     K = ROUND_CLIENTS
@@ -208,7 +209,7 @@ def worker_round(args, placement: str) -> dict:
 
     if placement == "loop":
         model = make_supernet(cfg, info)
-        local = jax.jit(make_local_search(cfg, info, model, cfg.local_epochs))
+        local = jit(make_local_search(cfg, info, model, cfg.local_epochs))
 
         def prepare(key):
             return round_clients(key, K, K)

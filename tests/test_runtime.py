@@ -10,8 +10,11 @@ from algorithms.local_only import LocalOnlyConfig, local_only
 from jaxfednas import rng
 from jaxfednas.runtime import (
     Placement,
+    CPU_COMPILER_OPTIONS,
     client_keys,
+    compiler_options,
     gather_rows,
+    jit,
     map_clients,
     masked_weighted_mean,
     nothing_to_aggregate,
@@ -216,3 +219,41 @@ def test_client_accuracy_summary_by_hand():
     assert np.isnan(out["client_test_acc"][2])
     none = client_accuracy_summary(jnp.zeros(2), jnp.zeros(2, jnp.int32))
     assert np.isnan(none["client_test_acc_mean_weighted"])
+
+
+# --- compiler options ------------------------------------------------------------------
+
+def _two_independent_passes(w, a, b):  # the shape of a MiLeNAS step: two gradients that share nothing
+    def loss(w, x):
+        h = x
+        for _ in range(6):
+            h = jnp.tanh(h @ w)
+        return jnp.sum(h)
+    return jax.grad(loss)(w, a), jax.grad(loss)(w, b)
+
+
+def test_jit_compiles_with_the_memory_scheduler_same_results_less_temporary_memory():
+    assert compiler_options() == CPU_COMPILER_OPTIONS  # the suite runs on CPU
+    w, a = jnp.full((256, 256), 0.01), jnp.ones((4096, 256))
+    b = 2 * a
+    ours, plain = jit(_two_independent_passes), jax.jit(_two_independent_passes)
+    temp = {name: f.lower(w, a, b).compile().memory_analysis().temp_size_in_bytes
+            for name, f in (("ours", ours), ("plain", plain))}
+    assert temp["ours"] < temp["plain"]  # measured 44 vs 52 MiB: both passes' activations no longer live at once
+    for x, y in zip(ours(w, a, b), plain(w, a, b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_jit_inside_another_jit_drops_the_options():  # JAX takes compiler options on the outermost jit only
+    inner = jit(lambda x: x * 2)
+    outer = jit(lambda x: inner(x) + 1)
+    assert float(outer(jnp.float32(3))) == 7.0
+    assert float(inner(jnp.float32(3))) == 6.0
+
+
+def test_cpu_scheduler_environment_switch(monkeypatch):
+    monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "default")
+    assert compiler_options() is None
+    monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "fast")
+    with pytest.raises(ValueError, match="'memory' or 'default'"):
+        compiler_options()
