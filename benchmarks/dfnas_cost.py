@@ -8,7 +8,11 @@ inputs, 10 classes; batch ``--batch``, 64 = the paper's):
   (``algorithms.dfnas.make_local_search`` on one client, one local epoch of ``--steps``
   minibatches = one jitted ``lax.scan``): sample a path from α, value_and_grad of the
   loss w.r.t. (weights, block gates), masked SGD with momentum, DSNAS' α gradient, Adam
-  on α. Each block is a ``lax.switch``: only the sampled candidate runs.
+  on α. Each block is a ``lax.switch``: only the sampled candidate runs. Blocks unrolled
+  (``algo.scan_blocks`` off, the default).
+* ``dfnas:scan`` -- the same local search with ``scan_blocks=True``: the identical blocks
+  of a stage run as one ``lax.scan`` (traced and compiled once per stage): compile time
+  vs step time of the block scan.
 * ``dfnas:all`` -- the same step on the supernet with ``all_paths=True`` (every candidate
   computed, the selected one kept: what a vmapped switch pays).
 * ``child:k3`` / ``child:k7`` -- the "one network" floor: the fixed child (``build`` of
@@ -80,7 +84,7 @@ def parse_args(argv=None):
     p.add_argument("--grouped-batch", type=int, default=8, help="batch of the grouped rows (0: skip grouped)")
     p.add_argument("--fednas-steps", type=int, default=1, help="FedNAS steps per run (1 warm-up run + 1 timed run)")
     p.add_argument("--skip", default="", help="comma list of configurations to skip: dfnas, dfnas:single, "
-                   "dfnas:all, child, clients, clients:map, clients:vmap, fednas")
+                   "dfnas:scan, dfnas:all, child, clients, clients:map, clients:vmap, fednas")
     p.add_argument("--quick", action="store_true",
                    help="1 step x 2 runs, 1 timed round, slices only, all-k3 child only, no FedNAS")
     p.add_argument("--seed", type=int, default=0)
@@ -192,7 +196,8 @@ def worker_dfnas(args, mode: str, impl: str, batch: int) -> dict:
     from algorithms.dfnas import DFNASConfig, make_local_search, make_supernet
     from jaxfednas.runtime import jit
 
-    cfg = DFNASConfig(space=args.space, batch_size=batch, local_epochs=1, dw_impl=impl)
+    cfg = DFNASConfig(space=args.space, batch_size=batch, local_epochs=1, dw_impl=impl,
+                      **({"scan_blocks": True} if mode == "scan" else {}))
     data = _client_data(1, args.steps * batch, args.seed)
     info, client = data.info, _first_client(data)
     model = make_supernet(cfg, info, all_paths=mode == "all")
@@ -211,7 +216,7 @@ def worker_dfnas(args, mode: str, impl: str, batch: int) -> dict:
     def sampled(r):
         return lambda comp: comp(variables, free, jnp.zeros((nb,), jnp.int32), lr, client, jax.random.PRNGKey(100 + r))
 
-    warm = [forced(c) for c in (range(nc) if mode == "single" else range(1))]
+    warm = [forced(c) for c in (range(nc) if mode in ("single", "scan") else range(1))]
     return _measure(res, lambda: local.lower(variables, free, jnp.zeros((nb,), jnp.int32), lr, client,
                                              jax.random.PRNGKey(0)),
                     warm, [sampled(r) for r in range(args.repeats)], lambda out: int(out[1]["steps"]))
@@ -360,7 +365,7 @@ def plan(args) -> list[str]:
         if impl == "grouped" and not args.grouped_batch:
             continue
         b = args.batch if impl == "slices" else args.grouped_batch
-        kinds += [f"dfnas:single:{impl}:{b}", f"dfnas:all:{impl}:{b}"]
+        kinds += [f"dfnas:single:{impl}:{b}", f"dfnas:scan:{impl}:{b}", f"dfnas:all:{impl}:{b}"]
         kinds += [f"child:{c}:{impl}:{b}" for c in (("k3",) if args.quick or impl == "grouped" else ("k3", "k7"))]
         if impl == "slices":
             kinds += [f"clients:{pl}:{impl}:{b}" for pl in ("map", "vmap")]
@@ -379,6 +384,7 @@ def gib(mib) -> str:
 
 LABELS = {
     "dfnas:single": "DFNAS single path (`lax.switch`, `make_local_search`)",
+    "dfnas:scan": "same, a stage's identical blocks as one `lax.scan` (`scan_blocks=True`)",
     "dfnas:all": "same supernet, `all_paths=True` (every candidate)",
     "child:k3": "fixed child, all k3 (`build`)",
     "child:k7": "fixed child, all k7 (`build`)",
@@ -459,7 +465,7 @@ def report(args, res: dict) -> str:
             f"FedNAS runs {fed['steps']} step(s) per scan, DFNAS {single['steps']}); time per step "
             f"{per_step(fed) / per_step(single):.1f}x.")
     warm = [f"{k} {', '.join(f'{t:.1f}' for t in r['warmup_s'])} s" for k, r in res.items()
-            if "error" not in r and k.startswith(("dfnas:single", "clients:map"))]
+            if "error" not in r and k.startswith(("dfnas:single", "dfnas:scan", "clients:map"))]
     if warm:
         notes.append("Warm-up runs (uniform paths k3, k5, k7, xception; the first includes the first-run cost "
                      "of every kernel outside the switch): " + "; ".join(warm) + ".")

@@ -137,3 +137,98 @@ def test_macs_table_sums_to_child_cost():
     np.testing.assert_array_equal(imagenet.blocks[0], [13396992, 15805440, 19418112, 13146112])
     np.testing.assert_array_equal(imagenet.blocks[8], [30670080, 31673600, 33178880, 21199360])
     np.testing.assert_array_equal(imagenet.blocks[19], [10176320, 10427200, 10803520, 15476160])
+
+
+
+# 4 blocks: stage 1 (block 0), stage 2 (block 1 first, then the identical blocks 2 and 3,
+# which scan_blocks runs as one lax.scan); two candidates keep the programs small.
+SCAN_SPACE = ShuffleSpace("scan_test", ("k3", "xception"), (1, 3), (8, 16), (1, 2), stem_channels=8,
+                          last_channels=32)
+
+
+def _close(a, b):  # float rounding: relative to the largest entry (sums in another order)
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(float(np.abs(b).max(initial=0.0)), 1e-1))
+
+
+def _compile(fn, *args):
+    """(compiled, has a scan): the lowered program's text says whether a loop is left."""
+    lowered = jax.jit(fn).lower(*args)
+    return lowered.compile(), "stablehlo.while" in lowered.as_text()
+
+
+def test_scanned_blocks_equal_unrolled():
+    """``scan_blocks``: the identical blocks of a stage as one ``lax.scan`` over their
+    stacked variables give the unrolled network's logits, new BatchNorm statistics and
+    gradients (w.r.t. weights and block gates) for a random path, train and eval, with
+    padded rows masked out; init builds the same variables either way."""
+    on = ShuffleNetwork(SCAN_SPACE, 10, dw_impl="grouped", scan_blocks=True)
+    off = ShuffleNetwork(SCAN_SPACE, 10, dw_impl="grouped", scan_blocks=False)
+    assert on.block_runs() == ((0,), (1,), (2, 3))
+    x = jax.random.normal(jax.random.key(1), (6, 8, 8, 1))
+    v = off.init(jax.random.key(0), x)
+    v_on = on.init(jax.random.key(0), x)
+    assert jax.tree.structure(v_on) == jax.tree.structure(v)
+    for a, b in zip(jax.tree.leaves(v_on), jax.tree.leaves(v)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # distinct running statistics per block, so a block reading its neighbour's would show
+    leaves, tdef = jax.tree.flatten(v["batch_stats"])
+    stats = tdef.unflatten([s * (1 + 0.5 * u) + 1e-3 * u for s, u in
+                            ((s, jax.random.uniform(jax.random.key(i), s.shape)) for i, s in enumerate(leaves))])
+    path = jnp.array([1, 0, 1, 0])
+    gates = 1.0 + 0.2 * jax.random.normal(jax.random.key(4), (4,))
+    mask = jnp.array([True, True, True, True, False, False])
+    cot = jax.random.normal(jax.random.key(5), (6, 10))  # random cotangent (see DESIGN: BN sharp edge)
+
+    def loss(model, train):
+        def f(params, gates):
+            out = model.apply({"params": params, "batch_stats": stats}, x, path, gates, train=train, mask=mask,
+                              mutable=["batch_stats"] if train else False)
+            logits, new = out if train else (out, {})
+            return jnp.sum(logits * cot), (logits, new)
+        return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
+
+    for train in (True, False):
+        (run_on, scanned), (run_off, unrolled) = (_compile(loss(m, train), v["params"], gates) for m in (on, off))
+        assert scanned and not unrolled
+        (_, (logits, new)), (g_w, g_gate) = run_on(v["params"], gates)
+        (_, (logits0, new0)), (g_w0, g_gate0) = run_off(v["params"], gates)
+        _close(logits, logits0)
+        assert jax.tree.structure(new) == jax.tree.structure(new0)
+        if train:  # the scanned blocks' sampled units moved their statistics
+            assert not np.allclose(np.asarray(new0["batch_stats"]["block3"]["units_0"]["BatchNorm_0"]["mean"]),
+                                   np.asarray(stats["block3"]["units_0"]["BatchNorm_0"]["mean"]))
+        for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(new0)):
+            _close(a, b)
+        assert jax.tree.structure(g_w) == jax.tree.structure(g_w0)
+        for a, b in zip(jax.tree.leaves(g_w), jax.tree.leaves(g_w0)):
+            _close(a, b)
+        assert max(np.abs(np.asarray(g)).max() for g in jax.tree.leaves(g_w0["block2"]["units_1"])) > 0  # sampled unit
+        _close(g_gate, g_gate0)
+        assert np.abs(np.asarray(g_gate0)).min() > 0
+
+
+def test_scanned_blocks_child_all_paths_and_remat():
+    """Children scan runs of equal consecutive choices; ``all_paths`` and ``remat``
+    supernets scan too; all equal their unrolled forms (train mode: logits and new
+    statistics; remat: gradients as well)."""
+    x = jax.random.normal(jax.random.key(1), (4, 8, 8, 1))
+    path = jnp.array([0, 1, 1, 1])
+    v = ShuffleNetwork(SCAN_SPACE, 10, dw_impl="grouped").init(jax.random.key(0), x)
+    child = {c: {**v[c], **{f"block{l}": {"units_0": v[c][f"block{l}"][f"units_{int(path[l])}"]} for l in range(4)}}
+             for c in ("params", "batch_stats")}
+    for kw, variables, p in ((dict(choices=tuple(int(c) for c in path)), child, None),
+                             (dict(all_paths=True), v, path), (dict(remat=True), v, path)):
+        on, off = (ShuffleNetwork(SCAN_SPACE, 10, dw_impl="grouped", scan_blocks=s, **kw) for s in (True, False))
+        assert on.block_runs() == ((0,), (1,), (2, 3))
+
+        def f(m):
+            def run(params):
+                logits, new = m.apply({**variables, "params": params}, x, p, train=True, mutable=["batch_stats"])
+                return jnp.sum(logits * jnp.arange(10.0)), (logits, new)
+            return jax.value_and_grad(run, has_aux=True) if kw.get("remat") else run
+
+        (run_on, scanned), (run_off, _) = (_compile(f(m), variables["params"]) for m in (on, off))
+        assert scanned
+        for a, b in zip(jax.tree.leaves(run_on(variables["params"])), jax.tree.leaves(run_off(variables["params"]))):
+            _close(a, b)
