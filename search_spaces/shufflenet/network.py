@@ -40,10 +40,11 @@ back under ``block{l}``; checkpoints, :func:`~search_spaces.shufflenet.child_var
 the cost tables and DFNAS' masks are the same either way. ``all_paths`` and ``remat``
 networks and children scan too. Outputs, statistics and gradients equal the unrolled
 network's to float rounding (tests/test_shufflenet.py). Off by default: on the
-``cross_silo`` DFNAS local search (2 CPU cores, batch 64) it cut compile time from
-39 + 76 s to 22 + 64 s (trace/lower + XLA) but made a step ~18 % slower (1.62 ->
-1.92 s, two runs under load ~3 agreed); the cause was not isolated (a guess: the
-switch's residuals, one set per candidate, are copied into the scan's stacked buffers).
+``cross_silo`` DFNAS local search (2 CPU cores, batch 64, three runs under load ~3) it
+halved trace + lowering (38-44 s -> 22-24 s) but XLA's compile barely moved (74-85 s ->
+64-82 s), and a step got 15-27 % slower (1.62-1.77 -> 1.92-2.06 s); the cause was not
+isolated (a guess: the switch's residuals, one set per candidate, are copied into the
+scan's stacked buffers).
 """
 from __future__ import annotations
 
