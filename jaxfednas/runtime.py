@@ -38,24 +38,28 @@ PLACEMENTS = ("auto", "vmap", "map", "shard_map")
 CLIENT_AXIS = "clients"
 
 CPU_COMPILER_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
-"""XLA options for CPU programs. XLA:CPU's default scheduler orders independent work for
-concurrency, so a MiLeNAS step (a training and a validation pass that do not depend on
-each other) keeps both passes' activations alive at once; the memory-optimised scheduler
-orders the same operations to free buffers early. Same operations, same results; measured
-on the 2-core CPU (``benchmarks/fednas_search.py``): XLA's temporary buffer of one C=16,
-8-cell, batch-64 step 11.7 -> 3.0 GiB, C=8, 5 cells, batch 32 1.69 -> 0.44 GiB, step time
-within noise."""
+"""XLA options of the ``"memory"`` scheduler on CPU. XLA:CPU's default scheduler orders
+independent work for concurrency, so a MiLeNAS step (a training and a validation pass that
+do not depend on each other) keeps both passes' activations alive at once; the
+memory-optimised scheduler orders the same operations to free buffers early. Same
+operations, bitwise-equal results. Measured on the 2-core CPU: XLA's temporary buffer of
+one FedNAS step at C=16, 8 cells, batch 64 11.7 -> 3.0 GiB (``benchmarks/fednas_search.py``)
+at the same speed; FedNAS and DFNAS rounds as fast or faster, a DP-FNAS round 12 % slower
+(``benchmarks/scheduler_ab.py``), so DP-FNAS compiles with XLA's default."""
+
+SCHEDULERS = ("memory", "default")
 
 
-def compiler_options() -> dict[str, str] | None:
-    """The ``compiler_options`` jaxfednas compiles with on the default backend:
-    :data:`CPU_COMPILER_OPTIONS` on CPU, none elsewhere or with
-    ``JAXFEDNAS_CPU_SCHEDULER=default`` in the environment (XLA's own scheduler, for
-    comparisons). Pass them to your own ``jax.jit(..., compiler_options=compiler_options())``
-    (or use :func:`jit`)."""
-    choice = os.environ.get("JAXFEDNAS_CPU_SCHEDULER", "memory")
-    if choice not in ("memory", "default"):
-        raise ValueError(f"JAXFEDNAS_CPU_SCHEDULER must be 'memory' or 'default', got {choice!r}")
+def compiler_options(scheduler: str = "memory") -> dict[str, str] | None:
+    """The ``compiler_options`` of a program compiled with ``scheduler`` on the default
+    backend: :data:`CPU_COMPILER_OPTIONS` for ``"memory"`` on CPU, none for ``"default"``
+    (XLA's own scheduler) or on other backends. ``JAXFEDNAS_CPU_SCHEDULER=memory|default``
+    in the environment overrides every program's choice (for comparisons). Pass them to
+    your own ``jax.jit(..., compiler_options=compiler_options())`` (or use :func:`jit`)."""
+    choice = os.environ.get("JAXFEDNAS_CPU_SCHEDULER") or scheduler
+    if choice not in SCHEDULERS:
+        raise ValueError(f"the CPU scheduler (JAXFEDNAS_CPU_SCHEDULER or scheduler=) must be 'memory' or "
+                         f"'default', got {choice!r}")
     if jax.default_backend() != "cpu" or choice == "default":
         return None
     return dict(CPU_COMPILER_OPTIONS)
@@ -87,10 +91,11 @@ class _Jit:
         return self.top.trace(*args, **kwargs)
 
 
-def jit(fn: Callable, **kwargs) -> Callable:
-    """``jax.jit(fn, **kwargs)`` compiled with :func:`compiler_options` (only where it is
-    the outermost jit: called inside another jitted function it is plain ``jax.jit``)."""
-    return _Jit(fn, compiler_options(), kwargs)
+def jit(fn: Callable, *, scheduler: str = "memory", **kwargs) -> Callable:
+    """``jax.jit(fn, **kwargs)`` compiled with :func:`compiler_options` of ``scheduler``
+    (only where it is the outermost jit: called inside another jitted function it is plain
+    ``jax.jit``)."""
+    return _Jit(fn, compiler_options(scheduler), kwargs)
 
 
 @dataclasses.dataclass(frozen=True)

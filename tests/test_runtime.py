@@ -251,7 +251,11 @@ def test_jit_inside_another_jit_drops_the_options():  # JAX takes compiler optio
     assert float(inner(jnp.float32(3))) == 6.0
 
 
-def test_cpu_scheduler_environment_switch(monkeypatch):
+def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch):
+    monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
+    assert compiler_options("default") is None  # DP-FNAS' choice: XLA's own
+    monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "memory")  # the environment overrides every program
+    assert compiler_options("default") == CPU_COMPILER_OPTIONS
     monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "default")
     assert compiler_options() is None
     monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "fast")
