@@ -94,7 +94,6 @@ from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceCo
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 
 ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
-SCHEDULER = "default"  # XLA:CPU's own: the memory-optimised one ran a round 12 % slower (benchmarks/scheduler_ab.py)
 
 
 
@@ -402,8 +401,8 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
                       multiplier=cfg.steps)
 
-    return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jit(round_fn, scheduler=SCHEDULER),
-                              evaluate=jit(evaluate, scheduler=SCHEDULER),
+    return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jit(round_fn),
+                              evaluate=jit(evaluate),
                               export=export, host_metrics=host_report, write_architecture=write_architecture_plots)
 
 

@@ -38,14 +38,17 @@ PLACEMENTS = ("auto", "vmap", "map", "shard_map")
 CLIENT_AXIS = "clients"
 
 CPU_COMPILER_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
-"""XLA options of the ``"memory"`` scheduler on CPU. XLA:CPU's default scheduler orders
-independent work for concurrency, so a MiLeNAS step (a training and a validation pass that
-do not depend on each other) keeps both passes' activations alive at once; the
-memory-optimised scheduler orders the same operations to free buffers early. Same
-operations, bitwise-equal results. Measured on the 2-core CPU: XLA's temporary buffer of
-one FedNAS step at C=16, 8 cells, batch 64 11.7 -> 3.0 GiB (``benchmarks/fednas_search.py``)
-at the same speed; FedNAS and DFNAS rounds as fast or faster, a DP-FNAS round 12 % slower
-(``benchmarks/scheduler_ab.py``), so DP-FNAS compiles with XLA's default."""
+"""XLA options of the ``"memory"`` scheduler on CPU, what every jaxfednas program compiles
+with by default. XLA:CPU's default scheduler orders independent work for concurrency, so
+a MiLeNAS step (a training and a validation pass that do not depend on each other) keeps
+both passes' activations alive at once; the memory-optimised scheduler orders the same
+operations to free buffers early. Same operations, bitwise-equal results. A trade, measured
+on the 2-core CPU: XLA's temporary buffer of one FedNAS step at C=16, 8 cells, batch 64
+11.7 -> 3.0 GiB (``benchmarks/fednas_search.py``); rounds on a quiet machine
+(``benchmarks/scheduler_ab.py``): FedNAS C=8, 5 cells 2.9x less temporary memory at 0.90x
+the speed, DP-FNAS 1.8x less at 0.93x, DFNAS 1.2x less at 1.11x. Memory first, because at
+the paper's size XLA's default needs ~12 GiB per client in flight on CPU;
+``JAXFEDNAS_CPU_SCHEDULER=default`` buys the speed back."""
 
 SCHEDULERS = ("memory", "default")
 
