@@ -88,7 +88,7 @@ from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import jit, Placement, map_clients
+from jaxfednas.runtime import jit, Placement, map_clients, step_if
 from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
@@ -340,11 +340,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
             stats["iterations_run"] = jnp.int32(1)
             return ({"params": new_params, "arch": new_arch}, w_state, a_state, it + 1), stats
 
-        def skip(c):
-            _, zeros = jax.eval_shape(run, c)
-            return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
-
-        return jax.lax.cond(it < cap, run, skip, carry)
+        return step_if(it < cap, run, carry)
 
     def init(key):
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)

@@ -18,6 +18,8 @@
   (personal models, policies, masks) stored with a leading client axis.
 * :func:`jit` — ``jax.jit`` with the XLA options every jaxfednas program is compiled
   with (:func:`compiler_options`: XLA:CPU's memory-optimised scheduler).
+* :func:`step_if`, :func:`output_shapes` — a step that may be skipped, or a zeros carry
+  shaped like a function's output, without tracing the function twice.
 """
 from __future__ import annotations
 
@@ -99,6 +101,28 @@ def jit(fn: Callable, *, scheduler: str = "memory", **kwargs) -> Callable:
     (only where it is the outermost jit: called inside another jitted function it is plain
     ``jax.jit``)."""
     return _Jit(fn, compiler_options(scheduler), kwargs)
+
+
+def output_shapes(fn: Callable, *args) -> tuple[Callable, Any]:
+    """``(traced_fn, shapes)``: ``fn`` under ``jax.jit`` and the shapes of its output at
+    ``args``. Calling ``traced_fn`` at the same shapes (in a ``lax.cond`` branch or a
+    ``lax.scan`` body of the same trace) reuses this trace: a zeros-like branch or carry
+    built from ``jax.eval_shape(fn, ...)`` would trace ``fn`` -- a whole supernet's
+    training step -- a second time."""
+    traced = jax.jit(fn)
+    return traced, jax.eval_shape(traced, *args)
+
+
+def zeros_of(shapes: Any) -> Any:
+    """Zeros of every ``jax.ShapeDtypeStruct`` in ``shapes``."""
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def step_if(pred: jax.Array, step: Callable[[Any], tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
+    """``step(carry) -> (carry, out)`` where ``pred`` holds, else ``(carry, zeros like out)``
+    (a padded local-step slot, an iteration past the budget); ``step`` is traced once."""
+    traced, (_, out) = output_shapes(step, carry)
+    return jax.lax.cond(pred, traced, lambda c: (c, zeros_of(out)), carry)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxfednas import rng
 from jaxfednas.data.datasets import Dataset
-from jaxfednas.runtime import is_every_client
+from jaxfednas.runtime import is_every_client, step_if
 
 SPLITS = ("train", "val", "test")
 
@@ -244,15 +244,7 @@ def run_local_epochs(
         step_key = rng.step_key(key, t)
         active = step < n_steps
 
-        def run(c):
-            return step_fn(c, batch, step_key)
-
-        def skip(c):
-            _, zeros = jax.eval_shape(run, c)
-            return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
-
-        carry, metrics = jax.lax.cond(active, run, skip, carry)
-        return carry, metrics
+        return step_if(active, lambda c: step_fn(c, batch, step_key), carry)
 
     if epoch_end is None:
         carry, metrics = jax.lax.scan(body, carry, jnp.arange(epochs * slots))

@@ -227,6 +227,7 @@ def per_example_clipped_sum(
         raise ValueError(f"physical batch {p} must be a multiple of chunk={chunk}")
     split = lambda t: t.reshape((p // chunk, chunk) + t.shape[1:])  # noqa: E731
     xs = (jax.tree.map(split, examples), split(mask))
+    run = jax.jit(run)  # one trace: the shapes below and the scan body reuse it
     zero = jax.eval_shape(run, jax.tree.map(lambda t: t[:chunk], examples), mask[:chunk])
     zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero)
 

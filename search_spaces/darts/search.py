@@ -36,6 +36,7 @@ cells. ``scan_cells=False, scan_edges=False`` unrolls everything (``cell_<i>`` /
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 from jaxfednas.nn import Conv, resolve_depthwise_impl, use_fast_grad
 
 from .operations import NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
-from .wide import WideCell
+from .wide import EDGE_STACKS, WideCell
 
 
 def num_edges(steps: int = 4) -> int:
@@ -266,6 +267,13 @@ def _scan_edges(mixed: nn.Module, buf, weights, src, dst, run):
     return carry
 
 
+@partial(jax.jit, static_argnums=range(8))
+def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, params, stats, s0, s1, weights, mask):
+    del fast  # part of the cache key only
+    return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask).run(
+        s0, s1, weights)
+
+
 class SearchCell(nn.Module):
     """A search cell: preprocess both inputs to ``C`` channels, ``steps`` nodes of mixed edges.
 
@@ -319,10 +327,10 @@ class SearchCell(nn.Module):
             raise ValueError(f"weights must have {len(table)} rows (one per edge), got {len(weights)}")
 
         if self._grouped() and not self.is_initializing():
-            variables = self.variables
-            cell = WideCell(self.C, self.reduction, self.steps, self.multiplier, self.primitives, table,
-                            variables.get("params", {}), variables.get("batch_stats", {}), train, mask)
-            out, new_stats = cell.run(s0, s1, weights)
+            edges = lambda col: {k: v for k, v in self.variables.get(col, {}).items() if k in EDGE_STACKS}  # noqa: E731
+            out, new_stats = _wide_cell(self.C, self.reduction, self.steps, self.multiplier, tuple(self.primitives),
+                                        tuple(table), bool(train), use_fast_grad(), edges("params"),
+                                        edges("batch_stats"), s0, s1, weights, mask)
             if new_stats is not None and self.is_mutable_collection("batch_stats"):
                 for stack, value in new_stats.items():
                     self.put_variable("batch_stats", stack, value)
@@ -373,7 +381,7 @@ def unroll_variables(tree: dict) -> dict:
     scan_edges=False`` or to read one edge's weights.
     """
     def cell(sub: dict) -> dict:
-        out = {k: v for k, v in sub.items() if k not in ("edges", "input_edges", "node_edges")}
+        out = {k: v for k, v in sub.items() if k not in EDGE_STACKS}
         leaves = lambda t: jax.tree_util.tree_leaves(t)  # noqa: E731
         if "edges" in sub:
             n = leaves(sub["edges"])[0].shape[0] if leaves(sub["edges"]) else 0

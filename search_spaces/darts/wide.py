@@ -45,6 +45,10 @@ from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3
 
 _DN = ("NHWC", "HWIO", "NHWC")
 
+EDGE_STACKS = ("edges", "input_edges", "node_edges")
+"""A search cell's stacked edge variables (scanned layout: normal cells ``edges``, reduction
+cells ``input_edges`` and ``node_edges``); the rest of the cell is its preprocessing."""
+
 # op -> (padding, dilation) of its (first) separable block; the kernel size is the parameters'
 _SEPARABLE = {"sep_conv_3x3": (1, 1), "sep_conv_5x5": (2, 1), "dil_conv_3x3": (2, 2), "dil_conv_5x5": (4, 2)}
 
@@ -228,7 +232,7 @@ class WideCell:
         """The cell's updated ``batch_stats`` stacks (every BatchNorm row of every edge)."""
         if not self.train:
             return None
-        out = _thaw({k: v for k, v in self.stats.items() if k in ("edges", "input_edges", "node_edges")})
+        out = _thaw({k: v for k, v in self.stats.items() if k in EDGE_STACKS})
         for (stack, op, bn), parts in self._new.items():
             target = out[stack][op] if bn is None else out[stack][op][bn]
             source = {int(r): (k, i) for k, (rows, _) in enumerate(parts) for i, r in enumerate(rows)}
