@@ -9,7 +9,7 @@ import pytest
 
 from search_spaces.darts.operations import PRIMITIVES
 from search_spaces.darts.search import DartsSearchNetwork, SearchCell
-from search_spaces.darts.wide import max_pool_3x3
+from search_spaces.darts.wide import batch_norm_train, max_pool_3x3
 
 
 def _rel(a, b):  # on the host: eager jnp ops would compile a program per leaf shape
@@ -89,3 +89,42 @@ def test_max_pool_gradient_goes_to_the_first_maximum():
         g_ours = jax.grad(lambda x: jnp.sum(max_pool_3x3(x, stride) * ct))(x)
         g_ref = jax.grad(lambda x: jnp.sum(ref(x) * ct))(x)
         np.testing.assert_allclose(g_ours, g_ref, rtol=0, atol=1e-6)
+
+
+def test_batch_norm_backward_equals_autodiff_of_its_forward():
+    def ref(y, m):  # the masked affine-free BatchNorm the grouped cell normalises with
+        mean = y.mean((0, 1, 2), where=m[:, None, None, None])
+        var = jnp.maximum(0.0, (y * y).mean((0, 1, 2), where=m[:, None, None, None]) - mean * mean)
+        return (y - mean) * jax.lax.rsqrt(var + 1e-5), mean, var
+
+    y = 3.0 + 2.0 * jax.random.normal(jax.random.key(0), (5, 4, 3, 6))
+    cts = (jax.random.normal(jax.random.key(1), y.shape), jax.random.normal(jax.random.key(2), (6,)),
+           jax.random.normal(jax.random.key(3), (6,)))
+    for m in (jnp.ones(5, bool), jnp.arange(5) < 3):  # no padding; two padded rows
+        @jax.jit
+        def both(y):
+            ours, vjp_ours = jax.vjp(lambda y: batch_norm_train(y, m.astype(y.dtype)), y)
+            theirs, vjp_ref = jax.vjp(lambda y: ref(y, m), y)
+            return ours, theirs, vjp_ours(cts)[0], vjp_ref(cts)[0]
+
+        ours, theirs, g_ours, g_ref = both(y)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(g_ours, g_ref, rtol=1e-4, atol=1e-5)
+        if not bool(m.all()):  # padded rows: their own output's gradient only, no statistics term
+            np.testing.assert_allclose(g_ours[3:], cts[0][3:] * jax.lax.rsqrt(ours[2] + 1e-5), rtol=1e-5)
+
+
+def test_cells_of_equal_shapes_share_one_trace(monkeypatch):
+    from search_spaces.darts import wide
+    runs = []
+    real = wide.WideCell.run
+    monkeypatch.setattr(wide.WideCell, "run", lambda self, *a: runs.append(self.reduction) or real(self, *a))
+    # 8 cells: N N R N N R N N; the two normal cells of a stage differ in their
+    # preprocessing (inputs, FactorizedReduce after a reduction), not in their edges
+    net = DartsSearchNetwork(C=4, num_classes=3, layers=8, steps=2, multiplier=2,
+                             primitives=("none", "max_pool_3x3", "sep_conv_3x3"), group_edges=True)
+    x = jnp.zeros((2, 8, 8, 3))
+    variables = jax.eval_shape(functools.partial(net.init, train=False), jax.random.key(0), x)
+    jax.eval_shape(lambda v: net.apply(v, x, train=True, mutable=["batch_stats"]), variables)
+    assert sorted(runs) == [False, False, False, True, True]  # 3 normal and 2 reduction shapes

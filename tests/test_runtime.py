@@ -22,6 +22,7 @@ from jaxfednas.runtime import (
     resolve_clients_per_round,
     sample_clients,
     scatter_rows,
+    step_if,
     weighted_mean,
 )
 
@@ -261,3 +262,20 @@ def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch):
     monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "fast")
     with pytest.raises(ValueError, match="'memory' or 'default'"):
         compiler_options()
+
+
+def test_step_if_traces_the_step_once_and_skips_to_zeros():
+    traces = []
+
+    def step(c):
+        traces.append(1)  # a Python side effect: runs once per trace
+        return c * 2.0, {"loss": c.sum(), "n": jnp.int32(1)}
+
+    run = jax.jit(lambda c, p: step_if(p, step, c))
+    c, out = run(jnp.arange(3.0), True)
+    np.testing.assert_array_equal(c, [0.0, 2.0, 4.0])
+    assert float(out["loss"]) == 3.0 and int(out["n"]) == 1
+    c, out = run(jnp.arange(3.0), False)
+    np.testing.assert_array_equal(c, [0.0, 1.0, 2.0])
+    assert float(out["loss"]) == 0.0 and int(out["n"]) == 0 and out["n"].dtype == jnp.int32
+    assert len(traces) == 1  # the shapes and the taken branch share one trace

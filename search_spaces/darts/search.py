@@ -269,6 +269,11 @@ def _scan_edges(mixed: nn.Module, buf, weights, src, dst, run):
 
 @partial(jax.jit, static_argnums=range(8))
 def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, params, stats, s0, s1, weights, mask):
+    """A grouped cell's edges as one jitted function of its edge variables and inputs: the
+    cells of a network whose edges have equal shapes (the normal cells of a stage; their
+    preprocessing differs) and the two passes of a MiLeNAS step share one trace, its
+    linearisation and its lowering (XLA inlines the calls: the same program). Config (b),
+    8 cells: trace + lower 42 -> 19 s (``benchmarks/fednas_search.py --parts compile``)."""
     del fast  # part of the cache key only
     return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask).run(
         s0, s1, weights)

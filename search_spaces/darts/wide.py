@@ -19,7 +19,11 @@ group run side by side on one ``[B, H, W, n*C]`` tensor (edge ``r`` owns channel
 
 BatchNorm is per channel, so normalising ``n*C`` channels at once is exactly ``n``
 per-edge BatchNorms. Max pooling gets a custom backward (:func:`max_pool_3x3`): XLA:CPU's
-``select_and_scatter`` was ~20 % of a cell's training step.
+``select_and_scatter`` was ~20 % of a cell's training step. BatchNorm in training gets its
+closed-form backward (:func:`batch_norm_train`) and the stacked edge variables are permuted
+once per cell into source-grouped order (:func:`permute_rows`), so a group's rows are one
+slice: both for compile time (a cell has ~40 BatchNorms; autodiff of the forward and
+row-by-row slicing emitted most of its operations).
 
 Measured on the 2-core CPU (C=8, 5 cells, batch 32, the MiLeNAS step of
 ``benchmarks/fednas_search.py``): 1.25 s/step grouped vs 2.24 s with the edge scan and
@@ -107,6 +111,46 @@ def _max_pool_bwd(stride, res, g):
 max_pool_3x3.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
+# --- affine-free BatchNorm with a closed-form backward ------------------------------------
+
+@jax.custom_vjp
+def batch_norm_train(y, w):
+    """Training-mode BatchNorm without affine parameters over the rows with weight ``w``
+    (``[B]``, 1 = a real example, 0 = padding): ``((y - mean) * rsqrt(var + eps), mean, var)``
+    with ``mean``, ``var`` per channel of ``y`` (``[B, H, W, C]``) over real rows, ``var`` as
+    ``E[y^2] - mean^2`` clamped at 0 -- the forward of :func:`jaxfednas.nn`'s masked
+    BatchNorm. The backward is that formula's derivative written out: two per-channel sums
+    (``sum g``, ``sum g (y - mean)``) and one elementwise pass, where autodiff of the
+    forward emits ~10x the operations (compile time: a cell has ~40 BatchNorms)."""
+    return _bn_forward(y, w)[0]
+
+
+def _bn_forward(y, w):
+    wb = w.astype(y.dtype)[:, None, None, None]
+    n = w.astype(y.dtype).sum() * (y.shape[1] * y.shape[2])
+    mean = (y * wb).sum((0, 1, 2)) / n
+    raw = (y * y * wb).sum((0, 1, 2)) / n - mean * mean
+    var = jnp.maximum(0.0, raw)
+    r = lax.rsqrt(var + BN_EPS)
+    return ((y - mean) * r, mean, var), (y, w, mean, r, raw, n)
+
+
+def _bn_bwd(res, cotangents):
+    y, w, mean, r, raw, n = res
+    g, g_mean, g_var = cotangents
+    centred = y - mean
+    sum_g, sum_gc = g.sum((0, 1, 2)), (g * centred).sum((0, 1, 2))
+    # var = max(0, E[y^2] - mean^2): through r = rsqrt(var + eps) and the clamp
+    d_raw = (g_var - 0.5 * r * r * r * sum_gc) * (raw > 0)
+    d_mean = g_mean - r * sum_g - 2.0 * mean * d_raw  # mean enters out, and raw via -mean^2
+    wb = w.astype(y.dtype)[:, None, None, None]
+    dy = g * r + wb * ((d_mean + 2.0 * d_raw * y) / n)
+    return dy, jnp.zeros_like(w)
+
+
+batch_norm_train.defvjp(_bn_forward, _bn_bwd)
+
+
 def _conv(x, kernel, strides, padding):
     if use_fast_grad():
         return conv_canonical_grad(x, kernel.astype(x.dtype), strides, padding, (1, 1))
@@ -119,12 +163,15 @@ class _Group:
     """The ``n`` edges leaving one state: their parameter / statistics rows, op weights,
     stride; collects the edges' new running statistics."""
 
-    def __init__(self, cell, stack: str, rows, weights, stride: int):
-        self.cell, self.stack, self.rows, self.w, self.stride = cell, stack, rows, weights, stride
-        self.n = len(rows)
+    def __init__(self, cell, stack: str, start: int, n: int, weights, stride: int):
+        self.cell, self.stack, self.start, self.n, self.w, self.stride = cell, stack, start, n, weights, stride
+
+    def rows(self, tree):
+        """This group's rows of a stack leaf in source-grouped order (a contiguous slice)."""
+        return jax.tree_util.tree_map(lambda a: a[self.start:self.start + self.n], tree)
 
     def params(self, op):
-        return jax.tree_util.tree_map(lambda a: _take_rows(a, self.rows), self.cell.params[self.stack][op])
+        return self.rows(self.cell.grouped("params", self.stack, op))
 
     def channel_weights(self, o):  # [n*C]: edge r's weight of op o on its channel block
         return jnp.repeat(self.w[:, o], self.cell.C)
@@ -134,17 +181,15 @@ class _Group:
         [B, H, W, C] the same for all edges when ``shared``), running statistics
         ``batch_stats[stack][op][bn]`` (``[op]`` when ``bn`` is None) rows of this group."""
         cell, n, C = self.cell, self.n, self.cell.C
-        node = cell.stats[self.stack][op]
-        old = jax.tree_util.tree_map(lambda a: _take_rows(a, self.rows), node if bn is None else node[bn])
+        node = cell.grouped("batch_stats", self.stack, op)
+        old = self.rows(node if bn is None else node[bn])
         if not cell.train:
             if shared:
                 y = jnp.tile(y, (1, 1, 1, n))
             mean, var = old["mean"].reshape(n * C), old["var"].reshape(n * C)
             return (y - mean) * lax.rsqrt(var + BN_EPS)
-        m = None if cell.mask is None else cell.mask[:, None, None, None]
-        mean = y.mean((0, 1, 2), where=m)
-        var = jnp.maximum(0.0, (y * y).mean((0, 1, 2), where=m) - mean * mean)
-        out = (y - mean) * lax.rsqrt(var + BN_EPS)
+        w = jnp.ones(y.shape[0], y.dtype) if cell.mask is None else cell.mask.astype(y.dtype)
+        out, mean, var = batch_norm_train(y, w)
         rows_mean = jnp.broadcast_to(mean, (n, C)) if shared else mean.reshape(n, C)
         rows_var = jnp.broadcast_to(var, (n, C)) if shared else var.reshape(n, C)
         cell.record(self, op, bn, {"mean": BN_MOMENTUM * old["mean"] + (1 - BN_MOMENTUM) * rows_mean,
@@ -157,9 +202,23 @@ class _Group:
         return jnp.concatenate([fn(r, y[..., r * C:(r + 1) * C]) for r in range(self.n)], axis=-1)
 
 
-def _take_rows(a, rows):
-    """``a[rows]`` for static ``rows`` as slices (their gradients are pads, not scatters)."""
-    return jnp.concatenate([a[r:r + 1] for r in rows]) if len(rows) > 1 else a[rows[0]:rows[0] + 1]
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def permute_rows(a, perm: tuple[int, ...]):
+    """``a[perm]`` for a static permutation ``perm`` of ``a``'s rows, whose gradient is the
+    inverse permutation (one gather each way; JAX's own gradient of a gather is a
+    scatter-add)."""
+    return jnp.take(a, np.asarray(perm), axis=0)
+
+
+def _permute_fwd(a, perm):
+    return permute_rows(a, perm), None
+
+
+def _permute_bwd(perm, _, g):
+    return (jnp.take(g, np.argsort(perm), axis=0),)
+
+
+permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
 def _fused(q):
@@ -223,10 +282,30 @@ class WideCell:
         self.primitives, self.table = tuple(primitives), table
         self.params, self.stats, self.train, self.mask = params, stats, train, mask
         self.slots = edge_slots(table, reduction)
+        # the source groups: (source state, stack, first row in grouped order, edges (e, node))
+        self.groups, order = [], {}
+        for j in range(steps + 2):
+            edges = [(e, i) for e, src, i in table if src == j]
+            if edges:
+                stack = self.slots[edges[0][0]][0]
+                rows = order.setdefault(stack, [])
+                self.groups.append((j, stack, len(rows), edges))
+                rows.extend(self.slots[e][1] for e, _ in edges)
+        self.perm = {stack: tuple(rows) for stack, rows in order.items()}
+        self._grouped: dict = {}
         self._new: dict = {}
 
+    def grouped(self, collection: str, stack: str, op: str):
+        """``collection[stack][op]`` with its rows permuted once into source-grouped order, so
+        that every group's rows are one slice."""
+        key = (collection, stack, op)
+        if key not in self._grouped:
+            tree = (self.params if collection == "params" else self.stats)[stack][op]
+            self._grouped[key] = jax.tree_util.tree_map(lambda a: permute_rows(a, self.perm[stack]), tree)
+        return self._grouped[key]
+
     def record(self, g: _Group, op, bn, rows):
-        self._new.setdefault((g.stack, op, bn), []).append((g.rows, rows))
+        self._new.setdefault((g.stack, op, bn), {})[g.start] = (g.n, rows)
 
     def new_stats(self):
         """The cell's updated ``batch_stats`` stacks (every BatchNorm row of every edge)."""
@@ -234,26 +313,26 @@ class WideCell:
             return None
         out = _thaw({k: v for k, v in self.stats.items() if k in EDGE_STACKS})
         for (stack, op, bn), parts in self._new.items():
-            target = out[stack][op] if bn is None else out[stack][op][bn]
-            source = {int(r): (k, i) for k, (rows, _) in enumerate(parts) for i, r in enumerate(rows)}
-            for leaf in ("mean", "var"):  # rows in stack order, each from the group that updated it
-                old = target[leaf]
-                target[leaf] = jnp.concatenate([
-                    parts[source[r][0]][1][leaf][source[r][1]][None] if r in source else old[r:r + 1]
-                    for r in range(old.shape[0])])
+            node = out[stack][op]
+            old = self.grouped("batch_stats", stack, op)
+            old = old if bn is None else old[bn]
+            target = node if bn is None else node[bn]
+            inverse = np.argsort(self.perm[stack])
+            for leaf in ("mean", "var"):  # groups in grouped order (a row no group updated keeps its value)
+                pieces, r = [], 0
+                while r < old[leaf].shape[0]:
+                    n, rows = parts.get(r, (1, {leaf: old[leaf][r:r + 1]}))
+                    pieces.append(rows[leaf])
+                    r += n
+                target[leaf] = jnp.take(jnp.concatenate(pieces), inverse, axis=0)
         return out
 
     def run(self, s0, s1, weights):
         states, nodes = [s0, s1], [None] * self.steps
-        for j in range(self.steps + 1):
-            if j >= 2:
-                states.append(nodes[j - 2])
-            edges = [(e, i) for e, src, i in self.table if src == j]
-            if not edges:
-                continue
-            stack = self.slots[edges[0][0]][0]
-            rows = np.asarray([self.slots[e][1] for e, _ in edges])
-            g = _Group(self, stack, rows, weights[np.asarray([e for e, _ in edges])],
+        for j, stack, start, edges in self.groups:
+            while len(states) <= j:
+                states.append(nodes[len(states) - 2])
+            g = _Group(self, stack, start, len(edges), weights[np.asarray([e for e, _ in edges])],
                        2 if self.reduction and j < 2 else 1)
             x = states[j]
             xr = jax.nn.relu(x)
