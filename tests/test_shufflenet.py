@@ -232,3 +232,19 @@ def test_scanned_blocks_child_all_paths_and_remat():
         assert scanned
         for a, b in zip(jax.tree.leaves(run_on(variables["params"])), jax.tree.leaves(run_off(variables["params"]))):
             _close(a, b)
+
+
+def test_equal_shaped_blocks_share_one_trace(monkeypatch):
+    from search_spaces.shufflenet import network
+    calls = []
+    real = network.ChoiceBlock.__call__
+    monkeypatch.setattr(network.ChoiceBlock, "__call__", lambda self, *a, **k: calls.append(self.spec) or real(self, *a, **k))
+    net = ShuffleNetwork(SCAN_SPACE, 10, dw_impl="grouped")
+    x = jnp.zeros((5, 20, 20, 3))  # shapes no other test traces (the trace cache is per process)
+    variables = jax.eval_shape(lambda k: net.init(k, x), jax.random.key(0))
+    calls.clear()
+    path = jnp.zeros(SCAN_SPACE.num_blocks, jnp.int32)
+    jax.eval_shape(lambda v: net.apply(v, x, path, train=True, mutable=["batch_stats"]), variables)
+    plan = SCAN_SPACE.plan()
+    assert len(plan) > len(set(plan))  # the space repeats block shapes ...
+    assert sorted(calls) == sorted(set(plan))  # ... and each distinct block is traced once
