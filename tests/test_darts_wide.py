@@ -124,7 +124,7 @@ def test_cells_of_equal_shapes_share_one_trace(monkeypatch):
     # preprocessing (inputs, FactorizedReduce after a reduction), not in their edges
     net = DartsSearchNetwork(C=4, num_classes=3, layers=8, steps=2, multiplier=2,
                              primitives=("none", "max_pool_3x3", "sep_conv_3x3"), group_edges=True)
-    x = jnp.zeros((2, 8, 8, 3))
+    x = jnp.zeros((3, 12, 12, 3))  # shapes no other test traces (the trace cache is per process)
     variables = jax.eval_shape(functools.partial(net.init, train=False), jax.random.key(0), x)
     jax.eval_shape(lambda v: net.apply(v, x, train=True, mutable=["batch_stats"]), variables)
     assert sorted(runs) == [False, False, False, True, True]  # 3 normal and 2 reduction shapes
