@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import resource
@@ -22,6 +23,18 @@ def ensure_repo_on_path() -> None:
     root = str(REPO_ROOT)
     if root not in sys.path:
         sys.path.insert(0, root)
+
+
+def serve_worker(args: Any, run: Callable[[Any], dict]) -> bool:
+    """The ``--worker`` side of a benchmark that runs each configuration in its own
+    subprocess: when ``args.worker`` is set, ``run(args)``'s result goes to
+    ``args.json_out`` as JSON and this returns True (the caller returns); else False."""
+    if not args.worker:
+        return False
+    res = run(args)
+    with open(args.json_out, "w") as f:
+        json.dump(res, f)
+    return True
 
 
 def peak_rss_mib() -> float:

@@ -478,10 +478,7 @@ def report(args, res: dict) -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.worker:
-        res = run_worker(args)
-        with open(args.json_out, "w") as f:
-            json.dump(res, f)
+    if bu.serve_worker(args, run_worker):
         return
     t_start = time.perf_counter()
     res = {}

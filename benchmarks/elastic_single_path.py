@@ -229,9 +229,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         bu.ensure_repo_on_path()
-        out = worker(args)
-        with open(args.json_out, "w") as f:
-            json.dump(out, f)
+    if bu.serve_worker(args, worker):
         return
     info = bu.machine_info()
     res = {}

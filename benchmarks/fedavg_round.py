@@ -368,10 +368,7 @@ def report(args, results: list[dict]) -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.worker:
-        res = run_worker(args)
-        with open(args.json_out, "w") as f:
-            json.dump(res, f)
+    if bu.serve_worker(args, run_worker):
         return
     names = args.placements.split(",")
     results = []

@@ -542,10 +542,7 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.worker:
-        res = run_worker(args)
-        with open(args.json_out, "w") as f:
-            json.dump(res, f)
+    if bu.serve_worker(args, run_worker):
         return
     configs, parts = args.configs.split(","), args.parts.split(",")
     notes, params = [], {}

@@ -29,7 +29,8 @@ import subprocess
 import sys
 import time
 
-from _bench_util import command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, median, write_results
+from _bench_util import (command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, median, serve_worker,
+                         write_results)
 
 ALGORITHMS = ("fednas", "dp_fnas", "dfnas")
 CONFIGS = {
@@ -154,10 +155,7 @@ def report(args, results: list[dict]) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.worker:
-        res = worker(args)
-        with open(args.json_out, "w") as f:
-            json.dump(res, f)
+    if serve_worker(args, worker):
         return
     results = []
     for name in args.algorithms.split(","):
