@@ -39,6 +39,8 @@ numbers behind the choice (also in ``benchmarks/RESULTS.md``).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from functools import partial
 from typing import Any, Sequence
 
@@ -90,18 +92,51 @@ def explicit_padding(x_shape, w_shape, strides, padding, dilation) -> tuple[tupl
     return tuple(tuple(p) for p in padding)
 
 
+_KERNEL_GRAD_GATE: contextvars.ContextVar = contextvars.ContextVar("jaxfednas_kernel_grad_gate", default=None)
+
+
+@contextlib.contextmanager
+def kernel_grads_if(gate):
+    """Inside the block, every convolution traced through :func:`conv_canonical_grad` (all
+    convolutions of :class:`Conv`, :func:`dense_conv` and the grouped DARTS cell on CPU)
+    computes its kernel gradient only where the traced boolean scalar ``gate`` is true,
+    and returns a zero kernel gradient (without running the convolution) where it is
+    false; input gradients are unaffected. For a loop body whose iterations need the
+    kernel gradients in some iterations only (:func:`jaxfednas.optim.milenas_grads`: the
+    validation pass needs ``∇_α`` alone). ``gate`` must belong to the trace the block's
+    convolutions are traced in (pass it explicitly into inner ``jax.jit`` s:
+    :func:`kernel_grad_gate` reads it)."""
+    token = _KERNEL_GRAD_GATE.set(gate)
+    try:
+        yield
+    finally:
+        _KERNEL_GRAD_GATE.reset(token)
+
+
+def kernel_grad_gate():
+    """The gate of the enclosing :func:`kernel_grads_if` block, or None."""
+    return _KERNEL_GRAD_GATE.get()
+
+
+def conv_canonical_grad(x, w, strides, padding, dilation, gate=None):
+    """``conv_general_dilated`` (NHWC/HWIO) whose gradients are canonical convolutions;
+    the kernel gradient only where ``gate`` (default: :func:`kernel_grad_gate`) is not
+    false."""
+    gate = kernel_grad_gate() if gate is None else gate
+    return _conv_canonical(x, w, strides, padding, dilation, gate)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def conv_canonical_grad(x, w, strides, padding, dilation):
-    """``conv_general_dilated`` (NHWC/HWIO) whose gradients are canonical convolutions."""
+def _conv_canonical(x, w, strides, padding, dilation, gate):
     return _native(x, w, strides, padding, dilation)
 
 
-def _canon_fwd(x, w, strides, padding, dilation):
-    return _native(x, w, strides, padding, dilation), (x, w)
+def _canon_fwd(x, w, strides, padding, dilation, gate):
+    return _native(x, w, strides, padding, dilation), (x, w, gate)
 
 
 def _canon_bwd(strides, padding, dilation, res, g):
-    x, w = res
+    x, w, gate = res
     kh, kw, _, _ = w.shape
     pads = explicit_padding(x.shape, w.shape, strides, padding, dilation)
     # Input gradient: full correlation of the stride-dilated cotangent with the
@@ -116,16 +151,23 @@ def _canon_bwd(strides, padding, dilation, res, g):
     dx = jax.lax.conv_general_dilated(
         g, w_t, (1, 1), d_pads, lhs_dilation=strides, rhs_dilation=dilation, dimension_numbers=_DN
     )
-    # Kernel gradient: channels act as the batch and the batch as features;
-    # the forward strides become kernel dilations and the dilations strides.
-    x_t = x.transpose(3, 1, 2, 0)  # [ci, H, W, B]
-    g_t = g.transpose(1, 2, 0, 3).astype(x.dtype)  # [Ho, Wo, B, co]
-    dw = jax.lax.conv_general_dilated(x_t, g_t, dilation, pads, rhs_dilation=strides, dimension_numbers=_DN)
-    dw = dw[:, :kh, :kw, :].transpose(1, 2, 0, 3).astype(w.dtype)
-    return dx.astype(x.dtype), dw
+
+    def kernel_grad(x, g):
+        # Kernel gradient: channels act as the batch and the batch as features;
+        # the forward strides become kernel dilations and the dilations strides.
+        x_t = x.transpose(3, 1, 2, 0)  # [ci, H, W, B]
+        g_t = g.transpose(1, 2, 0, 3).astype(x.dtype)  # [Ho, Wo, B, co]
+        dw = jax.lax.conv_general_dilated(x_t, g_t, dilation, pads, rhs_dilation=strides, dimension_numbers=_DN)
+        return dw[:, :kh, :kw, :].transpose(1, 2, 0, 3).astype(w.dtype)
+
+    if gate is None:
+        dw = kernel_grad(x, g)
+    else:
+        dw = lax.cond(gate, kernel_grad, lambda x, g: jnp.zeros(w.shape, w.dtype), x, g)
+    return dx.astype(x.dtype), dw, None
 
 
-conv_canonical_grad.defvjp(_canon_fwd, _canon_bwd)
+_conv_canonical.defvjp(_canon_fwd, _canon_bwd)
 
 
 def use_fast_grad() -> bool:

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxfednas.nn import kernel_grads_if, use_fast_grad
+
 WEIGHTS, ARCH = "weights", "arch"
 
 
@@ -115,6 +117,9 @@ def active_momentum(decay: float) -> optax.GradientTransformationExtraArgs:
 LossFn = Callable[[Any, Any, Any, dict], tuple[jax.Array, tuple[Any, dict]]]
 
 
+MILENAS_PASSES = ("auto", "loop", "inline")
+
+
 def milenas_grads(
     loss_fn: LossFn,
     params: Any,
@@ -124,17 +129,38 @@ def milenas_grads(
     val_batch: dict,
     *,
     lam: float = 1.0,
+    passes: str = "auto",
 ) -> tuple[dict, Any, dict]:
     """MiLeNAS mixed-level gradients (FedNAS Eq. 4).
 
     Args:
       loss_fn: ``loss_fn(params, arch, batch_stats, batch) -> (loss, (new_batch_stats, metrics))``.
       lam: λ, the weight of the validation term in the architecture gradient.
+      passes: how the two passes (training batch → ``∇_w L_tr, ∇_α L_tr``; validation
+        batch → ``∇_α L_val``) are laid out; the same gradients either way (to float
+        rounding). ``"inline"``: one after the other, so XLA compiles the network's
+        forward and backward twice. ``"loop"``: a ``lax.scan`` over the two batches,
+        so it compiles them once (config (b) of ``benchmarks/fednas_search.py``:
+        trace + lower + XLA 12.9 + 59.8 -> see README); the validation iteration skips
+        its kernel gradients through :func:`jaxfednas.nn.kernel_grads_if` (which the
+        CPU convolutions honour; elsewhere it computes and drops them). ``"auto"``:
+        ``"loop"`` on CPU when the batches have the same keys, shapes and dtypes
+        (the training batch's extra keys, e.g. ``epoch``, are not passed to the
+        validation pass), else ``"inline"``.
 
     Returns:
       ``({"params": ∇_w L_tr, "arch": ∇_α L_tr + λ ∇_α L_val}, batch_stats after
       the training pass, {"train": metrics, "val": metrics})``.
     """
+    if passes not in MILENAS_PASSES:
+        raise ValueError(f"passes must be one of {MILENAS_PASSES}, got {passes!r}")
+    both = _stacked_batches(train_batch, val_batch) if passes != "inline" else None
+    if passes == "loop" and both is None:
+        raise ValueError("passes='loop' needs training and validation batches of the same keys, shapes and dtypes")
+    if passes == "auto" and not use_fast_grad():
+        both = None
+    if both is not None:
+        return _milenas_loop(loss_fn, params, arch, batch_stats, both, lam)
     (_, (stats, m_tr)), (g_w, g_a_tr) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
         params, arch, batch_stats, train_batch
     )
@@ -143,6 +169,33 @@ def milenas_grads(
     )
     g_a = jax.tree.map(lambda a, b: a + lam * b, g_a_tr, g_a_val)
     return {"params": g_w, "arch": g_a}, stats, {"train": m_tr, "val": m_val}
+
+
+def _stacked_batches(train_batch: dict, val_batch: dict) -> dict | None:
+    """``{k: stack([train[k], val[k]])}`` over the validation batch's keys, or None when the
+    two do not match key for key in shape and dtype."""
+    if not (isinstance(train_batch, dict) and isinstance(val_batch, dict)) or not set(val_batch) <= set(train_batch):
+        return None
+    pairs = {k: (train_batch[k], val_batch[k]) for k in val_batch}
+    if any(jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b) for a, b in pairs.values()):
+        return None
+    return {k: jnp.stack(ab) for k, ab in pairs.items()}
+
+
+def _milenas_loop(loss_fn, params, arch, batch_stats, both, lam):
+    """Eq. 4's two passes as one loop body: iteration 0 (training batch) keeps ``∇_w``,
+    the statistics and ``∇_α``; iteration 1 (validation batch) only ``λ ∇_α``."""
+    def one_pass(_, inp):
+        batch, is_train = inp
+        with kernel_grads_if(is_train):
+            (_, (stats, m)), (g_w, g_a) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+                params, arch, batch_stats, batch)
+        return None, (g_w, g_a, stats, m)
+
+    _, (g_w, g_a, stats, m) = jax.lax.scan(one_pass, None, (both, jnp.array([True, False])))
+    row = lambda tree, i: jax.tree.map(lambda a: a[i], tree)  # noqa: E731
+    g_a = jax.tree.map(lambda a: a[0] + lam * a[1], g_a)
+    return {"params": row(g_w, 0), "arch": g_a}, row(stats, 0), {"train": row(m, 0), "val": row(m, 1)}
 
 
 # --- DARTS second-order architecture gradient ----------------------------------------

@@ -125,6 +125,27 @@ def test_fast_conv_gradients_equal_native(fast, strides, padding, dilation, n):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_kernel_grads_if_gates_only_the_kernel_gradient():
+    from jaxfednas.nn import kernel_grads_if
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 7, 7, 3))
+    w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 3, 4))
+    conv = lambda x, w: conv_canonical_grad(x, w, (1, 1), "SAME", (1, 1))  # noqa: E731
+    loss = lambda x, w: (conv(x, w) ** 2).sum()  # noqa: E731
+
+    @jax.jit
+    def gated(gate):
+        with kernel_grads_if(gate):
+            return jax.grad(loss, (0, 1))(x, w)
+
+    dx, dw = jax.grad(loss, (0, 1))(x, w)
+    on, off = gated(True), gated(False)
+    np.testing.assert_allclose(on[0], dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(on[1], dw, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(off[0], on[0], rtol=1e-6)  # the input gradient does not depend on the gate
+    assert float(np.abs(dw).max()) > 0 and not np.asarray(off[1]).any()
+
+
 def test_masked_batchnorm_ignores_padded_examples():
     model = ResNet(num_classes=3, stage_sizes=(1,), width=4)
     x = jax.random.normal(jax.random.PRNGKey(0), (6, 8, 8, 3))

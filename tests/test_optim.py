@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxfednas.optim import cosine_lr, milenas_grads, nas_optimizer
 
@@ -38,6 +39,46 @@ def test_milenas_update_equals_eq4():
     new = optax.apply_updates(tree, upd)
     np.testing.assert_allclose(new["arch"]["a"], arch["a"] - eta_a * expect_a, rtol=1e-6)
     np.testing.assert_allclose(new["params"]["w2"], params["w2"] - eta_w * grads["params"]["w2"], rtol=1e-6)
+
+
+def test_milenas_passes_loop_equals_inline_on_a_grouped_darts_cell():
+    # the loop form (one compiled pass; the validation pass skips its kernel gradients)
+    # against the two inline passes, on a supernet with convolutions, BatchNorm and masks
+    from search_spaces.darts.search import DartsSearchNetwork
+
+    net = DartsSearchNetwork(C=4, num_classes=3, layers=2, steps=2, multiplier=2, group_edges=True,
+                             primitives=("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"))
+    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    batch = lambda kx, ky: {"x": jax.random.normal(kx, (5, 8, 8, 3)), "y": jax.random.randint(ky, (5,), 0, 3),  # noqa: E731
+                            "mask": jnp.arange(5) < 4}
+    tr, va = {**batch(k[0], k[1]), "epoch": jnp.int32(0)}, batch(k[2], k[3])
+    v = net.init(k[4], tr["x"], train=False)
+
+    def loss(params, arch, stats, b):
+        logits, new = net.apply({"params": params, "arch": arch, "batch_stats": stats}, b["x"], train=True,
+                                mask=b["mask"], mutable=["batch_stats"])
+        ce = -(jax.nn.log_softmax(logits)[jnp.arange(5), b["y"]] * b["mask"]).sum()
+        return ce, (new["batch_stats"], {"ce": ce})
+
+    run = jax.jit(lambda passes: milenas_grads(loss, v["params"], v["arch"], v["batch_stats"], tr, va, lam=0.3,
+                                               passes=passes), static_argnums=0)
+    loop, inline = run("loop"), run("inline")
+    for a, b in zip(jax.tree.leaves(loop), jax.tree.leaves(inline)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert float(np.abs(np.asarray(inline[0]["params"]["cell_0"]["preprocess1"]["Conv_0"]["kernel"])).max()) > 0
+
+
+def test_milenas_passes_checks():
+    params, arch = {"w1": jnp.ones(3), "w2": jnp.ones(3)}, {"a": jnp.zeros(2)}
+    tr = {"x": jnp.ones((5, 3)), "y": jnp.arange(5.0)}
+    with pytest.raises(ValueError, match="passes must be one of"):
+        milenas_grads(_loss, params, arch, {}, tr, tr, passes="fast")
+    with pytest.raises(ValueError, match="same keys, shapes and dtypes"):
+        milenas_grads(_loss, params, arch, {}, tr, {"x": jnp.ones((4, 3)), "y": jnp.arange(4.0)}, passes="loop")
+    loop = milenas_grads(_loss, params, arch, {}, tr, {**tr, "y": -tr["y"]}, lam=0.5, passes="loop")
+    inline = milenas_grads(_loss, params, arch, {}, tr, {**tr, "y": -tr["y"]}, lam=0.5, passes="inline")
+    for a, b in zip(jax.tree.leaves(loop), jax.tree.leaves(inline)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
 def test_nas_optimizer_matches_pytorch_style_first_step():

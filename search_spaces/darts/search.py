@@ -43,7 +43,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxfednas.nn import Conv, resolve_depthwise_impl, use_fast_grad
+from jaxfednas.nn import Conv, kernel_grad_gate, kernel_grads_if, resolve_depthwise_impl, use_fast_grad
 
 from .operations import NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
 from .wide import EDGE_STACKS, WideCell
@@ -268,15 +268,19 @@ def _scan_edges(mixed: nn.Module, buf, weights, src, dst, run):
 
 
 @partial(jax.jit, static_argnums=range(8))
-def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, params, stats, s0, s1, weights, mask):
+def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, params, stats, s0, s1, weights, mask,
+               gate):
     """A grouped cell's edges as one jitted function of its edge variables and inputs: the
     cells of a network whose edges have equal shapes (the normal cells of a stage; their
     preprocessing differs) and the two passes of a MiLeNAS step share one trace, its
     linearisation and its lowering (XLA inlines the calls: the same program). Config (b),
-    8 cells: trace + lower 42 -> 19 s (``benchmarks/fednas_search.py --parts compile``)."""
+    8 cells: trace + lower 42 -> 19 s (``benchmarks/fednas_search.py --parts compile``).
+    ``gate``: the caller's :func:`~jaxfednas.nn.kernel_grad_gate`, passed in so that it
+    belongs to this trace."""
     del fast  # part of the cache key only
-    return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask).run(
-        s0, s1, weights)
+    with kernel_grads_if(gate):
+        return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask).run(
+            s0, s1, weights)
 
 
 class SearchCell(nn.Module):
@@ -335,7 +339,7 @@ class SearchCell(nn.Module):
             edges = lambda col: {k: v for k, v in self.variables.get(col, {}).items() if k in EDGE_STACKS}  # noqa: E731
             out, new_stats = _wide_cell(self.C, self.reduction, self.steps, self.multiplier, tuple(self.primitives),
                                         tuple(table), bool(train), use_fast_grad(), edges("params"),
-                                        edges("batch_stats"), s0, s1, weights, mask)
+                                        edges("batch_stats"), s0, s1, weights, mask, kernel_grad_gate())
             if new_stats is not None and self.is_mutable_collection("batch_stats"):
                 for stack, value in new_stats.items():
                     self.put_variable("batch_stats", stack, value)
