@@ -70,6 +70,9 @@ class FedNASConfig(DartsSpaceConfig):
     lam: float = param(1.0, "λ: weight of ∇α L_val in Eq. 4", range=(0.0, None))
     order: str = param("simultaneous", "simultaneous (Eq. 4) or alpha_first (authors' code)",
                        choices=("simultaneous", "alpha_first"))
+    passes: str = param("auto", "how Eq. 4's two passes are compiled: loop (one loop body, compiled once; the "
+                        "validation pass skips its kernel gradients), inline (one after the other), auto (loop on "
+                        "CPU); same gradients (jaxfednas.optim.milenas_grads)", choices=("auto", "loop", "inline"))
     alpha_aggregation: str = param("mean", "mean (Eq. 5) or client0 (the FedML bug, for parity)",
                                    choices=("mean", "client0"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
@@ -162,10 +165,12 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
             vb = random_batch(val, k_val, cfg.batch_size)  # the client's own validation split
             vb["x"] = augment_batch(k_aug, info.normalize(vb["x"]), aug)
             if cfg.order == "simultaneous":  # Eq. 4: both gradients at the same (w, α)
-                grads, stats, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
+                grads, stats, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam,
+                                                 passes=cfg.passes)
                 tree, opt_state = apply(tree, opt_state, g_w=grads["params"], g_a=grads["arch"])
             else:  # authors' code: α step at w, then the w step at the new α
-                grads, _, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam)
+                grads, _, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam,
+                                             passes=cfg.passes)
                 tree, opt_state = apply(tree, opt_state, g_a=grads["arch"])
                 (_, (stats, _)), g_w = jax.value_and_grad(loss_fn, has_aux=True)(tree["params"], tree["arch"], stats, tr)
                 tree, opt_state = apply(tree, opt_state, g_w=g_w)
