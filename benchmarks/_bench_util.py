@@ -80,6 +80,42 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def compiled_flops(fn: Callable, *args) -> float | None:
+    """XLA's cost-analysis FLOP count of ``jax.jit(fn)(*args)`` (None where the backend
+    gives none). A ``while`` body counts once, so pass a loop-free program (e.g. a
+    network's forward)."""
+    import jax
+
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
+def matmul_gflops(n: int | None = None, repeats: int = 5) -> float:
+    """The device's dense float32 matmul rate, GFLOP/s (best of ``repeats`` ``n x n`` products;
+    ``n`` 2048 on CPU, 8192 on accelerators): the attainable peak that achieved FLOP/s are
+    compared with, measured in the same process rather than taken from a data sheet."""
+    import jax
+    import jax.numpy as jnp
+
+    n = n or (2048 if jax.default_backend() == "cpu" else 8192)
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(f(a))
+    best = min(timed(lambda: f(a))[0] for _ in range(repeats))
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def device_peak_mib() -> float | None:
+    """Peak bytes in use on the first device (accelerators), MiB; None on CPU (use the
+    process RSS there)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+    return stats["peak_bytes_in_use"] / 2 ** 20 if stats and "peak_bytes_in_use" in stats else None
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 

@@ -172,7 +172,13 @@ def worker_jax_step(args, config: str, order: str) -> dict:
         times.append(t)
     res["hwm_runs_mib"] = hwm_mib()
     res["peak_rss_mib"] = max(res["hwm_compile_mib"], res["hwm_runs_mib"])
+    res["device_peak_mib"] = bu.device_peak_mib()
     res["train_loss"] = float(met["loss_sum"]) / float(met["examples"])
+    # achieved FLOP/s (after the measurements above: its compilation must not count in them)
+    x = jax.numpy.zeros((batch,) + info.image_shape)
+    fwd = bu.compiled_flops(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
+    res["fwd_gflop"] = fwd / 1e9 if fwd else None
+    res["matmul_gflops"] = bu.matmul_gflops()
     res.update(times=times, load_end=bu.load_line())
     return res
 
@@ -389,6 +395,39 @@ def config_label(c: str) -> str:
     return f"({c}) C={C}, {layers} cells, B={batch}"
 
 
+# model FLOPs of one step in forwards: a pass with kernel gradients = forward + input gradient +
+# kernel gradient (3x); Eq. 4 = training pass (3x) + validation pass without kernel gradients
+# (2x); alpha_first = both of those for the α step + a training pass for the w step (3x)
+FORWARDS_PER_STEP = {"simultaneous": 5, "alpha_first": 8}
+
+
+def flops_table(res: dict, configs, s_step) -> list[str]:
+    """Achieved FLOP/s of the JAX rows against the device's dense matmul rate (same worker)."""
+    rows = []
+    for c in configs:
+        for order in FORWARDS_PER_STEP:
+            r = res.get(f"jax:{c}:{order}")
+            if r is None or "error" in r or not r.get("fwd_gflop"):
+                continue
+            gflop = r["fwd_gflop"] * FORWARDS_PER_STEP[order]
+            rate = gflop / s_step(r)
+            dev = r.get("device_peak_mib")
+            rows.append([config_label(c), order, f"{r['fwd_gflop']:.1f}", f"{gflop:.0f}", f"{rate:.0f}",
+                         f"{r['matmul_gflops']:.0f}", f"{rate / r['matmul_gflops']:.0%}",
+                         gib(dev) if dev else "- (CPU: peak RSS above)"])
+    if not rows:
+        return []
+    caption = ("**Achieved FLOP/s** (JAX rows): model FLOPs per step = XLA's cost-analysis FLOPs of the supernet's "
+               "training-mode forward at this batch x forwards per step (Eq. 4: 5 = the training pass with input "
+               "and kernel gradients 3 + the validation pass without kernel gradients 2; alpha_first: 8), divided "
+               "by the median s/step above; against the rate of a dense float32 matmul measured in the same worker "
+               "(2048^2 on CPU, 8192^2 on accelerators). Device peak memory: `memory_stats()['peak_bytes_in_use']` "
+               "on accelerators.")
+    header = ["config", "order", "forward GFLOP", "model GFLOP/step", "achieved GFLOP/s", "dense matmul GFLOP/s",
+              "of matmul rate", "device peak memory GiB"]
+    return [caption, "", bu.markdown_table(header, rows), ""]
+
+
 def report(args, res: dict, params: dict, notes: list[str]) -> str:
     configs = args.configs.split(",")
     parts = args.parts.split(",")
@@ -447,6 +486,7 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             caption += " Weights: " + ", ".join(
                 f"({c}) JAX {n:,} = PyTorch {n:,}" for c, n in params.items()) + " (asserted equal)."
         lines += [caption, "", bu.markdown_table(header, rows), ""]
+        lines += flops_table(res, configs, s_step)
 
     if "round" in parts:
         header = ["placement", "compile s (lower + compile)", "s/round (median)", "client-steps/s",
