@@ -132,7 +132,7 @@ def with_overrides(cfg, args):
 def worker_jax_step(args, config: str, order: str) -> dict:
     import jax
 
-    from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
+    from algorithms.fednas import cpu_scheduler, FedNASConfig, make_local_search, make_supernet
     from jaxfednas.cost import count_params
     from jaxfednas.nn import default_depthwise_impl
     from jaxfednas.runtime import jit
@@ -142,7 +142,7 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, order=order), args)
     info, train, val = _single_client_data(steps * batch, batch, args.seed)
     model = make_supernet(cfg, info)
-    local = jit(make_local_search(cfg, info, model, epochs=1))
+    local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg))  # as fednas()'s round
     x0 = jax.numpy.zeros((1,) + info.image_shape)
     variables = dict(model.init({"params": jax.random.PRNGKey(args.seed)}, x0, train=False))
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
@@ -187,7 +187,7 @@ def worker_round(args, placement: str) -> dict:
     import jax
     import numpy as np
 
-    from algorithms.fednas import FedNASConfig, fednas, make_local_search, make_supernet
+    from algorithms.fednas import cpu_scheduler, FedNASConfig, fednas, make_local_search, make_supernet
     from jaxfednas.data import make_federated_data
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.data.federated import ClientData
@@ -215,7 +215,7 @@ def worker_round(args, placement: str) -> dict:
 
     if placement == "loop":
         model = make_supernet(cfg, info)
-        local = jit(make_local_search(cfg, info, model, cfg.local_epochs))
+        local = jit(make_local_search(cfg, info, model, cfg.local_epochs), scheduler=cpu_scheduler(cfg))
 
         def prepare(key):
             return round_clients(key, K, K)
@@ -471,7 +471,8 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             "**MiLeNAS local search step** (one client; 32x32x3 synthetic inputs, 10 classes, 8-op DARTS space, "
             "no augmentation). JAX: `make_local_search` of `algorithms/fednas.py` over one local epoch of "
             "`steps` minibatches = one jitted `lax.scan` of that many steps (train batch -> ∇w, ∇α; a batch of the "
-            "client's own validation split -> ∇α; optax update), AOT lower + compile, one warm-up run, then "
+            "client's own validation split -> ∇α; optax update), compiled with the XLA:CPU scheduler `fednas()` uses "
+            "(`algorithms.fednas.cpu_scheduler`), AOT lower + compile, one warm-up run, then "
             "`runs` timed runs; s/step = median over runs of run time / steps. PyTorch: "
             "`benchmarks/torch_darts.py`, eager, `torch.set_num_threads(2)`, one warm-up step then `runs` x `steps` "
             "steps (the warm-up column is that single step). Peak RSS = the process's high-water mark (JAX: "

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.fednas import (FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet,
+from algorithms.fednas import (cpu_scheduler, FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet,
                                recalibrated_batch_stats)
 from algorithms.fednas_train import FedNASTrainConfig, fednas_train, resolve_genotype
 from jaxfednas.config import ConfigError
@@ -114,6 +114,19 @@ def test_bn_recalibration_pools_the_clients_training_statistics(data2, algo_and_
     assert "global_test_acc_bn_recal" not in jax.eval_shape(off.evaluate, s1, data2)
     with pytest.raises(ConfigError, match="bn_recalibration_batches"):
         FedNASConfig(bn_recalibration_batches=-1)
+
+
+def test_cpu_scheduler_follows_the_pass_layout(monkeypatch):
+    # one loop body: the passes cannot overlap, so XLA's own (faster) scheduler; inline passes
+    # would overlap under it, so the memory-optimised one; the environment still overrides
+    from jaxfednas.runtime import CPU_COMPILER_OPTIONS, compiler_options
+    monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
+    assert [cpu_scheduler(FedNASConfig(**TINY, passes=p)) for p in ("auto", "loop", "inline")] == [
+        "default", "default", "memory"]
+    assert compiler_options(cpu_scheduler(FedNASConfig(**TINY))) is None
+    assert compiler_options(cpu_scheduler(FedNASConfig(**TINY, passes="inline"))) == CPU_COMPILER_OPTIONS
+    monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "memory")
+    assert compiler_options(cpu_scheduler(FedNASConfig(**TINY))) == CPU_COMPILER_OPTIONS
 
 
 def test_select_by_validation_never_reads_test():
