@@ -214,6 +214,15 @@ def write_results(title: str, command: str, info: dict[str, Any], body: str, pat
     return "appended to"
 
 
+def publish(title: str, script: str, body: str, *, write: bool = True) -> None:
+    """Print a benchmark's report ``body`` and, unless ``write`` is false (``--no-write``),
+    write it to ``RESULTS.md`` under the command that ran ``script`` (:func:`write_results`)."""
+    print(body)
+    if write:
+        where = write_results(title, command_line(script), machine_info(), body)
+        print(f"{where} benchmarks/RESULTS.md")
+
+
 def remove_sections(commands: Sequence[str], path: Path = RESULTS) -> list[str]:
     """Drop the sections whose heading is exactly one of ``commands`` (stale results); returns those removed."""
     headings = {f"## `{c}`" for c in commands}

@@ -13,7 +13,8 @@ stage's width and resolution -- it times, each alone under ``jit``:
 * ``kernel grad``: its kernel gradient (batch and channels swapped: a convolution whose
   "kernel" is the cotangent);
 
-and a dense ``2048 x 2048`` float32 matmul on the same device. GFLOP/s = 2 * multiply-adds
+and a dense float32 matmul on the same device (``2048 x 2048`` on CPU, ``8192 x 8192`` on
+accelerators). GFLOP/s = 2 * multiply-adds
 of the convolution / best-of-``--repeats`` seconds.
 
     PYTHONPATH=. python benchmarks/conv_rates.py
@@ -23,8 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _bench_util import (command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, matmul_gflops,
-                         timed, write_results)
+from _bench_util import ensure_repo_on_path, load_line, markdown_table, matmul_gflops, publish, timed
 
 SHAPES = ((16, 32), (32, 16), (64, 8))  # config (b)'s cells: C=16 at 32x32, 32 at 16x16, 64 at 8x8
 KERNELS = ((3, 1), (5, 1), (3, 2), (5, 2))  # sep/dil conv 3x3, 5x5
@@ -87,15 +87,12 @@ def main(argv=None):
               "input grad ms", "input grad GFLOP/s", "kernel grad ms", "kernel grad GFLOP/s"]
     body = "\n\n".join([
         f"One wide convolution of a grouped DARTS cell (config (b) widths, {args.edges} edges side by side), batch "
-        f"{args.batch}, each pass alone under `jit`, best of {args.repeats}; dense float32 matmul (2048^2) on the same "
-        f"device: **{peak:.0f} GFLOP/s** (the percentages).",
+        f"{args.batch}, each pass alone under `jit`, best of {args.repeats}; dense float32 matmul (`_bench_util.matmul_gflops`: 2048^2 on CPU, "
+        f"8192^2 on accelerators) on the same device: **{peak:.0f} GFLOP/s** (the percentages).",
         markdown_table(header, rows),
         f"Load average (1/5/15 min) at start / end: {load0} / {load_line()}."])
-    print(body)
-    if not args.no_write:
-        where = write_results("Convolution rates of a grouped DARTS cell against a dense matmul",
-                              command_line("conv_rates.py"), machine_info(), body)
-        print(f"{where} benchmarks/RESULTS.md")
+    publish("Convolution rates of a grouped DARTS cell against a dense matmul", "conv_rates.py", body,
+            write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import argparse
 import sys
 import time
 
-from _bench_util import command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, write_results
+from _bench_util import ensure_repo_on_path, load_line, markdown_table, publish
 
 FORMS = ("fused", "einsum", "blockdiag", "peredge", "grouped")
 SHAPES = ((16, 32), (32, 16), (64, 8))  # config (b)'s normal cells: C=16 at 32x32, 32 at 16x16, 64 at 8x8
@@ -160,11 +160,8 @@ def main(argv=None):
         markdown_table(["cell width / input", "k", "form", "compile s", "ms/step", "speed vs fused",
                         "max |Δ kernels| vs fused after the scan"], rows),
         f"Load average (1/5/15 min) at start / end: {load0} / {load_line()}."])
-    print(body)
-    if not args.no_write:
-        where = write_results("Grouped DARTS cell: formulations of the first separable block of a source's edges",
-                              command_line("wide_conv_forms.py"), machine_info(), body)
-        print(f"{where} benchmarks/RESULTS.md")
+    publish("Grouped DARTS cell: formulations of the first separable block of a source's edges", "wide_conv_forms.py",
+            body, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -141,9 +141,10 @@ def milenas_grads(
         rounding). ``"inline"``: one after the other, so XLA compiles the network's
         forward and backward twice. ``"loop"``: a ``lax.scan`` over the two batches,
         so it compiles them once (config (b) of ``benchmarks/fednas_search.py``:
-        trace + lower + XLA 12.9 + 59.8 -> 7.0 + 36.8 s, the step unchanged); the validation iteration skips
-        its kernel gradients through :func:`jaxfednas.nn.kernel_grads_if` (which the
-        CPU convolutions honour; elsewhere it computes and drops them). ``"auto"``:
+        trace + lower + XLA 12.9 + 59.8 -> 7.0 + 36.8 s, the step unchanged); the
+        validation iteration skips its kernel gradients through
+        :func:`jaxfednas.nn.kernel_grads_if` (which the CPU convolutions honour;
+        elsewhere it computes and drops them). ``"auto"``:
         ``"loop"`` on CPU when the batches have the same keys, shapes and dtypes
         (the training batch's extra keys, e.g. ``epoch``, are not passed to the
         validation pass), else ``"inline"``.
@@ -154,11 +155,10 @@ def milenas_grads(
     """
     if passes not in MILENAS_PASSES:
         raise ValueError(f"passes must be one of {MILENAS_PASSES}, got {passes!r}")
-    both = _stacked_batches(train_batch, val_batch) if passes != "inline" else None
+    loop = passes == "loop" or (passes == "auto" and use_fast_grad())
+    both = _stacked_batches(train_batch, val_batch) if loop else None
     if passes == "loop" and both is None:
         raise ValueError("passes='loop' needs training and validation batches of the same keys, shapes and dtypes")
-    if passes == "auto" and not use_fast_grad():
-        both = None
     if both is not None:
         return _milenas_loop(loss_fn, params, arch, batch_stats, both, lam)
     (_, (stats, m_tr)), (g_w, g_a_tr) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
