@@ -9,7 +9,8 @@ import pytest
 
 from search_spaces.darts.operations import PRIMITIVES
 from search_spaces.darts.search import DartsSearchNetwork, SearchCell
-from search_spaces.darts.wide import batch_norm_train, max_pool_3x3
+from jaxfednas.nn import batch_norm_train
+from search_spaces.darts.wide import max_pool_3x3
 
 
 def _rel(a, b):  # on the host: eager jnp ops would compile a program per leaf shape

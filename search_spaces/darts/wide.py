@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxfednas.nn import conv_canonical_grad, dense_conv, use_fast_grad
+from jaxfednas.nn import batch_norm_train, conv_canonical_grad, dense_conv, use_fast_grad
 
 from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3
 
@@ -111,46 +111,6 @@ def _max_pool_bwd(stride, res, g):
 max_pool_3x3.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
-# --- affine-free BatchNorm with a closed-form backward ------------------------------------
-
-@jax.custom_vjp
-def batch_norm_train(y, w):
-    """Training-mode BatchNorm without affine parameters over the rows with weight ``w``
-    (``[B]``, 1 = a real example, 0 = padding): ``((y - mean) * rsqrt(var + eps), mean, var)``
-    with ``mean``, ``var`` per channel of ``y`` (``[B, H, W, C]``) over real rows, ``var`` as
-    ``E[y^2] - mean^2`` clamped at 0 -- the forward of :func:`jaxfednas.nn`'s masked
-    BatchNorm. The backward is that formula's derivative written out: two per-channel sums
-    (``sum g``, ``sum g (y - mean)``) and one elementwise pass, where autodiff of the
-    forward emits ~10x the operations (compile time: a cell has ~40 BatchNorms)."""
-    return _bn_forward(y, w)[0]
-
-
-def _bn_forward(y, w):
-    wb = w.astype(y.dtype)[:, None, None, None]
-    n = w.astype(y.dtype).sum() * (y.shape[1] * y.shape[2])
-    mean = (y * wb).sum((0, 1, 2)) / n
-    raw = (y * y * wb).sum((0, 1, 2)) / n - mean * mean
-    var = jnp.maximum(0.0, raw)
-    r = lax.rsqrt(var + BN_EPS)
-    return ((y - mean) * r, mean, var), (y, w, mean, r, raw, n)
-
-
-def _bn_bwd(res, cotangents):
-    y, w, mean, r, raw, n = res
-    g, g_mean, g_var = cotangents
-    centred = y - mean
-    sum_g, sum_gc = g.sum((0, 1, 2)), (g * centred).sum((0, 1, 2))
-    # var = max(0, E[y^2] - mean^2): through r = rsqrt(var + eps) and the clamp
-    d_raw = (g_var - 0.5 * r * r * r * sum_gc) * (raw > 0)
-    d_mean = g_mean - r * sum_g - 2.0 * mean * d_raw  # mean enters out, and raw via -mean^2
-    wb = w.astype(y.dtype)[:, None, None, None]
-    dy = g * r + wb * ((d_mean + 2.0 * d_raw * y) / n)
-    return dy, jnp.zeros_like(w)
-
-
-batch_norm_train.defvjp(_bn_forward, _bn_bwd)
-
-
 def _conv(x, kernel, strides, padding):
     if use_fast_grad():
         return conv_canonical_grad(x, kernel.astype(x.dtype), strides, padding, (1, 1))
@@ -189,7 +149,7 @@ class _Group:
             mean, var = old["mean"].reshape(n * C), old["var"].reshape(n * C)
             return (y - mean) * lax.rsqrt(var + BN_EPS)
         w = jnp.ones(y.shape[0], y.dtype) if cell.mask is None else cell.mask.astype(y.dtype)
-        out, mean, var = batch_norm_train(y, w)
+        out, mean, var = batch_norm_train(y, w, BN_EPS)
         rows_mean = jnp.broadcast_to(mean, (n, C)) if shared else mean.reshape(n, C)
         rows_var = jnp.broadcast_to(var, (n, C)) if shared else var.reshape(n, C)
         cell.record(self, op, bn, {"mean": BN_MOMENTUM * old["mean"] + (1 - BN_MOMENTUM) * rows_mean,

@@ -29,7 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxfednas.nn import Conv
+from jaxfednas.nn import BatchNorm, Conv
 from jaxfednas.nn import default_depthwise_impl, depthwise_conv
 
 BN_EPS = 1e-5  # PyTorch's default; DSNAS_BN_EPS for parity with DSNAS' ImageNet runs
@@ -57,7 +57,7 @@ class _Layers(nn.Module):
     @staticmethod
     def bn(h, train: bool, mask, eps: float = BN_EPS):
         m = None if mask is None else mask[:, None, None, None]
-        return nn.BatchNorm(
+        return BatchNorm(  # jaxfednas.nn's: Flax's variables, a closed-form backward
             use_running_average=not train, momentum=BN_MOMENTUM, epsilon=eps,
             bias_init=nn.initializers.constant(1e-4),
         )(h, mask=m)

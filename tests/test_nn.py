@@ -1,0 +1,55 @@
+"""jaxfednas.nn.BatchNorm against flax.linen.BatchNorm: variables, outputs, statistics, gradients."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxfednas.nn import BatchNorm
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_matches_flax(affine):
+    kw = dict(momentum=0.9, epsilon=1e-3, use_scale=affine, use_bias=affine)
+    if affine:
+        kw["bias_init"] = nn.initializers.constant(0.25)
+    ours, flax_bn = BatchNorm(**kw), nn.BatchNorm(**kw)
+    x = 2.0 + 3.0 * jax.random.normal(jax.random.key(0), (6, 5, 4, 7))
+    v = flax_bn.init(jax.random.key(1), x, use_running_average=False)
+    v_ours = ours.init(jax.random.key(1), x)
+    assert jax.tree.map(jnp.shape, v) == jax.tree.map(jnp.shape, v_ours)
+    for a, b in zip(jax.tree.leaves(v), jax.tree.leaves(v_ours)):
+        np.testing.assert_array_equal(a, b)
+    if affine:  # a non-trivial scale, so its gradient path is exercised
+        v = {**v, "params": {"scale": 1.0 + jnp.arange(7.0) / 7, "bias": v["params"]["bias"]}}
+    ct = jax.random.normal(jax.random.key(2), x.shape)
+    for mask in (None, (jnp.arange(6) < 4)[:, None, None, None]):  # no padding; two padded rows
+        def loss(fn, params, x):
+            y, new = fn({**v, "params": params}, x, mask)
+            return jnp.sum(y * ct), (y, new)
+
+        run_ours = lambda var, x, m: ours.apply(var, x, mask=m, mutable=["batch_stats"])  # noqa: E731
+        run_flax = lambda var, x, m: flax_bn.apply(  # noqa: E731
+            var, x, use_running_average=False, mask=m, mutable=["batch_stats"])
+        got = jax.jit(jax.grad(lambda p, x: loss(run_ours, p, x), argnums=(0, 1), has_aux=True))(
+            v.get("params", {}), x)
+        want = jax.jit(jax.grad(lambda p, x: loss(run_flax, p, x), argnums=(0, 1), has_aux=True))(
+            v.get("params", {}), x)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):  # grads (params, x), outputs, statistics
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+        if mask is not None:  # padded rows leave the statistics: change them, nothing else moves
+            x2 = x.at[4:].set(100.0)
+            (_, (y2, new2)) = loss(run_ours, v.get("params", {}), x2)
+            np.testing.assert_allclose(y2[:4], got[1][0][:4], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(new2["batch_stats"]["mean"], got[1][1]["batch_stats"]["mean"], rtol=1e-6)
+    # evaluation mode: the running statistics, Flax's order of operations (bitwise)
+    stats = {"mean": jnp.linspace(-1, 1, 7), "var": jnp.linspace(0.5, 2, 7)}
+    ve = {**v, "batch_stats": stats}
+    np.testing.assert_array_equal(BatchNorm(use_running_average=True, **kw).apply(ve, x),
+                                  nn.BatchNorm(use_running_average=True, **kw).apply(ve, x))
+
+
+def test_batch_norm_rejects_a_mask_not_per_example():
+    x = jnp.ones((4, 3, 3, 2))
+    with pytest.raises(ValueError, match="one value per example"):
+        BatchNorm().init(jax.random.key(0), x, mask=jnp.ones((4, 3, 3, 2), bool))
