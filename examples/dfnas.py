@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=("cross-silo", "cross-device"))
     p.add_argument("--data-dir", help="prepared CIFAR-10 (tfds data_dir) or CINIC-10 root, for the presets")
-    p.add_argument("--rounds", type=int, help="rounds of every run (default: 30 on digits, the preset's otherwise)")
+    p.add_argument("--rounds", type=int, help="rounds of every run (default: 20 on digits, the preset's otherwise)")
     p.add_argument("--iid-clients", type=int, nargs="*", default=[2, 4, 8], help="IID runs (digits only)")
     p.add_argument("--out", default="runs/example-dfnas")
     p.add_argument("--resume", action="store_true")

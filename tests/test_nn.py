@@ -53,3 +53,17 @@ def test_batch_norm_rejects_a_mask_not_per_example():
     x = jnp.ones((4, 3, 3, 2))
     with pytest.raises(ValueError, match="one value per example"):
         BatchNorm().init(jax.random.key(0), x, mask=jnp.ones((4, 3, 3, 2), bool))
+
+
+def test_batch_norm_call_argument_and_low_precision_input():
+    x = jax.random.normal(jax.random.key(0), (4, 3, 3, 5))
+    v = BatchNorm().init(jax.random.key(1), x)
+    v = {**v, "batch_stats": {"mean": jnp.full(5, 0.5), "var": jnp.full(5, 2.0)}}
+    # use_running_average at call time overrides the attribute (as Flax's merge of the two)
+    np.testing.assert_array_equal(BatchNorm().apply(v, x, use_running_average=True),
+                                  BatchNorm(use_running_average=True).apply(v, x))
+    # bfloat16 input: statistics and output in float32, as Flax's
+    ours, _ = BatchNorm().apply(v, x.astype(jnp.bfloat16), mutable=["batch_stats"])
+    theirs, _ = nn.BatchNorm(use_running_average=False).apply(v, x.astype(jnp.bfloat16), mutable=["batch_stats"])
+    assert ours.dtype == theirs.dtype == jnp.float32
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxfednas.nn import BatchNorm, Conv, SeparableConv
+from jaxfednas.nn import Conv, SeparableConv
 
 PRIMITIVES: tuple[str, ...] = (
     "none",
@@ -87,7 +87,7 @@ def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None 
         groups = max(1, math.gcd(x.shape[-1] // 2, GROUPS)) if norm == "group" else 1
         return nn.GroupNorm(num_groups=groups, epsilon=BN_EPS, use_scale=affine, use_bias=affine, name=name)(x)
     m = None if mask is None else mask[:, None, None, None]
-    bn = BatchNorm(  # jaxfednas.nn's: Flax's variables, a closed-form backward
+    bn = nn.BatchNorm(
         use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
         use_scale=affine, use_bias=affine, name=name,
     )
