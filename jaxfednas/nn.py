@@ -327,18 +327,23 @@ def batch_norm_train(y, w, eps: float = 1e-5):
     return _bn_forward(y, w, eps)[0]
 
 
+def _row_weights(y, w):
+    """``w`` ([B]) as a ``[B, 1, ..., 1]`` column of ``y``'s dtype."""
+    return w.astype(y.dtype).reshape((-1,) + (1,) * (y.ndim - 1))
+
+
 def _bn_stats(y, w, eps):
-    """``(mean, E[y^2] - mean^2, rsqrt(var + eps), n, w as a [B, 1, ..] column)`` over the real rows."""
+    """``(mean, E[y^2] - mean^2, rsqrt(var + eps), n)`` per channel over the real rows."""
     axes = tuple(range(y.ndim - 1))
-    wb = w.astype(y.dtype).reshape((-1,) + (1,) * (y.ndim - 1))
+    wb = _row_weights(y, w)
     n = w.astype(y.dtype).sum() * math.prod(y.shape[1:-1])
     mean = (y * wb).sum(axes) / n
     raw = (y * y * wb).sum(axes) / n - mean * mean
-    return mean, raw, lax.rsqrt(jnp.maximum(0.0, raw) + eps), n, wb
+    return mean, raw, lax.rsqrt(jnp.maximum(0.0, raw) + eps), n
 
 
 def _bn_forward(y, w, eps):
-    mean, raw, r, n, _ = _bn_stats(y, w, eps)
+    mean, raw, r, n = _bn_stats(y, w, eps)
     return ((y - mean) * r, mean, jnp.maximum(0.0, raw)), (y, w, mean, r, raw, n)
 
 
@@ -348,8 +353,7 @@ def _bn_input_grad(y, w, n, mean, r, raw, g_scaled, sum_g, sum_gc, g_mean, g_var
     through r = rsqrt(var + eps) and the clamp, mean through out and through raw's -mean^2."""
     d_raw = (g_var - 0.5 * r * r * r * sum_gc) * (raw > 0)
     d_mean = g_mean - r * sum_g - 2.0 * mean * d_raw
-    wb = w.astype(y.dtype).reshape((-1,) + (1,) * (y.ndim - 1))
-    return g_scaled * r + wb * ((d_mean + 2.0 * d_raw * y) / n)
+    return g_scaled * r + _row_weights(y, w) * ((d_mean + 2.0 * d_raw * y) / n)
 
 
 def _bn_bwd(eps, res, cotangents):
@@ -372,7 +376,7 @@ def batch_norm_affine_train(y, w, scale, bias, eps: float = 1e-5):
 
 
 def _bn_affine_forward(y, w, scale, bias, eps):
-    mean, raw, r, n, _ = _bn_stats(y, w, eps)
+    mean, raw, r, n = _bn_stats(y, w, eps)
     out = (y - mean) * (r * scale) + bias
     return (out, mean, jnp.maximum(0.0, raw)), (y, w, mean, r, raw, n, scale)
 
