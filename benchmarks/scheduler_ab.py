@@ -17,8 +17,13 @@ batch 32 (config (a) of ``fednas_search.py``); DP-FNAS a C=4, 2-cell supernet wi
 per-example GroupNorm, 1 iteration per round (one iteration takes ~30 s here; at C=8,
 5 cells its per-example passes compile and run for over 10 minutes); DFNAS the ``small`` space at batch 32.
 
+``--compare opt_level`` runs the same A/B for LLVM's optimisation level instead
+(``JAXFEDNAS_CPU_OPT_LEVEL=2``, what every program compiles with, against XLA's default 3;
+:data:`jaxfednas.runtime.CPU_OPT_LEVEL`), each with the program's own scheduler.
+
     PYTHONPATH=. python benchmarks/scheduler_ab.py
     PYTHONPATH=. python benchmarks/scheduler_ab.py --algorithms dp_fnas --repeats 5 --no-write
+    PYTHONPATH=. python benchmarks/scheduler_ab.py --compare opt_level
 """
 from __future__ import annotations
 
@@ -41,12 +46,18 @@ CONFIGS = {
 LABELS = {"fednas": "FedNAS (MiLeNAS, Eq. 4), C=8, 5 cells, B=32",
           "dp_fnas": "DP-FNAS (per-example clipping in chunks of 8, 2nd-order FD), C=4, 2 cells, p=0.1",
           "dfnas": "DFNAS (single path), `small` space, B=32"}
-SCHEDULERS = ("memory", "default")
+# --compare: (environment variable, (variant A, variant B), what the comparison is of)
+COMPARISONS = {"scheduler": ("JAXFEDNAS_CPU_SCHEDULER", ("memory", "default"),
+                             "XLA:CPU scheduler A/B: FedNAS, DP-FNAS and DFNAS rounds, memory-optimised vs default"),
+               "opt_level": ("JAXFEDNAS_CPU_OPT_LEVEL", ("2", "3"),
+                             "LLVM optimisation level A/B: FedNAS, DP-FNAS and DFNAS rounds, -O2 vs XLA's default -O3")}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--algorithms", default=",".join(ALGORITHMS), help=f"comma list from {ALGORITHMS}")
+    p.add_argument("--compare", default="scheduler", choices=sorted(COMPARISONS),
+                   help="what the two programs differ in (default: the XLA:CPU scheduler)")
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--train-per-client", type=int, default=96,
                    help="half the examples per client (split into train / val / test by the config's data.split)")
@@ -83,12 +94,13 @@ def worker(args) -> dict:
                       image_shape=(32, 32, 3))
     data = make_federated_data(ds, partition.manifest_splits(make_partition(cfg, ds)))
     res = {"algorithm": name, "machine": machine_info(), "load_start": load_line(), "rounds": {}}
+    env_var, variants, _ = COMPARISONS[args.compare]
     algos = {}
-    for sched in SCHEDULERS:  # the options are read when the round is built
-        os.environ["JAXFEDNAS_CPU_SCHEDULER"] = sched
+    for sched in variants:  # the options are read when the round is built
+        os.environ[env_var] = sched
         algos[sched] = algorithm_module(name).build(cfg, data.info)
-    os.environ.pop("JAXFEDNAS_CPU_SCHEDULER")
-    state = algos["memory"].init(init_key(args.seed))
+    os.environ.pop(env_var)
+    state = algos[variants[0]].init(init_key(args.seed))
     key = round_key(args.seed, 0)
     compiled, out = {}, {}
     for sched, algo in algos.items():
@@ -98,16 +110,18 @@ def worker(args) -> dict:
         res[f"temp_mib_{sched}"] = c.memory_analysis().temp_size_in_bytes / 2**20
         out[sched] = jax.block_until_ready(c(state, data, key))  # warm-up
         compiled[sched] = c
-    metrics = out["memory"][1]
+    metrics = out[variants[0]][1]
     res["local_steps"] = int(metrics.get("local_steps", metrics.get("iterations_run", 0)))
-    times = {s: [] for s in SCHEDULERS}
+    times = {s: [] for s in variants}
     for _ in range(args.repeats):
         for sched, c in compiled.items():
             t0 = time.perf_counter()
             out[sched] = jax.block_until_ready(c(state, data, key))
             times[sched].append(time.perf_counter() - t0)
-    leaves = [jax.tree.leaves(out[s]) for s in SCHEDULERS]
+    leaves = [jax.tree.leaves(out[s]) for s in variants]
     res["bitwise_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*leaves))
+    res["max_abs_diff"] = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
+                              for a, b in zip(*leaves))
     res["times"] = times
     res["load_end"] = load_line()
     return res
@@ -126,29 +140,31 @@ def spawn(name: str, argv: list[str]) -> dict:
 
 
 def report(args, results: list[dict]) -> str:
+    env_var, (a, b), _ = COMPARISONS[args.compare]
     rows = []
     for r in results:
         steps = r["local_steps"]
-        med = {s: median(r["times"][s]) for s in SCHEDULERS}
-        per_step = {s: (f"{med[s] / steps:.3f}" if steps else "-") for s in SCHEDULERS}
+        med = {s: median(r["times"][s]) for s in (a, b)}
+        per_step = {s: (f"{med[s] / steps:.3f}" if steps else "-") for s in (a, b)}
+        equal = "yes" if r["bitwise_equal"] else f"**no** (max abs diff {r.get('max_abs_diff', float('nan')):.1e})"
         rows.append([
             LABELS[r["algorithm"]], steps,
-            f"{r['compile_s_memory']:.1f} / {r['compile_s_default']:.1f}",
-            f"{med['memory']:.2f} / {med['default']:.2f}", f"{per_step['memory']} / {per_step['default']}",
-            f"{med['default'] / med['memory']:.2f}x",
-            f"{r['temp_mib_memory']:.0f} / {r['temp_mib_default']:.0f}",
-            f"{r['temp_mib_default'] / max(r['temp_mib_memory'], 1e-9):.2f}x",
-            "yes" if r["bitwise_equal"] else "**no**"])
+            f"{r[f'compile_s_{a}']:.1f} / {r[f'compile_s_{b}']:.1f}",
+            f"{med[a]:.2f} / {med[b]:.2f}", f"{per_step[a]} / {per_step[b]}",
+            f"{med[b] / med[a]:.2f}x",
+            f"{r[f'temp_mib_{a}']:.0f} / {r[f'temp_mib_{b}']:.0f}",
+            f"{r[f'temp_mib_{b}'] / max(r[f'temp_mib_{a}'], 1e-9):.2f}x",
+            equal])
     table = markdown_table(
-        ["round", "local steps / iterations", "compile s (memory / default)", "s/round median (memory / default)",
-         "s per step", "speed of memory vs default", "XLA temp MiB (memory / default)", "temp saved",
+        ["round", "local steps / iterations", f"compile s ({a} / {b})", f"s/round median ({a} / {b})",
+         "s per step", f"speed of {a} vs {b}", f"XLA temp MiB ({a} / {b})", "temp saved",
          "bitwise-equal results"], rows)
     loads = "; ".join(f"{r['algorithm']} {r['load_start']} / {r['load_end']}" for r in results)
     return "\n\n".join([
         f"One round per algorithm, {args.clients} synthetic 32x32x3 IID clients ({2 * args.train_per_client} examples "
-        f"each before the config's train / val / test split), all sampled, built through the registry twice (`memory` = `JAXFEDNAS_CPU_SCHEDULER=memory`, "
-        f"`default` = `JAXFEDNAS_CPU_SCHEDULER=default`), compiled, warmed up, then {args.repeats} rounds "
-        f"each, alternated, from the same state and key. Speed above 1: the memory scheduler is faster.",
+        f"each before the config's train / val / test split), all sampled, built through the registry twice (`{a}` = "
+        f"`{env_var}={a}`, `{b}` = `{env_var}={b}`), compiled, warmed up, then {args.repeats} rounds "
+        f"each, alternated, from the same state and key. Speed above 1: `{a}` is faster.",
         table, f"Load average (1/5/15 min) at start / end of each worker: {loads}."])
 
 
@@ -161,16 +177,16 @@ def main(argv=None):
     for name in args.algorithms.split(","):
         print(f"[scheduler_ab] {name} ...", flush=True)
         r = spawn(name, argv)
-        print(f"  compile {r['compile_s_memory']:.1f} / {r['compile_s_default']:.1f} s, rounds memory "
-              f"{[round(t, 2) for t in r['times']['memory']]} default {[round(t, 2) for t in r['times']['default']]}, "
-              f"temp {r['temp_mib_memory']:.0f} / {r['temp_mib_default']:.0f} MiB, bitwise equal {r['bitwise_equal']}",
+        a, b = COMPARISONS[args.compare][1]
+        print(f"  compile {r[f'compile_s_{a}']:.1f} / {r[f'compile_s_{b}']:.1f} s, rounds {a} "
+              f"{[round(t, 2) for t in r['times'][a]]} {b} {[round(t, 2) for t in r['times'][b]]}, "
+              f"temp {r[f'temp_mib_{a}']:.0f} / {r[f'temp_mib_{b}']:.0f} MiB, bitwise equal {r['bitwise_equal']}",
               flush=True)
         results.append(r)
     body = report(args, results)
     print(body)
     if not args.no_write:
-        where = write_results("XLA:CPU scheduler A/B: FedNAS, DP-FNAS and DFNAS rounds, memory-optimised vs default",
-                              command_line("scheduler_ab.py"), results[0]["machine"], body)
+        where = write_results(COMPARISONS[args.compare][2], command_line("scheduler_ab.py"), results[0]["machine"], body)
         print(f"{where} {os.path.relpath(os.path.join(os.path.dirname(__file__), 'RESULTS.md'))}")
 
 

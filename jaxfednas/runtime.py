@@ -17,7 +17,8 @@
 * :func:`gather_rows`, :func:`scatter_rows` — persistent per-client state
   (personal models, policies, masks) stored with a leading client axis.
 * :func:`jit` — ``jax.jit`` with the XLA options every jaxfednas program is compiled
-  with (:func:`compiler_options`: XLA:CPU's memory-optimised scheduler).
+  with (:func:`compiler_options`: XLA:CPU's memory-optimised scheduler and LLVM at
+  ``-O2``).
 * :func:`step_if`, :func:`output_shapes` — a step that may be skipped, or a zeros carry
   shaped like a function's output, without tracing the function twice.
 """
@@ -56,20 +57,47 @@ scheduler since its two passes run as one loop body and cannot overlap
 
 SCHEDULERS = ("memory", "default")
 
+CPU_OPT_LEVEL = 2
+"""LLVM optimisation level of every jaxfednas program on CPU (XLA's
+``xla_backend_optimization_level``; XLA's default is 3). A compile-time trade with no measured
+cost in speed: the convolutions and matmuls are library calls whatever the level, and ``-O2``
+keeps LLVM's loop and SLP vectorisers for the fused elementwise loops. Measured on the 2-core
+CPU (``benchmarks/fednas_search.py``, FedNAS config (b), C=16, 8 cells): XLA compile 48.5-50.6 s
+at 3, 41.0 s at 2, 43.0 s at 1 (39.7 s at 0, but steps twice as slow), s/step within run-to-run
+noise at 1-3; the rounds of FedNAS, DP-FNAS and DFNAS: ``benchmarks/scheduler_ab.py --compare
+opt_level``. ``JAXFEDNAS_CPU_OPT_LEVEL=0..3`` in the environment overrides it."""
 
-def compiler_options(scheduler: str = "memory") -> dict[str, str] | None:
+
+def cpu_opt_level() -> int:
+    """:data:`CPU_OPT_LEVEL`, or ``JAXFEDNAS_CPU_OPT_LEVEL`` from the environment (0-3)."""
+    raw = os.environ.get("JAXFEDNAS_CPU_OPT_LEVEL")
+    if not raw:
+        return CPU_OPT_LEVEL
+    if raw not in ("0", "1", "2", "3"):
+        raise ValueError(f"JAXFEDNAS_CPU_OPT_LEVEL must be 0, 1, 2 or 3, got {raw!r}")
+    return int(raw)
+
+
+def compiler_options(scheduler: str = "memory") -> dict[str, str | int] | None:
     """The ``compiler_options`` of a program compiled with ``scheduler`` on the default
-    backend: :data:`CPU_COMPILER_OPTIONS` for ``"memory"`` on CPU, none for ``"default"``
-    (XLA's own scheduler) or on other backends. ``JAXFEDNAS_CPU_SCHEDULER=memory|default``
-    in the environment overrides every program's choice (for comparisons). Pass them to
-    your own ``jax.jit(..., compiler_options=compiler_options())`` (or use :func:`jit`)."""
+    backend. On CPU: ``xla_backend_optimization_level`` = :func:`cpu_opt_level` (left to JAX
+    under ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which compiles at ``-O0``), plus
+    :data:`CPU_COMPILER_OPTIONS` for ``"memory"`` (nothing more for ``"default"``, XLA's own
+    scheduler); none (``None``, not an empty dict) on other backends or where nothing is set. ``JAXFEDNAS_CPU_SCHEDULER=memory|default`` in the
+    environment overrides every program's choice (for comparisons). Pass them to your own
+    ``jax.jit(..., compiler_options=compiler_options())`` (or use :func:`jit`)."""
     choice = os.environ.get("JAXFEDNAS_CPU_SCHEDULER") or scheduler
     if choice not in SCHEDULERS:
         raise ValueError(f"the CPU scheduler (JAXFEDNAS_CPU_SCHEDULER or scheduler=) must be 'memory' or "
                          f"'default', got {choice!r}")
-    if jax.default_backend() != "cpu" or choice == "default":
+    if jax.default_backend() != "cpu":
         return None
-    return dict(CPU_COMPILER_OPTIONS)
+    options: dict[str, str | int] = {}
+    if not jax.config.read("jax_disable_most_optimizations"):  # that switch (the test suite's) sets -O0 itself
+        options["xla_backend_optimization_level"] = cpu_opt_level()
+    if choice == "memory":
+        options.update(CPU_COMPILER_OPTIONS)
+    return options or None
 
 
 class _Jit:

@@ -11,6 +11,7 @@ from jaxfednas import rng
 from jaxfednas.runtime import (
     Placement,
     CPU_COMPILER_OPTIONS,
+    CPU_OPT_LEVEL,
     client_keys,
     compiler_options,
     gather_rows,
@@ -81,7 +82,7 @@ def test_dropped_clients_are_left_out_of_the_aggregate_and_keep_their_rows(tiny_
     assert int(m1["clients_reported"]) == rep.sum() and float(m1["server_update_skipped"]) == 0.0
     from search_spaces.models import make_model
 
-    local = jax.jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))
+    local = jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))  # the round's options
     keys = client_keys(rk, ids)
     outs = [local(s0.variables, data.clients("train", i), keys[i])[0] for i in range(n) if rep[i]]
     want = weighted_mean(jax.tree.map(lambda *a: jnp.stack(a), *outs), data.train.counts[rep])
@@ -175,7 +176,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
     init_vars = algo.init(jax.random.PRNGKey(0)).variables
     from search_spaces.models import make_model
 
-    local = jax.jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))
+    local = jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))  # the round's options
     rk = jax.random.PRNGKey(7)
     idx = sample_clients(rng.sample_key(rk), data.info.num_clients, 3)
     keys = client_keys(rk, idx)
@@ -234,10 +235,12 @@ def _two_independent_passes(w, a, b):  # the shape of a MiLeNAS step: two gradie
 
 
 def test_jit_compiles_with_the_memory_scheduler_same_results_less_temporary_memory():
-    assert compiler_options() == CPU_COMPILER_OPTIONS  # the suite runs on CPU
+    assert compiler_options().items() >= CPU_COMPILER_OPTIONS.items()  # the suite runs on CPU
     w, a = jnp.full((256, 256), 0.01), jnp.ones((4096, 256))
     b = 2 * a
-    ours, plain = jit(_two_independent_passes), jax.jit(_two_independent_passes)
+    # "plain": XLA's own scheduler at the same LLVM level (the scheduler only orders operations)
+    ours = jit(_two_independent_passes)
+    plain = jax.jit(_two_independent_passes, compiler_options=compiler_options("default"))
     temp = {name: f.lower(w, a, b).compile().memory_analysis().temp_size_in_bytes
             for name, f in (("ours", ours), ("plain", plain))}
     assert temp["ours"] < temp["plain"]  # measured 44 vs 52 MiB: both passes' activations no longer live at once
@@ -252,16 +255,67 @@ def test_jit_inside_another_jit_drops_the_options():  # JAX takes compiler optio
     assert float(inner(jnp.float32(3))) == 6.0
 
 
-def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch):
+@pytest.fixture
+def optimizing():
+    """XLA's optimisations on for one test (the suite compiles with most of them off)."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
+def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch, optimizing):
     monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
-    assert compiler_options("default") is None  # DP-FNAS' choice: XLA's own
+    monkeypatch.delenv("JAXFEDNAS_CPU_OPT_LEVEL", raising=False)
+    o2 = {"xla_backend_optimization_level": CPU_OPT_LEVEL}
+    assert compiler_options("default") == o2  # DP-FNAS' choice: XLA's own scheduler
     monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "memory")  # the environment overrides every program
-    assert compiler_options("default") == CPU_COMPILER_OPTIONS
+    assert compiler_options("default") == {**o2, **CPU_COMPILER_OPTIONS}
     monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "default")
-    assert compiler_options() is None
+    assert compiler_options() == o2
     monkeypatch.setenv("JAXFEDNAS_CPU_SCHEDULER", "fast")
     with pytest.raises(ValueError, match="'memory' or 'default'"):
         compiler_options()
+
+
+def test_cpu_opt_level_left_to_jax_when_it_disables_optimisations(monkeypatch):
+    # JAX_DISABLE_MOST_OPTIMIZATIONS (this suite's setting) compiles at -O0; an explicit level
+    # among the compiler options would override it
+    monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
+    monkeypatch.setenv("JAXFEDNAS_CPU_OPT_LEVEL", "3")
+    old = jax.config.read("jax_disable_most_optimizations")
+    try:
+        jax.config.update("jax_disable_most_optimizations", True)
+        assert compiler_options() == CPU_COMPILER_OPTIONS and compiler_options("default") is None
+    finally:
+        jax.config.update("jax_disable_most_optimizations", old)
+
+
+def test_cpu_opt_level_default_environment_switch_and_effect(monkeypatch, optimizing):
+    monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
+    monkeypatch.delenv("JAXFEDNAS_CPU_OPT_LEVEL", raising=False)
+    assert CPU_OPT_LEVEL == 2 and compiler_options()["xla_backend_optimization_level"] == 2
+    monkeypatch.setenv("JAXFEDNAS_CPU_OPT_LEVEL", "3")
+    assert compiler_options("default") == {"xla_backend_optimization_level": 3}
+    for bad in ("4", "O2", "-1"):
+        monkeypatch.setenv("JAXFEDNAS_CPU_OPT_LEVEL", bad)
+        with pytest.raises(ValueError, match="JAXFEDNAS_CPU_OPT_LEVEL must be 0, 1, 2 or 3"):
+            compiler_options()
+    # the option reaches XLA: the same program's machine code (the serialised executable)
+    # at the default equals -O2's and differs from -O3's; results agree
+    from jax.experimental.serialize_executable import serialize
+    w, a = jnp.full((64, 64), 0.01), jnp.ones((128, 64))
+    compiled = {}
+    for level in ("default", "2", "3"):
+        if level == "default":
+            monkeypatch.delenv("JAXFEDNAS_CPU_OPT_LEVEL")
+        else:
+            monkeypatch.setenv("JAXFEDNAS_CPU_OPT_LEVEL", level)
+        compiled[level] = jit(_two_independent_passes).lower(w, a, 2 * a).compile()
+    code = {level: serialize(c)[0] for level, c in compiled.items()}
+    assert code["default"] == code["2"] and code["2"] != code["3"]
+    for x, y in zip(compiled["2"](w, a, 2 * a), compiled["3"](w, a, 2 * a)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
 
 
 def test_step_if_traces_the_step_once_and_skips_to_zeros():
