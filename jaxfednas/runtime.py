@@ -61,11 +61,13 @@ CPU_OPT_LEVEL = 2
 """LLVM optimisation level of every jaxfednas program on CPU (XLA's
 ``xla_backend_optimization_level``; XLA's default is 3). A compile-time trade with no measured
 cost in speed: the convolutions and matmuls are library calls whatever the level, and ``-O2``
-keeps LLVM's loop and SLP vectorisers for the fused elementwise loops. Measured on the 2-core
-CPU (``benchmarks/fednas_search.py``, FedNAS config (b), C=16, 8 cells): XLA compile 48.5-50.6 s
-at 3, 41.0 s at 2, 43.0 s at 1 (39.7 s at 0, but steps twice as slow), s/step within run-to-run
-noise at 1-3; the rounds of FedNAS, DP-FNAS and DFNAS: ``benchmarks/scheduler_ab.py --compare
-opt_level``. ``JAXFEDNAS_CPU_OPT_LEVEL=0..3`` in the environment overrides it."""
+keeps LLVM's loop and SLP vectorisers for the fused elementwise loops. Measured on a 2-core
+CPU (AMD EPYC, 2026-11-24): FedNAS config (b)'s local search (C=16, 8 cells,
+``benchmarks/fednas_search.py``), fresh processes alternating the levels, XLA compile 50.0 /
+49.4 s at 2 against 56.5 / 53.0 s at 3 (-9 %; 39.7 s at 0, but steps twice as slow); one round
+each, compiled in one process (``benchmarks/scheduler_ab.py --compare opt_level``): FedNAS
+-7 %, DP-FNAS -18 %, DFNAS -3 %, round times within noise. Results differ from ``-O3``'s by
+float rounding. ``JAXFEDNAS_CPU_OPT_LEVEL=0..3`` in the environment overrides it."""
 
 
 def cpu_opt_level() -> int:
