@@ -96,28 +96,28 @@ def worker(args) -> dict:
     res = {"algorithm": name, "machine": machine_info(), "load_start": load_line(), "rounds": {}}
     env_var, variants, _ = COMPARISONS[args.compare]
     algos = {}
-    for sched in variants:  # the options are read when the round is built
-        os.environ[env_var] = sched
-        algos[sched] = algorithm_module(name).build(cfg, data.info)
+    for variant in variants:  # the options are read when the round is built
+        os.environ[env_var] = variant
+        algos[variant] = algorithm_module(name).build(cfg, data.info)
     os.environ.pop(env_var)
     state = algos[variants[0]].init(init_key(args.seed))
     key = round_key(args.seed, 0)
     compiled, out = {}, {}
-    for sched, algo in algos.items():
+    for variant, algo in algos.items():
         t0 = time.perf_counter()
         c = algo.round.lower(state, data, key).compile()
-        res[f"compile_s_{sched}"] = time.perf_counter() - t0
-        res[f"temp_mib_{sched}"] = c.memory_analysis().temp_size_in_bytes / 2**20
-        out[sched] = jax.block_until_ready(c(state, data, key))  # warm-up
-        compiled[sched] = c
+        res[f"compile_s_{variant}"] = time.perf_counter() - t0
+        res[f"temp_mib_{variant}"] = c.memory_analysis().temp_size_in_bytes / 2**20
+        out[variant] = jax.block_until_ready(c(state, data, key))  # warm-up
+        compiled[variant] = c
     metrics = out[variants[0]][1]
     res["local_steps"] = int(metrics.get("local_steps", metrics.get("iterations_run", 0)))
     times = {s: [] for s in variants}
     for _ in range(args.repeats):
-        for sched, c in compiled.items():
+        for variant, c in compiled.items():
             t0 = time.perf_counter()
-            out[sched] = jax.block_until_ready(c(state, data, key))
-            times[sched].append(time.perf_counter() - t0)
+            out[variant] = jax.block_until_ready(c(state, data, key))
+            times[variant].append(time.perf_counter() - t0)
     leaves = [jax.tree.leaves(out[s]) for s in variants]
     res["bitwise_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*leaves))
     res["max_abs_diff"] = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))

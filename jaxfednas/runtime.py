@@ -85,8 +85,9 @@ def compiler_options(scheduler: str = "memory") -> dict[str, str | int] | None:
     backend. On CPU: ``xla_backend_optimization_level`` = :func:`cpu_opt_level` (left to JAX
     under ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which compiles at ``-O0``), plus
     :data:`CPU_COMPILER_OPTIONS` for ``"memory"`` (nothing more for ``"default"``, XLA's own
-    scheduler); none (``None``, not an empty dict) on other backends or where nothing is set. ``JAXFEDNAS_CPU_SCHEDULER=memory|default`` in the
-    environment overrides every program's choice (for comparisons). Pass them to your own
+    scheduler); ``None`` on other backends or where nothing is set.
+    ``JAXFEDNAS_CPU_SCHEDULER=memory|default`` in the environment overrides every program's
+    choice (for comparisons). Pass them to your own
     ``jax.jit(..., compiler_options=compiler_options())`` (or use :func:`jit`)."""
     choice = os.environ.get("JAXFEDNAS_CPU_SCHEDULER") or scheduler
     if choice not in SCHEDULERS:

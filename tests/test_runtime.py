@@ -1,4 +1,6 @@
 """Runtime: sampling, placements, aggregation, per-client rows, FedAvg rounds."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -255,13 +257,22 @@ def test_jit_inside_another_jit_drops_the_options():  # JAX takes compiler optio
     assert float(inner(jnp.float32(3))) == 6.0
 
 
+@contextlib.contextmanager
+def _most_optimizations_disabled(disabled: bool):
+    """JAX's ``jax_disable_most_optimizations`` set for a block (the suite runs with it on)."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", disabled)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", old)
+
+
 @pytest.fixture
 def optimizing():
     """XLA's optimisations on for one test (the suite compiles with most of them off)."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
+    with _most_optimizations_disabled(False):
+        yield
 
 
 def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch, optimizing):
@@ -283,12 +294,8 @@ def test_cpu_opt_level_left_to_jax_when_it_disables_optimisations(monkeypatch):
     # among the compiler options would override it
     monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
     monkeypatch.setenv("JAXFEDNAS_CPU_OPT_LEVEL", "3")
-    old = jax.config.read("jax_disable_most_optimizations")
-    try:
-        jax.config.update("jax_disable_most_optimizations", True)
+    with _most_optimizations_disabled(True):
         assert compiler_options() == CPU_COMPILER_OPTIONS and compiler_options("default") is None
-    finally:
-        jax.config.update("jax_disable_most_optimizations", old)
 
 
 def test_cpu_opt_level_default_environment_switch_and_effect(monkeypatch, optimizing):
