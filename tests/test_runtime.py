@@ -308,8 +308,9 @@ def test_cpu_opt_level_default_environment_switch_and_effect(monkeypatch, optimi
         monkeypatch.setenv("JAXFEDNAS_CPU_OPT_LEVEL", bad)
         with pytest.raises(ValueError, match="JAXFEDNAS_CPU_OPT_LEVEL must be 0, 1, 2 or 3"):
             compiler_options()
-    # the option reaches XLA: the same program's machine code (the serialised executable)
-    # at the default equals -O2's and differs from -O3's; results agree
+    # the option reaches XLA: the same program's serialised executable (which records the
+    # level among its compile options, and the code built with it) at the default equals
+    # -O2's and differs from -O3's; results agree
     from jax.experimental.serialize_executable import serialize
     w, a = jnp.full((64, 64), 0.01), jnp.ones((128, 64))
     compiled = {}
