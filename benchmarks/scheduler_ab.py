@@ -146,7 +146,7 @@ def report(args, results: list[dict]) -> str:
         steps = r["local_steps"]
         med = {s: median(r["times"][s]) for s in (a, b)}
         per_step = {s: (f"{med[s] / steps:.3f}" if steps else "-") for s in (a, b)}
-        equal = "yes" if r["bitwise_equal"] else f"**no** (max abs diff {r.get('max_abs_diff', float('nan')):.1e})"
+        equal = "yes" if r["bitwise_equal"] else f"**no** (max abs diff {r['max_abs_diff']:.1e})"
         rows.append([
             LABELS[r["algorithm"]], steps,
             f"{r[f'compile_s_{a}']:.1f} / {r[f'compile_s_{b}']:.1f}",
