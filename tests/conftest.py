@@ -126,7 +126,9 @@ TINY = {
     "fednas_train": {"algo.C": 4, "algo.layers": 2, "algo.genotype": "FEDNAS_V1"},
     "dp_fnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
                 "algo.iterations_per_round": 1},
-    "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1},
+    # batch 64 > any client's 54 training rows: one step per epoch; a large α step, so that
+    # test_dfnas.py's averaging checks see α move (its rounds are these: one compilation)
+    "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1, "algo.batch_size": 64, "algo.arch_lr": 0.05},
     # the search runs in the first round (t_s = 0) and the next
     "spider": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
                "algo.warmup_rounds": 0, "algo.recovery_rounds": 1},
@@ -134,3 +136,24 @@ TINY = {
                     "algo.local_epochs": 1},
 }
 EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration
+
+
+def tiny_federation(name: str, **overrides):
+    """``(config, data)`` of test_contract.py's run of algorithm ``name``: 4 synthetic 8x8x1
+    clients (256 training, 64 test examples), 2 per round (every party for
+    :data:`EVERY_PARTY`), 2 rounds, the :data:`TINY` settings, then ``overrides``
+    (``"section.field": value``). An algorithm's own tests that build their round from it
+    without overrides run the program test_contract.py compiled: the persistent cache
+    serves it to whichever test process comes second."""
+    from jaxfednas.data import make_federated_data
+    from jaxfednas.data import partition as part
+    from jaxfednas.data.datasets import load_dataset
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.registry import make_config
+
+    over = {"data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": 2, **TINY.get(name, {})}
+    if name not in EVERY_PARTY:
+        over["run.clients_per_round"] = 2
+    cfg = make_config(name, overrides={**over, **overrides})
+    ds = load_dataset("synthetic", num_train=256, num_test=64)
+    return cfg, make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))

@@ -20,13 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import EVERY_PARTY, TINY
+from conftest import tiny_federation
 from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
-from jaxfednas.data import make_federated_data
-from jaxfednas.data import partition as part
-from jaxfednas.data.datasets import load_dataset
-from jaxfednas.experiment import make_partition
-from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
+from jaxfednas.registry import ALGORITHMS, algorithm_module
 from jaxfednas.rng import init_key, round_key
 
 
@@ -34,12 +30,7 @@ from jaxfednas.rng import init_key, round_key
 @pytest.fixture(scope="module", params=sorted(ALGORITHMS))
 def run(request):
     name = request.param
-    overrides = {"data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": 2, **TINY.get(name, {})}
-    if name not in EVERY_PARTY:
-        overrides["run.clients_per_round"] = 2
-    cfg = make_config(name, overrides=overrides)
-    ds = load_dataset("synthetic", num_train=256, num_test=64)
-    data = make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
+    cfg, data = tiny_federation(name)
     algo = algorithm_module(name).build(cfg, data.info)
     s0 = algo.init(init_key(0))
     s1, m1 = algo.round(s0, data, round_key(0, 0))
