@@ -34,7 +34,6 @@ from jaxfednas.config import ConfigError
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
 from jaxfednas import rng
-from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import Placement, round_clients
 from search_spaces.shufflenet import ShuffleNetwork, ShuffleSpace, SPACES
 from conftest import assert_accuracy, tiny_federation
@@ -116,8 +115,8 @@ def data4():
 def algo_and_states(data4):
     config, data = data4
     algo = dfnas_module.build(config, data.info)
-    s0 = algo.init(init_key(0))
-    key = round_key(0, 0)
+    s0 = algo.init(rng.init_key(0))
+    key = rng.round_key(0, 0)
     s1, metrics = algo.round(s0, data, key)
     return config.algo, algo, s0, s1, metrics, key
 
@@ -181,9 +180,9 @@ def test_round_fixes_blocks_and_freezes_their_alpha(data4, algo_and_states):
     alpha = s0.variables["arch"]["alpha"]
     alpha = jax.device_put(alpha.at[1].set(jnp.array([0.0, 0.0, 5.0, 0.0])), alpha.sharding)  # no recompiling
     s0 = s0.replace(variables={**s0.variables, "arch": {"alpha": alpha}})
-    s1, m1 = algo.round(s0, data, round_key(0, 1))
+    s1, m1 = algo.round(s0, data, rng.round_key(0, 1))
     assert bool(s1.fixed[1]) and int(s1.fixed_choice[1]) == 2 and int(m1["fixed_blocks"]) >= 1
-    s2, _ = algo.round(s1, data, round_key(0, 2))
+    s2, _ = algo.round(s1, data, rng.round_key(0, 2))
     np.testing.assert_array_equal(np.asarray(s2.variables["arch"]["alpha"][1]),
                                   np.asarray(s1.variables["arch"]["alpha"][1]))
     assert np.abs(np.asarray(s2.variables["arch"]["alpha"][0] - s1.variables["arch"]["alpha"][0])).max() > 0
@@ -200,7 +199,7 @@ def test_single_path_is_a_real_branch_unless_vmapped(data4, algo_and_states):
     hlo = {}
     for mode in ("map", "vmap"):
         algo = dfnas(config.algo, data.info, rounds=2, placement=Placement(mode))
-        hlo[mode] = algo.round.lower(s0, data, round_key(0, 1)).as_text()
+        hlo[mode] = algo.round.lower(s0, data, rng.round_key(0, 1)).as_text()
     assert "stablehlo.case" in hlo["map"]
     assert "stablehlo.case" not in hlo["vmap"]
 
