@@ -287,14 +287,15 @@ def test_flops_off_builds_no_penalty(data2, monkeypatch):
         make_local_search(on, data2.info, make_supernet(on, data2.info), 1)
 
 
-def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(algo_and_states, count_traces):
+def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4, algo_and_states, count_traces):
     """A large λ and a target below the cheapest child: after one round the most
     expensive candidate of every block loses α against the cheapest (a sign error
     would raise it), and the expected multiply-adds fall, below the unpenalised
     round's too. With every block fixed (α frozen, paths forced) the penalised round
     equals the unpenalised one bit for bit: the penalty touches nothing but α."""
     _, off, s0, s_off, m_off, key = algo_and_states
-    config, data = tiny_federation("dfnas", **{"algo.flops_coef": 1000.0, "algo.flops_target": 0})
+    data = data4[1]  # the unpenalised round's federation; only the config differs
+    config, _ = tiny_federation("dfnas", **{"algo.flops_coef": 1000.0, "algo.flops_target": 0})
     cfg = config.algo
     table = cost_table(cfg, data.info)
     algo = dfnas_module.build(config, data.info)
