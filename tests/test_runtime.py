@@ -1,5 +1,6 @@
 """Runtime: sampling, placements, aggregation, per-client rows, FedAvg rounds."""
 import contextlib
+import platform
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from algorithms.common import make_local_train
 from algorithms.fedavg import FedAvgConfig, fedavg
 from algorithms.local_only import LocalOnlyConfig, local_only
 from jaxfednas import rng
+from jaxfednas import runtime
 from jaxfednas.runtime import (
     Placement,
     CPU_COMPILER_OPTIONS,
@@ -341,3 +343,41 @@ def test_step_if_traces_the_step_once_and_skips_to_zeros():
     np.testing.assert_array_equal(c, [0.0, 1.0, 2.0])
     assert float(out["loss"]) == 0.0 and int(out["n"]) == 0 and out["n"].dtype == jnp.int32
     assert len(traces) == 1  # the shapes and the taken branch share one trace
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's (Linux)")
+def test_release_freed_memory_hands_freed_heap_back():
+    blocks = [bytes(4000) for _ in range(50_000)]  # ~200 MiB from malloc (objects over pymalloc's 512 bytes)
+    keep = blocks[::50]  # survivors spread over the heap: glibc cannot simply cut its top
+    del blocks
+    before = _rss_mib()
+    assert runtime.release_freed_memory()
+    assert before - _rss_mib() > 100, (before, _rss_mib())
+    assert len(keep) == 1000
+
+
+def test_release_after_compiles_runs_once_per_long_compilation(monkeypatch):
+    calls = []
+    monkeypatch.setattr(runtime, "release_freed_memory", lambda: calls.append(1) or True)
+    fresh = lambda: jax.jit(lambda x: x * 3.0 + len(calls))  # noqa: E731  (a new program: not in any cache)
+    x = jnp.ones(3)
+    try:
+        assert runtime.release_memory_after_compiles(min_seconds=0.0)
+        fresh()(x).block_until_ready()
+        assert len(calls) == 1
+        fresh()(x).block_until_ready()
+        assert len(calls) == 2
+        assert runtime.release_memory_after_compiles(min_seconds=1e9)  # reinstalled, not added
+        fresh()(x).block_until_ready()
+        assert len(calls) == 2  # too short a compilation
+        monkeypatch.setenv("JAXFEDNAS_RELEASE_MEMORY", "0")
+        assert not runtime.release_memory_after_compiles(min_seconds=0.0)
+        fresh()(x).block_until_ready()
+        assert len(calls) == 2
+    finally:
+        runtime.release_memory_after_compiles(enable=False)
