@@ -135,7 +135,7 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     from algorithms.fednas import cpu_scheduler, FedNASConfig, make_local_search, make_supernet
     from jaxfednas.cost import count_params
     from jaxfednas.nn import default_depthwise_impl
-    from jaxfednas.runtime import jit
+    from jaxfednas.runtime import jit, release_memory_after_compiles
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
@@ -143,8 +143,10 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     info, train, val = _single_client_data(steps * batch, batch, args.seed)
     model = make_supernet(cfg, info)
     local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg))  # as fednas()'s round
+    release_memory_after_compiles()  # as run_experiment does
     x0 = jax.numpy.zeros((1,) + info.image_shape)
-    variables = dict(model.init({"params": jax.random.PRNGKey(args.seed)}, x0, train=False))
+    # jitted, as an algorithm's init is (eager init leaves ~0.6 GiB of per-op programs resident)
+    variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(jax.random.PRNGKey(args.seed)))
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
     res = {"kind": f"jax:{config}:{order}", "machine": bu.machine_info(), "load_start": bu.load_line(),
            "params": count_params(variables["params"]), "steps": steps, "repeats": repeats,
@@ -194,8 +196,9 @@ def worker_round(args, placement: str) -> dict:
     from jaxfednas.experiment import make_partition
     from jaxfednas.rng import init_key, round_key
     from jaxfednas.registry import make_config
-    from jaxfednas.runtime import Placement, jit, round_clients, weighted_mean
+    from jaxfednas.runtime import Placement, jit, release_memory_after_compiles, round_clients, weighted_mean
 
+    release_memory_after_compiles()  # as run_experiment does
     C, layers, batch = CONFIGS["a"]
     K = ROUND_CLIENTS
     ecfg = make_config("fednas", overrides={
@@ -476,7 +479,9 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             "`runs` timed runs; s/step = median over runs of run time / steps. PyTorch: "
             "`benchmarks/torch_darts.py`, eager, `torch.set_num_threads(2)`, one warm-up step then `runs` x `steps` "
             "steps (the warm-up column is that single step). Peak RSS = the process's high-water mark (JAX: "
-            "including compilation). Throughput vs PyTorch = PyTorch s/step / this row's s/step, same config, "
+            "including compilation; as in `run_experiment`, the supernet is initialised by a jitted `init` and the C "
+            "allocator's free memory is handed back after each long compilation, "
+            "`jaxfednas.runtime.release_memory_after_compiles`). Throughput vs PyTorch = PyTorch s/step / this row's s/step, same config, "
             "same run; the like-for-like row is alpha_first (the authors' 3-pass order; Eq. 4 needs 2 passes)."
         )
         if "b" in configs and steps_repeats(args, "b") != steps_repeats(args, "a"):
