@@ -52,7 +52,12 @@ DIGITS = {"data.dataset": "digits", "data.split": (0.75, 0.0, 0.25), "run.rounds
           "algo.space": "small", "algo.batch_size": 32, "algo.local_epochs": 5, "algo.arch_lr": 0.2,
           "algo.w_lr": 0.05}
 NONIID = {"data.partition": "dirichlet", "data.alpha": 0.5, "data.num_clients": 8}
-FEDAVG = {"algo.model": "shufflenetv2", "algo.client_lr": 0.05, "algo.batch_size": 32, "algo.local_epochs": 5}
+FEDAVG = {"algo.client_lr": 0.05, "algo.batch_size": 32, "algo.local_epochs": 5}  # + the searched space's k3 child
+
+
+def _baseline(space: str) -> dict:
+    """The FedAvg baseline's network: the all-3x3 child of the space DFNAS searched."""
+    return {"algo.model": f"shufflenetv2_{space}"}
 
 
 def _describe(row: dict) -> str:
@@ -71,14 +76,16 @@ def plan(args, overrides: dict) -> list[tuple[str, str, dict]]:
 
         p = PRESETS[args.preset]
         data = {k: v for k, v in p.items() if k.startswith("data.") or k.startswith("run.")}
-        fedavg = {**data, "algo.model": "shufflenetv2", "algo.batch_size": p.get("algo.batch_size", 64)}
+        fedavg = {**data, **_baseline(overrides.get("algo.space", p["algo.space"])),
+                  "algo.batch_size": p.get("algo.batch_size", 64)}
         return [(f"dfnas-{args.preset}", "dfnas", {**p, **overrides}),
                 (f"fedavg-{args.preset}", "fedavg", {**fedavg, **overrides})]
     runs = [("noniid-8", "dfnas", {**DIGITS, **NONIID})]
     for k in args.iid_clients:
         runs.append((f"iid-{k}", "dfnas", {**DIGITS, "data.partition": "iid", "data.num_clients": k}))
     base = {k: v for k, v in DIGITS.items() if not k.startswith("algo.")}
-    runs.append(("fedavg-noniid-8", "fedavg", {**base, **NONIID, **FEDAVG}))
+    runs.append(("fedavg-noniid-8", "fedavg",
+                 {**base, **NONIID, **FEDAVG, **_baseline(overrides.get("algo.space", DIGITS["algo.space"]))}))
     return [(name, algo, {**o, **{k: v for k, v in overrides.items() if k.split(".")[0] != "algo" or algo == "dfnas"}})
             for name, algo, o in runs]
 
@@ -114,8 +121,8 @@ def run(args) -> None:
             model = make_model(cfg.algo.model, ds.num_classes, d.dataset)
             shapes = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
             cost = child_cost(uniform_arch(model.space.name, "k3"), ds.num_classes, ds.image_shape)
-            row.update(architecture="ShuffleNetV2 (k3 in every block)", params=count_params(shapes["params"]),
-                       macs=cost["macs"])
+            row.update(architecture=f"ShuffleNetV2 (k3 in every block of {model.space.name})",
+                       params=count_params(shapes["params"]), macs=cost["macs"])
         rows.append(row)
     table = results_table(rows)
     print("\n" + table)

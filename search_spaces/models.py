@@ -69,18 +69,23 @@ class ResNet(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
-MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2")
+SHUFFLENET_SPACES = ("tiny", "small", "cross_silo", "cross_device", "imagenet")
+"""The ShuffleNet search spaces (``search_spaces.shufflenet.SPACES``) whose all-k3 child is a
+model here: ``shufflenetv2_<space>``."""
+MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2") + tuple(f"shufflenetv2_{s}" for s in SHUFFLENET_SPACES)
 
 
-def shufflenetv2(num_classes: int, dataset: str) -> nn.Module:
+def shufflenetv2(num_classes: int, dataset: str, space: str | None = None) -> nn.Module:
     """A plain ShuffleNetV2 (3x3 depthwise in every unit) in DFNAS' geometry: the all-k3
-    child of the ``small`` space for 8x8 digits/synthetic, of ``cross_silo`` otherwise —
-    the hand-designed network DFNAS is compared with (paper Fig. 2)."""
+    child of ``space`` — by default of the ``small`` space for 8x8 digits/synthetic, of
+    ``cross_silo`` otherwise — the hand-designed network DFNAS is compared with (paper
+    Fig. 2; the DFNAS example trains the child of the space it searched)."""
     from search_spaces.shufflenet import auto_depthwise_impl, build, uniform_arch  # noqa: PLC0415
 
     small = dataset in ("digits", "synthetic")  # 8x8 images; the others are 32x32
     impl = auto_depthwise_impl(8 if small else 32)
-    return build(uniform_arch("small" if small else "cross_silo", "k3"), num_classes, dw_impl=impl)
+    space = space or ("small" if small else "cross_silo")
+    return build(uniform_arch(space, "k3"), num_classes, dw_impl=impl)
 
 
 def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
@@ -96,6 +101,8 @@ def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
         return ResNet(num_classes, stage_sizes=(1, 1), width=8)
     if name == "shufflenetv2":
         return shufflenetv2(num_classes, dataset)
+    if name.startswith("shufflenetv2_") and name[len("shufflenetv2_"):] in SHUFFLENET_SPACES:
+        return shufflenetv2(num_classes, dataset, name[len("shufflenetv2_"):])
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 

@@ -1,5 +1,5 @@
 """The DFNAS example end to end on a tiny setting (3-block space, 1 round): the non-IID
-run and the FedAvg ShuffleNetV2 baseline (IID runs only change the partition; left out to
+run and the FedAvg ShuffleNetV2 baseline (the all-3x3 child of the same space) (IID runs only change the partition; left out to
 save a compilation), results table, resume, CLI."""
 import importlib.util
 import json
@@ -34,6 +34,10 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert search["architecture"].startswith("tiny[") and search["clients"] == 8
     arch = json.loads((out / "noniid-8" / "architecture.json").read_text())
     assert len(arch["choices"]) == 3
+    # the baseline is the all-3x3 child of the space searched (set here by --set algo.space=tiny)
+    assert rows[1]["architecture"].endswith("every block of tiny)")
+    assert rows[1]["params"] <= rows[0]["params"]  # k3 is the space's cheapest candidate
+    assert (rows[1]["macs"] == rows[0]["macs"]) == all(c == 0 for c in arch["choices"])  # 0: k3
     # FedAvg ran on the same clients as the non-IID search
     m1 = json.loads((out / "noniid-8" / "partition" / "manifest.json").read_text())
     m2 = json.loads((out / "fedavg-noniid-8" / "partition" / "manifest.json").read_text())

@@ -125,6 +125,22 @@ def test_arch_type_derive_and_json():
         uniform_arch("cross_device", "xception")
 
 
+def test_shufflenetv2_models_are_each_spaces_all_k3_child():
+    from search_spaces.models import make_model, SHUFFLENET_SPACES
+
+    def arch(name, dataset):
+        m = make_model(name, 10, dataset)
+        return ShuffleArch(m.space.name, m.choices)
+
+    assert sorted(SHUFFLENET_SPACES) == sorted(SPACES)
+    assert arch("shufflenetv2_tiny", "digits") == uniform_arch("tiny", "k3")
+    assert arch("shufflenetv2_cross_device", "cifar10") == uniform_arch("cross_device", "k3")
+    assert arch("shufflenetv2", "digits") == uniform_arch("small", "k3")  # by the image size
+    assert arch("shufflenetv2", "cifar10") == uniform_arch("cross_silo", "k3")
+    with pytest.raises(ValueError, match="model must be one of"):
+        make_model("shufflenetv2_nope", 10, "digits")
+
+
 def test_macs_table_sums_to_child_cost():
     """A child's multiply-adds are the fixed stem + head plus one table entry per block;
     on the ImageNet space the entries are DSNAS' own FLOPs table (its network.py)."""
