@@ -10,8 +10,9 @@
   chunk 1 runs clients one after another, so single-path methods pay for one
   path) and ``shard_map`` over a mesh axis named ``clients`` spanning every
   visible device (clients padded to a multiple of the device count with copies
-  that are dropped before anything is aggregated; within a device, clients are
-  vmapped or chunk-mapped).
+  that are dropped before anything is aggregated, and that skip the work where clients
+  run one after another within a device; within a device, clients are vmapped or
+  chunk-mapped).
 * :func:`weighted_mean`, :func:`masked_weighted_mean` — aggregation of pytrees
   over the client axis (BatchNorm statistics included: they are just leaves).
 * :func:`gather_rows`, :func:`scatter_rows` — persistent per-client state
@@ -412,10 +413,21 @@ def map_clients(
     mesh = client_mesh()
     n_dev = mesh.devices.size
     m = _leading_size(per_client)
-    padded = _pad_clients(per_client, math.ceil(m / n_dev) * n_dev)
+    target = math.ceil(m / n_dev) * n_dev
+    padded = _pad_clients(per_client, target)
+    within = placement.resolved_within()
+    run = fn
+    if target > m and within == "map":
+        # a padding row skips the work (its output is dropped below): devices that share
+        # processors -- XLA:CPU's simulated devices -- do not pay for clients that do not exist
+        def run(c, sh):
+            pc, real = c
+            return step_if(real, lambda args: (args, fn(*args)), (pc, sh))[1]
+
+        padded = (padded, jnp.arange(target) < m)
 
     def on_device(pc, sh):
-        return _run_local(fn, pc, sh, placement.resolved_within(), placement.client_chunk_size)
+        return _run_local(run, pc, sh, within, placement.client_chunk_size)
 
     out = jax.shard_map(
         on_device,

@@ -164,6 +164,27 @@ def test_map_clients_placements_agree_and_padding_is_dropped(n_clients):
             np.testing.assert_allclose(out["y"][i], ref[i]["y"], rtol=1e-6)
 
 
+def test_shard_map_padding_rows_skip_the_work_when_clients_run_in_turn():
+    """3 clients on 8 devices: 5 padding rows. One after another within a device (``map``),
+    they skip ``fn`` (it runs 3 times); vmapped, every row runs it (a vmapped branch is a
+    select). Either way the outputs are the 3 clients'."""
+    calls = []
+
+    def fn(c, shared):
+        jax.debug.callback(lambda: calls.append(1))
+        return _fn(c, shared)
+
+    xs = {"x": jax.random.normal(jax.random.PRNGKey(0), (3, 5))}
+    for p, runs in ((Placement("shard_map", within="map"), 3), (Placement("shard_map"), 8)):
+        calls.clear()
+        out = jax.jit(lambda t: map_clients(fn, t, 2.0, placement=p))(xs)
+        jax.block_until_ready(out)
+        jax.effects_barrier()
+        assert len(calls) == runs, p
+        for i in range(3):
+            np.testing.assert_allclose(out["y"][i], _fn({"x": xs["x"][i]}, 2.0)["y"], rtol=1e-6)
+
+
 def _round_params(data, placement, m=3):
     algo = fedavg(FedAvgConfig(batch_size=16), data.info, clients_per_round=m, placement=placement)
     state = algo.init(jax.random.PRNGKey(0))
