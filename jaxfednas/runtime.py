@@ -416,14 +416,17 @@ def map_clients(
     target = math.ceil(m / n_dev) * n_dev
     padded = _pad_clients(per_client, target)
     within = placement.resolved_within()
-    run = fn
-    if target > m and within == "map":
+    skip_padding = target > m and within == "map"
+
+    def run(c, sh):
+        if not skip_padding:
+            return fn(c, sh)
         # a padding row skips the work (its output is dropped below): devices that share
         # processors -- XLA:CPU's simulated devices -- do not pay for clients that do not exist
-        def run(c, sh):
-            pc, real = c
-            return step_if(real, lambda args: (args, fn(*args)), (pc, sh))[1]
+        pc, real = c
+        return step_if(real, lambda args: (args, fn(*args)), (pc, sh))[1]
 
+    if skip_padding:
         padded = (padded, jnp.arange(target) < m)
 
     def on_device(pc, sh):
