@@ -339,10 +339,14 @@ def test_flops_config_errors(data2):
         flops_penalty(DFNASConfig(**TINY, flops_coef=1.0, flops_target=0.9), data2.info)
 
 
+@pytest.mark.slow
 def test_scan_blocks_round_equals_unrolled(data2, monkeypatch):
     """A DFNAS round with ``algo.scan_blocks`` on (identical blocks as one ``lax.scan``)
     equals the unrolled round. "tiny" has no run of identical blocks, so this uses a
-    4-block, 2-candidate space whose blocks 2 and 3 are identical."""
+    4-block, 2-candidate space whose blocks 2 and 3 are identical. Opt-in (~30 s in the
+    suite): the round reads the network only through its logits, new BatchNorm statistics
+    and gradients w.r.t. weights and gates, which tests/test_shufflenet.py's
+    test_scanned_blocks_equal_unrolled checks equal for the same kind of space."""
     space = ShuffleSpace("scan_test", ("k3", "xception"), (1, 3), (8, 16), (1, 2), stem_channels=8, last_channels=32)
     monkeypatch.setitem(SPACES, space.name, space)
     out = {}
