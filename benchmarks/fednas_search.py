@@ -146,7 +146,9 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     release_memory_after_compiles()  # as run_experiment does
     x0 = jax.numpy.zeros((1,) + info.image_shape)
     # jitted, as an algorithm's init is (eager init leaves ~0.6 GiB of per-op programs resident)
-    variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(jax.random.PRNGKey(args.seed)))
+    init = jax.jit(lambda k: model.init({"params": k}, x0, train=False))
+    variables = dict(init(jax.random.PRNGKey(args.seed)))
+    init.clear_cache()  # as run_experiment drops init's program (jaxfednas.runtime.drop_compiled)
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
     res = {"kind": f"jax:{config}:{order}", "machine": bu.machine_info(), "load_start": bu.load_line(),
            "params": count_params(variables["params"]), "steps": steps, "repeats": repeats,

@@ -49,7 +49,7 @@ from jaxfednas.distributed import broadcast, is_main, on_main, put_like, to_host
 from jaxfednas.progress import Progress
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.registry import algorithm_module, config_from_dict
-from jaxfednas.runtime import CLIENT_AXIS, client_mesh, Placement, release_memory_after_compiles
+from jaxfednas.runtime import CLIENT_AXIS, client_mesh, drop_compiled, Placement, release_memory_after_compiles
 
 CHECKPOINT = "checkpoint.msgpack"
 
@@ -459,6 +459,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
 
     algo = algorithm_module(cfg.algorithm).build(fit_memory_budget(cfg, data, log), data.info)
     state = algo.init(init_key(cfg.run.seed))
+    drop_compiled(algo.init)  # it runs once: its program need not stay resident while the rounds run
     start, rows, restored = 0, [], None
     if resume:
         shapes = shape_template(state)

@@ -126,6 +126,12 @@ class _Jit:
     def lower(self, *args, **kwargs):
         return self.top.lower(*args, **kwargs)
 
+    def clear_cache(self) -> None:
+        """Forget the compiled programs (see :func:`drop_compiled`)."""
+        self.top.clear_cache()
+        if self.nested is not self.top:
+            self.nested.clear_cache()
+
     def eval_shape(self, *args, **kwargs):
         return self.top.eval_shape(*args, **kwargs)
 
@@ -185,6 +191,17 @@ def release_memory_after_compiles(enable: bool = True, min_seconds: float = RELE
         _RELEASE["listener"] = _release_listener(min_seconds)
         jax.monitoring.register_event_duration_secs_listener(_RELEASE["listener"])
     return _RELEASE["listener"] is not None
+
+
+def drop_compiled(fn: Callable) -> None:
+    """Forget the programs a jitted ``fn`` compiled (its own in-memory cache; the persistent
+    compilation cache on disk keeps them, so a later call reloads rather than recompiles).
+    For a program that runs once -- an algorithm's ``init`` in ``run_experiment`` -- whose
+    executable would otherwise stay resident while the rounds run (FedNAS config (a)'s
+    supernet init: 0.15 GiB). A function that is not jitted is left alone."""
+    clear = getattr(fn, "clear_cache", None)
+    if clear is not None:
+        clear()
 
 
 def output_shapes(fn: Callable, *args) -> tuple[Callable, Any]:

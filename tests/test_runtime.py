@@ -402,3 +402,17 @@ def test_release_after_compiles_runs_once_per_long_compilation(monkeypatch):
         assert len(calls) == 2
     finally:
         runtime.release_memory_after_compiles(enable=False)
+
+
+def test_drop_compiled_forgets_a_jitted_functions_programs(count_traces):
+    for fn in (jit(lambda x: x * 5.0 + 1.0), jax.jit(lambda x: x * 7.0 - 1.0)):
+        x = jnp.arange(3.0)
+        fn(x)
+        with count_traces() as traced:
+            fn(x)
+        assert traced == []
+        runtime.drop_compiled(fn)
+        with count_traces() as traced:
+            np.testing.assert_allclose(fn(x), fn.__wrapped__(np.arange(3.0)))
+        assert len(traced) == 1  # compiled again (from the persistent cache where it holds it)
+    runtime.drop_compiled(lambda x: x)  # not jitted: nothing to drop, no error
