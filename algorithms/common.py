@@ -25,7 +25,8 @@ class SupervisedConfig(Validated):
     """Local training of a fixed network (shared by FedAvg and local-only training)."""
 
     SECTION = "algo"
-    model: str = param("auto", "network (auto: cnn for digits/synthetic, resnet18 for CIFAR; shufflenetv2_<space>: the all-3x3 child of a DFNAS space)", choices=MODELS)
+    model: str = param("auto", "network (auto: cnn for digits/synthetic, resnet18 for CIFAR; "
+                       "shufflenetv2_<space>: the all-3x3 child of a DFNAS space)", choices=MODELS)
     local_epochs: int = param(1, "local epochs E per round", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size B", range=(1, 1_000_000))
     client_lr: float = param(0.05, "client SGD learning rate", range=(0.0, 100.0))

@@ -49,7 +49,8 @@ from jaxfednas.distributed import broadcast, is_main, on_main, put_like, to_host
 from jaxfednas.progress import Progress
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.registry import algorithm_module, config_from_dict
-from jaxfednas.runtime import CLIENT_AXIS, client_mesh, drop_compiled, Placement, release_memory_after_compiles
+from jaxfednas.runtime import (CLIENT_AXIS, client_mesh, drop_compiled, Placement,
+                               release_memory_after_compiles)
 
 CHECKPOINT = "checkpoint.msgpack"
 
@@ -608,7 +609,7 @@ def run_experiment(
     """
     out = Path(out_dir)
     t_start = time.perf_counter()
-    release_memory_after_compiles()  # the compiler's freed temporaries do not stay resident while rounds run
+    release_memory_after_compiles()  # the compiler's freed temporaries do not stay resident
     if not is_main():  # one writer, one voice: process 0 (a multi-process run)
         log = _quiet
     run = _prepare(cfg, out, resume, log)  # the run directory

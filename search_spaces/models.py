@@ -72,7 +72,7 @@ class ResNet(nn.Module):
 SHUFFLENET_SPACES = ("tiny", "small", "cross_silo", "cross_device", "imagenet")
 """The ShuffleNet search spaces (``search_spaces.shufflenet.SPACES``) whose all-k3 child is a
 model here: ``shufflenetv2_<space>``."""
-MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2") + tuple(f"shufflenetv2_{s}" for s in SHUFFLENET_SPACES)
+MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2", *(f"shufflenetv2_{s}" for s in SHUFFLENET_SPACES))
 
 
 def shufflenetv2(num_classes: int, dataset: str, space: str | None = None) -> nn.Module:
@@ -101,8 +101,8 @@ def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
         return ResNet(num_classes, stage_sizes=(1, 1), width=8)
     if name == "shufflenetv2":
         return shufflenetv2(num_classes, dataset)
-    if name.startswith("shufflenetv2_") and name[len("shufflenetv2_"):] in SHUFFLENET_SPACES:
-        return shufflenetv2(num_classes, dataset, name[len("shufflenetv2_"):])
+    if name.startswith("shufflenetv2_") and name.removeprefix("shufflenetv2_") in SHUFFLENET_SPACES:
+        return shufflenetv2(num_classes, dataset, name.removeprefix("shufflenetv2_"))
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 
