@@ -135,7 +135,7 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     from algorithms.fednas import cpu_scheduler, FedNASConfig, make_local_search, make_supernet
     from jaxfednas.cost import count_params
     from jaxfednas.nn import default_depthwise_impl
-    from jaxfednas.runtime import jit, release_memory_after_compiles
+    from jaxfednas.runtime import drop_compiled, jit, release_memory_after_compiles
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
@@ -148,7 +148,7 @@ def worker_jax_step(args, config: str, order: str) -> dict:
     # jitted, as an algorithm's init is (eager init leaves ~0.6 GiB of per-op programs resident)
     init = jax.jit(lambda k: model.init({"params": k}, x0, train=False))
     variables = dict(init(jax.random.PRNGKey(args.seed)))
-    init.clear_cache()  # as run_experiment drops init's program (jaxfednas.runtime.drop_compiled)
+    drop_compiled(init)  # as run_experiment drops init's program
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
     res = {"kind": f"jax:{config}:{order}", "machine": bu.machine_info(), "load_start": bu.load_line(),
            "params": count_params(variables["params"]), "steps": steps, "repeats": repeats,
@@ -483,7 +483,8 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             "steps (the warm-up column is that single step). Peak RSS = the process's high-water mark (JAX: "
             "including compilation; as in `run_experiment`, the supernet is initialised by a jitted `init` and the C "
             "allocator's free memory is handed back after each long compilation, "
-            "`jaxfednas.runtime.release_memory_after_compiles`). Throughput vs PyTorch = PyTorch s/step / this row's s/step, same config, "
+            "`jaxfednas.runtime.release_memory_after_compiles`). Throughput vs PyTorch = PyTorch s/step / this row's "
+            "s/step, same config, "
             "same run; the like-for-like row is alpha_first (the authors' 3-pass order; Eq. 4 needs 2 passes)."
         )
         if "b" in configs and steps_repeats(args, "b") != steps_repeats(args, "a"):

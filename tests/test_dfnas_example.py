@@ -1,6 +1,6 @@
 """The DFNAS example end to end on a tiny setting (3-block space, 1 round): the non-IID
-run and the FedAvg ShuffleNetV2 baseline (the all-3x3 child of the same space) (IID runs only change the partition; left out to
-save a compilation), results table, resume, CLI."""
+run and the FedAvg ShuffleNetV2 baseline, the all-3x3 child of the same space (IID runs only
+change the partition; left out to save a compilation), results table, resume, CLI."""
 import importlib.util
 import json
 import subprocess
