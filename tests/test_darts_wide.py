@@ -49,8 +49,9 @@ def test_grouped_equals_edge_scan(primitives):
     x = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
     y = jax.random.randint(jax.random.key(1), (6,), 0, 5)
     mask = jnp.arange(6) < 4  # two padded rows stay out of the BatchNorm statistics
-    variables = dict(scan.init(jax.random.key(2), x, train=False))
-    # the grouped network's variables only need the same structure (its eager init would compile)
+    # one compiled init (eagerly, flax's init compiles ~190 small programs: ~10 s here); the
+    # grouped network's variables only need the same structure
+    variables = dict(jax.jit(functools.partial(scan.init, train=False))(jax.random.key(2), x))
     assert jax.tree_util.tree_structure(variables) == jax.tree_util.tree_structure(
         jax.eval_shape(functools.partial(grouped.init, train=False), jax.random.key(2), x))
     # distinct running statistics per edge, so evaluation must use each edge's own
@@ -58,7 +59,9 @@ def test_grouped_equals_edge_scan(primitives):
         lambda a: a + jax.random.uniform(jax.random.key(a.size), a.shape), stats))(variables["batch_stats"])
     a, b = _run(scan, variables, x, y, mask), _run(grouped, variables, x, y, mask)
     assert jax.tree_util.tree_structure(a[1]) == jax.tree_util.tree_structure(b[1])
-    assert _rel(a[0], b[0]) < 1e-5  # logits
+    # logits: float32 rounding in a different order, amplified by BatchNorm over 4 examples
+    # (over init keys 0-5: 5e-7 to 1.4e-5, the logits' own scale; a wrong edge gives ~1e-1)
+    assert _rel(a[0], b[0]) < 5e-5
     assert _rel(a[1], b[1]) < 1e-5  # every updated running statistic
     assert _rel(a[2], b[2]) < 1e-4  # gradients w.r.t. weights and α
     assert _rel(a[3], b[3]) < 1e-5  # evaluation mode
