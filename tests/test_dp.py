@@ -8,7 +8,8 @@ import pytest
 
 from jaxfednas import privacy
 from jaxfednas.privacy import mechanism as dp
-from jaxfednas.optim import arch_hessian_vector, darts_arch_grad
+from jaxfednas.optim import arch_hessian_vector as _arch_hessian_vector
+from jaxfednas.optim import darts_arch_grad as _darts_arch_grad
 
 
 def _tree_grads(b=7, seed=0):
@@ -249,9 +250,13 @@ def _supernet(seed=0):
 def test_second_order_fd_agrees_with_exact_hvp_and_xi_zero_is_first_order():
     params, arch, tr, va = _supernet()
     xi = 0.1
+    # every call compiled whole (run eagerly, its ops compile ~230 small programs: ~8 s)
+    darts_arch_grad = jax.jit(_darts_arch_grad, static_argnums=0, static_argnames=("xi", "method", "eps_scale"))
+    arch_hessian_vector = jax.jit(_arch_hessian_vector, static_argnums=0, static_argnames=("method", "eps_scale"))
+    grad_a, grad_w = jax.jit(jax.grad(_supernet_loss, 1)), jax.jit(jax.grad(_supernet_loss, 0))
     exact = darts_arch_grad(_supernet_loss, params, arch, tr, va, xi=xi, method="hvp")
     fd = darts_arch_grad(_supernet_loss, params, arch, tr, va, xi=xi, method="fd", eps_scale=0.01)
-    first = jax.grad(_supernet_loss, 1)(params, arch, va)
+    first = grad_a(params, arch, va)
     # the Hessian term matters here (so agreement is not just the first-order part) ...
     assert float(jnp.abs(exact["a"] - first["a"]).max()) > 1e-3
     # ... and the finite difference reproduces it
@@ -259,7 +264,7 @@ def test_second_order_fd_agrees_with_exact_hvp_and_xi_zero_is_first_order():
 
     # the Hessian-vector product itself, against an explicit mixed Hessian (jacfwd of grad)
     v = jax.tree.map(lambda w: jnp.ones_like(w) * 0.3, params)
-    mixed = jax.jacfwd(lambda w: jax.grad(_supernet_loss, 1)(w, arch, tr)["a"])(params)
+    mixed = jax.jit(jax.jacfwd(lambda w: jax.grad(_supernet_loss, 1)(w, arch, tr)["a"]))(params)
     want = sum(jnp.tensordot(mixed[k], v[k], axes=v[k].ndim) for k in params)
     for method in ("hvp", "fd"):
         got = arch_hessian_vector(_supernet_loss, params, arch, tr, v, method=method)
@@ -274,16 +279,16 @@ def test_second_order_fd_agrees_with_exact_hvp_and_xi_zero_is_first_order():
 
     # the pt.darts / DP-FNAS precedence bug (term * eps^2 instead of / (2 eps)) would be
     # indistinguishable from first order; ours is not
-    g_w = jax.grad(_supernet_loss, 0)(params, arch, tr)
+    g_w = grad_w(params, arch, tr)
     w_prime = jax.tree.map(lambda w, g: w - xi * g, params, g_w)
-    a_val = jax.grad(_supernet_loss, 1)(w_prime, arch, va)
+    a_val = grad_a(w_prime, arch, va)
     assert float(jnp.abs(exact["a"] - a_val["a"]).max()) > 1e-3
 
     # params_prime overrides the plain virtual step
     same = darts_arch_grad(_supernet_loss, params, arch, tr, va, xi=xi, method="hvp", params_prime=w_prime)
     np.testing.assert_allclose(np.asarray(same["a"]), np.asarray(exact["a"]), rtol=1e-6)
     with pytest.raises(ValueError, match="method"):
-        arch_hessian_vector(_supernet_loss, params, arch, tr, v, method="nope")
+        _arch_hessian_vector(_supernet_loss, params, arch, tr, v, method="nope")
 
 
 # --- Per-example normalisation of the DARTS search network (DP mode) -------------------
