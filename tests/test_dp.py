@@ -87,6 +87,11 @@ def _mlp(seed=0, b=8):
     return params, ex
 
 
+# compiled whole (run eagerly, the vmapped gradients compile ~150 small programs per test)
+_clipped_sum = jax.jit(dp.per_example_clipped_sum, static_argnums=(0, 3), static_argnames="chunk")
+_mlp_grad = jax.jit(jax.grad(_mlp_loss))
+
+
 def test_per_example_clipped_sum_matches_a_loop_over_examples_and_chunks_agree():
     params, ex = _mlp()
     mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
@@ -96,14 +101,14 @@ def test_per_example_clipped_sum_matches_a_loop_over_examples_and_chunks_agree()
         loss, g = jax.value_and_grad(_mlp_loss)(params, e)
         return g, {"loss": loss}
 
-    total, aux, n_clip = dp.per_example_clipped_sum(example_fn, ex, mask, clip)
+    total, aux, n_clip = _clipped_sum(example_fn, ex, mask, clip)
     want = jax.tree.map(jnp.zeros_like, params)
     want_loss = 0.0
     for i in range(8):
         if not bool(mask[i]):
             continue
         e = jax.tree.map(lambda a: a[i], ex)
-        g = jax.grad(_mlp_loss)(params, e)
+        g = _mlp_grad(params, e)
         f = min(1.0, clip / float(optax.tree.norm(g)))
         want = jax.tree.map(lambda a, b: a + f * b, want, g)
         want_loss += float(_mlp_loss(params, e))
@@ -111,7 +116,7 @@ def test_per_example_clipped_sum_matches_a_loop_over_examples_and_chunks_agree()
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(aux["loss"]), want_loss, rtol=1e-5)
     assert 0 < int(n_clip) <= 6
-    chunked = dp.per_example_clipped_sum(example_fn, ex, mask, clip, chunk=2)
+    chunked = _clipped_sum(example_fn, ex, mask, clip, chunk=2)
     for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves((total, aux, n_clip))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="multiple of chunk"):
@@ -132,8 +137,8 @@ def test_padded_examples_contribute_nothing():
     # bitwise equal on any processor (identical shapes reduce in an identical order).
     benign = {"x": ex["x"].at[4].set(ex["x"][0]).at[5].set(ex["x"][1]), "y": ex["y"]}
     garbage = {"x": ex["x"].at[4].set(1e30).at[5].set(jnp.nan), "y": ex["y"]}
-    ref = dp.per_example_clipped_sum(example_fn, benign, mask, clip)
-    got = dp.per_example_clipped_sum(example_fn, garbage, mask, clip)
+    ref = _clipped_sum(example_fn, benign, mask, clip)
+    got = _clipped_sum(example_fn, garbage, mask, clip)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert float(got[1]["n"]) == 4.0
@@ -141,7 +146,7 @@ def test_padded_examples_contribute_nothing():
     # zero) and one over 4 may be reduced in a different order by XLA's CPU code (which
     # differs between processors): equal up to a few float32 ulp, not bitwise.
     real = jax.tree.map(lambda a: a[:4], ex)
-    unpadded = dp.per_example_clipped_sum(example_fn, real, jnp.ones(4, bool), clip)
+    unpadded = _clipped_sum(example_fn, real, jnp.ones(4, bool), clip)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(unpadded)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=4e-7, atol=1e-7)
     # a whole privatised average with padding equals the benign one (same noise key)
