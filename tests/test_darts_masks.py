@@ -84,17 +84,19 @@ def test_masked_cell_equals_the_hand_pruned_cell():
 def test_masked_supernet_ignores_removed_ops_and_matches_the_unrolled_layout():
     net = DartsSearchNetwork(C=4, num_classes=3, layers=3, steps=2, multiplier=2, primitives=TINY)
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 8, 3))
-    v = net.init({"params": jax.random.PRNGKey(2)}, x)
+    # compiled whole (eagerly, flax's init and apply compile ~150 small programs: ~10 s)
+    v = jax.jit(net.init)({"params": jax.random.PRNGKey(2)}, x)
     genotype = Genotype([("sep_conv_3x3", 0), ("skip_connect", 1), ("avg_pool_3x3", 2), ("skip_connect", 0)], [2, 3],
                         [("sep_conv_3x3", 1), ("avg_pool_3x3", 0), ("skip_connect", 2), ("sep_conv_3x3", 1)], [2, 3])
     w = mask_weights(mask_from_genotype(genotype, TINY, 2))
-    out = net.apply(v, x, arch_weights=w)
+    out = jax.jit(lambda v: net.apply(v, x, arch_weights=w))(v)
     # the same mask on the unrolled supernet gives the same logits
     flat = DartsSearchNetwork(C=4, num_classes=3, layers=3, steps=2, multiplier=2, primitives=TINY,
                               scan_cells=False, scan_edges=False)
+    flat_apply = jax.jit(lambda v: flat.apply(v, x, arch_weights=w))
     vf = {"params": unroll_variables(v["params"]), "batch_stats": unroll_variables(v["batch_stats"]), "arch": v["arch"]}
-    np.testing.assert_allclose(np.asarray(flat.apply(vf, x, arch_weights=w)), np.asarray(out), rtol=1e-5, atol=1e-6)
-    base = flat.apply(vf, x, arch_weights=w)
+    np.testing.assert_allclose(np.asarray(flat_apply(vf)), np.asarray(out), rtol=1e-5, atol=1e-6)
+    base = flat_apply(vf)
 
     def perturb(kept: bool):  # scale every sep_conv weight of the edges where it is (not) kept
         params = jax.tree.map(lambda a: a, vf["params"])
@@ -104,7 +106,7 @@ def test_masked_supernet_ignores_removed_ops_and_matches_the_unrolled_layout():
                 edge = params[f"cell_{i}"][f"edge_{e}"]
                 if bool(m[e, TINY.index("sep_conv_3x3")]) == kept:
                     edge["sep_conv_3x3"] = jax.tree.map(lambda a: 3.0 * a + 1.0, edge["sep_conv_3x3"])
-        return np.asarray(flat.apply({**vf, "params": params}, x, arch_weights=w))
+        return np.asarray(flat_apply({**vf, "params": params}))
 
     np.testing.assert_array_equal(perturb(kept=False), np.asarray(base))  # removed ops do not matter
     assert np.abs(perturb(kept=True) - np.asarray(base)).max() > 1e-4  # kept ones do
