@@ -76,15 +76,17 @@ def test_child_equals_supernet_on_its_path_and_counts():
     space = SPACES["tiny"]
     net = ShuffleNetwork(space, 10, dw_impl="grouped")
     x = jax.random.normal(jax.random.key(1), (6, 8, 8, 1))
-    v = net.init(jax.random.key(0), x)
+    # every init and apply compiled whole (eagerly their ops compile ~130 small programs: ~6 s)
+    v = jax.jit(net.init)(jax.random.key(0), x)
     assert v["arch"]["alpha"].shape == (3, 4)
     assert abs(float(v["arch"]["alpha"].mean()) - 1.0) < 0.02  # N(1, 0.01)
     arch = ShuffleArch("tiny", (3, 1, 2))
     child = build(arch, 10, dw_impl="grouped")
     cv = child_variables(v, arch)
     for train in (False, True):
-        ys = net.apply(v, x, jnp.array(arch.choices), train=train, mutable=["batch_stats"] if train else False)
-        yc = child.apply(cv, x, train=train, mutable=["batch_stats"] if train else False)
+        mutable = ["batch_stats"] if train else False
+        ys = jax.jit(lambda v: net.apply(v, x, jnp.array(arch.choices), train=train, mutable=mutable))(v)
+        yc = jax.jit(lambda cv: child.apply(cv, x, train=train, mutable=mutable))(cv)
         ys, yc = (ys[0], yc[0]) if train else (ys, yc)
         np.testing.assert_allclose(np.asarray(ys), np.asarray(yc), rtol=1e-5, atol=1e-6)
     # the child holds exactly its units' weights
@@ -94,8 +96,9 @@ def test_child_equals_supernet_on_its_path_and_counts():
     assert n_super > 2 * n_child
     # all-paths mode computes the same function
     allp = ShuffleNetwork(space, 10, dw_impl="grouped", all_paths=True)
-    np.testing.assert_allclose(np.asarray(allp.apply(v, x, jnp.array(arch.choices))),
-                               np.asarray(net.apply(v, x, jnp.array(arch.choices))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda v: allp.apply(v, x, jnp.array(arch.choices)))(v)),
+                               np.asarray(jax.jit(lambda v: net.apply(v, x, jnp.array(arch.choices)))(v)),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_gates_scale_block_outputs():
