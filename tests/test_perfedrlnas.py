@@ -8,6 +8,8 @@ adaptation, and one-line config errors.
 One compilation per round and bit-exact resume (policies and their Adam states included)
 are checked in tests/test_contract.py.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -157,16 +159,17 @@ def test_darts_subnet_and_costs_equal_the_single_op_network(tiny_data):
     space = pf.make_space(cfg, tiny_data.info)
     net = space.net
     x = np.asarray(tiny_data.info.normalize(tiny_data.server_x[:16]))
-    v = space.init(jax.random.key(0), x[:1])
+    # inits and applies compiled whole (eagerly their ops compile ~110 small programs)
+    v = jax.jit(space.init)(jax.random.key(0), x[:1])
     for j, op in enumerate(net.primitives):
         choice = np.full(len(space.dims), j, np.int32)
         child = net.clone(primitives=(op,), dw_impl="grouped")
         ones = {c: jnp.ones((space.num_edges, 1)) for c in CELLS}
-        cv = child.init(jax.random.key(0), x[:1], arch_weights=ones)
+        cv = jax.jit(functools.partial(child.init, arch_weights=ones))(jax.random.key(0), x[:1])
         cv = {"params": _restrict(v["params"], cv["params"]), "batch_stats": _restrict(v["batch_stats"], cv["batch_stats"]),
               "arch": cv["arch"]}
-        want = child.apply(cv, x, arch_weights=ones, train=False)
-        got = space.subnet(jnp.asarray(choice)).apply(v, x, train=False)
+        want = jax.jit(lambda cv: child.apply(cv, x, arch_weights=ones, train=False))(cv)
+        got = jax.jit(lambda v: space.subnet(jnp.asarray(choice)).apply(v, x, train=False))(v)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         cost = space.cost(choice)
         assert cost.params == count_params(cv["params"]), op
