@@ -55,17 +55,18 @@ def test_dsnas_gradient_equals_the_formula():
     net = ShuffleNetwork(SPACES["tiny"], 10, dw_impl="grouped")
     x = jax.random.normal(jax.random.key(0), (8, 8, 8, 1))
     y = jnp.arange(8) % 10
-    v = net.init(jax.random.key(1), x)
+    v = jax.jit(net.init)(jax.random.key(1), x)  # compiled: eagerly ~140 small programs
     head = v["params"]["head"]["Dense_1"]["kernel"]  # N(0, 0.01) at init: make the loss sensitive
     v = {**v, "params": {**v["params"], "head": {**v["params"]["head"], "Dense_1": {"kernel": head * 300}}}}
     alpha = v["arch"]["alpha"] + jax.random.normal(jax.random.key(2), (3, 4))
     path = sample_path(jax.random.key(3), alpha, jnp.zeros(3, bool), jnp.zeros(3, jnp.int32))
 
+    @jax.jit
     def loss(gates):  # eval-mode BN: in training mode the next block's BN nearly cancels a gate
         logits = net.apply(v, x, path, gates)
         return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1).mean()
 
-    credit = jax.grad(loss)(jnp.ones(3))
+    credit = jax.jit(jax.grad(loss))(jnp.ones(3))
     eps = 1e-1  # the loss is quadratic-ish in a gate; central differences stay accurate
     fd = np.array([(loss(jnp.ones(3).at[l].add(eps)) - loss(jnp.ones(3).at[l].add(-eps))) / (2 * eps)
                    for l in range(3)])
