@@ -112,9 +112,10 @@ def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion):
     e = int(np.flatnonzero(np.asarray(new_edges[c]))[0])
     base = mask.at[0].set(new_mask[0])
     accs = []
+    # one compiled forward for every mask (eagerly its ops compile ~80 small programs)
+    forward = jax.jit(lambda m: sp.Subnet(net, sp.unstack_cells(m)).apply(v, x, train=True, mutable=["batch_stats"]))
     for j in range(mask.shape[2]):
-        m = base.at[c, e, j].set(0.0)
-        logits, _ = sp.Subnet(net, sp.unstack_cells(m)).apply(v, x, train=True, mutable=["batch_stats"])
+        logits, _ = forward(base.at[c, e, j].set(0.0))
         accs.append(float((np.argmax(logits, -1) == y).sum()) / n)
     assert len(set(accs)) > 1, accs  # the removals make a difference here
     kept = int(np.flatnonzero(np.asarray(new_mask[c, e]))[0])
