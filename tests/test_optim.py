@@ -1,4 +1,6 @@
 """MiLeNAS gradients and the NAS optimizer against hand-written formulas."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,7 +54,7 @@ def test_milenas_passes_loop_equals_inline_on_a_grouped_darts_cell():
     batch = lambda kx, ky: {"x": jax.random.normal(kx, (5, 8, 8, 3)), "y": jax.random.randint(ky, (5,), 0, 3),  # noqa: E731
                             "mask": jnp.arange(5) < 4}
     tr, va = {**batch(k[0], k[1]), "epoch": jnp.int32(0)}, batch(k[2], k[3])
-    v = net.init(k[4], tr["x"], train=False)
+    v = jax.jit(functools.partial(net.init, train=False))(k[4], tr["x"])  # compiled: eagerly ~80 small programs
 
     def loss(params, arch, stats, b):
         logits, new = net.apply({"params": params, "arch": arch, "batch_stats": stats}, b["x"], train=True,
