@@ -7,6 +7,11 @@ programs compile ~20 % faster (tests/test_spider.py + test_dfnas.py cold: 216 s 
 and run slower, which tiny test settings do not notice. Examples and benchmarks run
 fully optimised. Set ``JAXFEDNAS_TEST_OPTIMIZE=1`` to test the optimised programs.
 
+Run networks through ``jax.jit`` in tests, not eagerly: an eager Flax ``init`` or ``apply``
+compiles one small program per op and shape (a DARTS supernet's init: ~190 programs, ~10 s on
+2 cores, against ~4 s for one compiled init). Before the heaviest eager tests were changed,
+~3,500 such programs took 140 s of XLA compile across the suite.
+
 XLA_FLAGS and JAX_* must be set before jax is imported (and reach the CLI subprocesses
 of tests), hence here at the top.
 """
