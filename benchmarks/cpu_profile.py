@@ -19,8 +19,8 @@ Two measurements, each in its own subprocess:
   ``compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}`` (the same), timed
   alternately with the default program.
 
-    PYTHONPATH=. python benchmarks/cpu_profile.py                 # config (a) step + conv (~3 min)
-    PYTHONPATH=. python benchmarks/cpu_profile.py --configs a,b   # + config (b) (~5 min more)
+    PYTHONPATH=. python benchmarks/cpu_profile.py                 # config (a) step + conv
+    PYTHONPATH=. python benchmarks/cpu_profile.py --configs a,b   # + config (b): 11.4 min in all (measured)
 """
 from __future__ import annotations
 
