@@ -138,16 +138,12 @@ def worker_step(config: str, steps: int) -> dict:
     import jax
 
     import fednas_search as fs
-    from algorithms.fednas import FedNASConfig, cpu_scheduler, make_local_search, make_supernet
-    from jaxfednas.runtime import compiler_options, jit
+    from algorithms.fednas import FedNASConfig, cpu_scheduler
+    from jaxfednas.runtime import compiler_options
 
     C, layers, batch = fs.CONFIGS[config]
     cfg = FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1)
-    info, train, val = fs._single_client_data(steps * batch, batch, 0)
-    model = make_supernet(cfg, info)
-    local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg))
-    x0 = jax.numpy.zeros((1,) + info.image_shape)
-    variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(jax.random.PRNGKey(0)))
+    _, _, local, variables, train, val = fs.local_search_setup(cfg, steps, 0)
     compiled = local.lower(variables, train, val, jax.random.PRNGKey(1)).compile()
     bu.timed(lambda: compiled(variables, train, val, jax.random.PRNGKey(1)))  # warm-up
     untraced, _ = bu.timed(lambda: compiled(variables, train, val, jax.random.PRNGKey(2)))
@@ -161,14 +157,13 @@ def worker_step(config: str, steps: int) -> dict:
     eigen = jax.jit(local.__wrapped__, compiler_options=options).lower(
         variables, train, val, jax.random.PRNGKey(1)).compile()
     bu.timed(lambda: eigen(variables, train, val, jax.random.PRNGKey(1)))  # warm-up
-    times = {"default": [], "eigen": []}
+    times, outs = {"default": [], "eigen": []}, {}
     for _ in range(2):
         for name, prog in (("default", compiled), ("eigen", eigen)):
-            t, out = bu.timed(lambda: prog(variables, train, val, jax.random.PRNGKey(2)))
+            t, outs[name] = bu.timed(lambda: prog(variables, train, val, jax.random.PRNGKey(2)))
             times[name].append(t / steps)
-            res[f"out_{name}"] = out
-    diff = max(float(abs(a - b).max()) for a, b in zip(jax.tree.leaves(res.pop("out_default")),
-                                                        jax.tree.leaves(res.pop("out_eigen"))))
+    diff = max(float(abs(a - b).max()) for a, b in zip(jax.tree.leaves(outs["default"]),
+                                                        jax.tree.leaves(outs["eigen"])))
     return dict(res, kind=f"step:{config}", s_step=untraced / steps, s_step_traced=traced / steps,
                 ab={k: bu.median(v) for k, v in times.items()}, ab_max_diff=diff, load=bu.load_line())
 
@@ -189,15 +184,14 @@ def worker_conv(one_core: bool) -> dict:
 
 
 def spawn(kind: str, args, env_extra: dict | None = None) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    cmd = [sys.executable, __file__, "--worker", kind, "--json-out", out, "--steps", str(args.steps)]
-    env = dict(os.environ, **(env_extra or {}))
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"worker {kind} failed:\n{r.stderr[-3000:]}")
-    with open(out) as f:
-        return json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, __file__, "--worker", kind, "--json-out", out, "--steps", str(args.steps)]
+        r = subprocess.run(cmd, env=dict(os.environ, **(env_extra or {})), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"worker {kind} failed:\n{r.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
 
 
 def run_worker(args) -> dict:

@@ -129,26 +129,39 @@ def with_overrides(cfg, args):
     return replace_fields(cfg, "algo", parse_set(args.set))
 
 
+def local_search_setup(cfg, steps: int, seed: int):
+    """One synthetic client's FedNAS local search of ``steps`` minibatches under ``cfg`` (a
+    ``FedNASConfig``): ``(info, model, local, variables, train, val)``, ``local`` jitted with the
+    XLA:CPU scheduler ``fednas()``'s round uses, ``variables`` from a jitted ``init``."""
+    import jax
+
+    from algorithms.fednas import cpu_scheduler, make_local_search, make_supernet
+    from jaxfednas.runtime import drop_compiled, jit
+
+    info, train, val = _single_client_data(steps * cfg.batch_size, cfg.batch_size, seed)
+    model = make_supernet(cfg, info)
+    local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg))  # as fednas()'s round
+    x0 = jax.numpy.zeros((1,) + info.image_shape)
+    # jitted, as an algorithm's init is (eager init leaves ~0.6 GiB of per-op programs resident)
+    init = jax.jit(lambda k: model.init({"params": k}, x0, train=False))
+    variables = dict(init(jax.random.PRNGKey(seed)))
+    drop_compiled(init)  # as run_experiment drops init's program
+    return info, model, local, variables, train, val
+
+
 def worker_jax_step(args, config: str, order: str) -> dict:
     import jax
 
-    from algorithms.fednas import cpu_scheduler, FedNASConfig, make_local_search, make_supernet
+    from algorithms.fednas import FedNASConfig
     from jaxfednas.cost import count_params
     from jaxfednas.nn import default_depthwise_impl
-    from jaxfednas.runtime import drop_compiled, jit, release_memory_after_compiles
+    from jaxfednas.runtime import release_memory_after_compiles
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
     cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, order=order), args)
-    info, train, val = _single_client_data(steps * batch, batch, args.seed)
-    model = make_supernet(cfg, info)
-    local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg))  # as fednas()'s round
     release_memory_after_compiles()  # as run_experiment does
-    x0 = jax.numpy.zeros((1,) + info.image_shape)
-    # jitted, as an algorithm's init is (eager init leaves ~0.6 GiB of per-op programs resident)
-    init = jax.jit(lambda k: model.init({"params": k}, x0, train=False))
-    variables = dict(init(jax.random.PRNGKey(args.seed)))
-    drop_compiled(init)  # as run_experiment drops init's program
+    info, model, local, variables, train, val = local_search_setup(cfg, steps, args.seed)
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
     res = {"kind": f"jax:{config}:{order}", "machine": bu.machine_info(), "load_start": bu.load_line(),
            "params": count_params(variables["params"]), "steps": steps, "repeats": repeats,
