@@ -228,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPT
     except RuntimeError as e:
-        from jaxfednas.experiment import RunExistsError
+        from jaxfednas.experiment import RunDirectoryError
 
-        if isinstance(e, RunExistsError):
+        if isinstance(e, RunDirectoryError):
             print(f"error: {e}", file=sys.stderr)
             return EXIT_USAGE
         raise

@@ -59,12 +59,34 @@ class NonFiniteError(RuntimeError):
     """A round produced a NaN/inf loss; the run stopped before saving it."""
 
 
-class RunExistsError(RuntimeError):
+class RunDirectoryError(RuntimeError):
+    """The run directory cannot be used: ``--out`` names a file (or lies under one), or
+    writing into it failed (a full disk, no permission). The message names the path and,
+    for a failed checkpoint, the last good one and ``--resume``."""
+
+
+class RunExistsError(RunDirectoryError):
     """``out_dir`` already holds a run and ``resume`` was not requested."""
 
 
 # errors process 0 may raise while reading the run directory, re-raised as such by the others
-_ERRORS = (CheckpointError, RunExistsError, ConfigError, FileNotFoundError, ValueError)
+_ERRORS = (CheckpointError, RunDirectoryError, ConfigError, FileNotFoundError, ValueError)
+
+
+def check_run_directory(out: Path) -> None:
+    """Fail with one line when ``out`` cannot be a directory: it, or a folder above it,
+    exists and is not a directory."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "is a file" if p == out else f"lies under {p}, which is a file"
+                raise RunDirectoryError(f"--out {out} {what}, not a directory: choose another --out")
+            return
+
+
+def _write_failed(what: str, path: Path, e: OSError, after: str) -> RunDirectoryError:
+    reason = e.strerror or type(e).__name__
+    return RunDirectoryError(f"could not write {what} {path}: {reason} (errno {e.errno}). {after}")
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
@@ -88,7 +110,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | Non
 def run_script(script: str, job: Callable[[], Any]) -> int:
     """Exit status of an example script's ``job()`` (with the compilation cache on): 0 when
     it finishes; 2 and a one-line error for bad input (configuration, missing data, an
-    existing run directory, a NaN loss); 130 on Ctrl-C, with the command that resumes."""
+    existing or unusable run directory, a failed write, a NaN loss); 130 on Ctrl-C, with the command that resumes."""
     import sys  # noqa: PLC0415
 
     from jaxfednas.data.datasets import DatasetUnavailableError  # noqa: PLC0415
@@ -96,7 +118,7 @@ def run_script(script: str, job: Callable[[], Any]) -> int:
     enable_compilation_cache()
     try:
         job()
-    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunExistsError, NonFiniteError) as e:
+    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunDirectoryError, NonFiniteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -434,6 +456,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
 
     def check_and_write() -> str:
         nonlocal accepted
+        check_run_directory(out)
         if resume:
             if not cfg_path.exists():
                 raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
@@ -505,9 +528,15 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
         nonlocal saved_round
         host = to_host(state)  # (every process: sharded leaves are gathered by a collective)
         if is_main():
-            # metrics first: rows past the checkpoint are cut on resume, missing ones could not be
-            _write_metrics(out / "metrics.jsonl", rows)
-            save_checkpoint(ckpt_path, host, round=r, config_sha256=chash)
+            try:
+                # metrics first: rows past the checkpoint are cut on resume, missing ones could not be
+                _write_metrics(out / "metrics.jsonl", rows)
+                save_checkpoint(ckpt_path, host, round=r, config_sha256=chash)
+            except OSError as e:  # a full disk, a lost mount: the previous checkpoint is intact
+                last = f"the last good checkpoint (round {saved_round}) is kept" if saved_round else \
+                    "no checkpoint was written yet"
+                raise _write_failed(f"the checkpoint of round {r} to", ckpt_path, e,
+                                    f"{last}; free space and continue with --resume") from None
         saved_round = r
 
     def host_metrics(s, metrics):
@@ -623,4 +652,8 @@ def run_experiment(
     if not is_main():
         return {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed,
                 "final": _scalars(final), "timing": timing, "device": device_info()}
-    return _report(cfg, out, run, host_state, rows, final, completed, timing)  # the report
+    try:
+        return _report(cfg, out, run, host_state, rows, final, completed, timing)  # the report
+    except OSError as e:
+        raise _write_failed("the report in", out, e, f"The checkpoint of round {completed} is saved: free space "
+                            "and run again with --resume (it writes the report without training)") from None

@@ -189,3 +189,62 @@ def test_stage_runner_keeps_wall_times_and_checks_test_splits(tmp_path, capsys):
     again = StageRunner(tmp_path, resume=True, describe=describe)
     assert again.stage("a", _cfg(1))[1] == wall_a
     assert "round 1/1" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_cli_out_naming_a_file_is_one_line(tmp_path, capsys, under):
+    f = tmp_path / "afile"
+    f.write_text("not a run")
+    out = f / "run" if under else f
+    rc = cli.main(["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --out {out} ") and "not a directory" in err and "choose another --out" in err
+    assert f.read_text() == "not a run"
+
+
+def test_disk_full_during_a_checkpoint_is_one_line_and_resume_finishes_the_run(tmp_path, capsys, monkeypatch):
+    """A write that fails during round 2's save (ENOSPC at fsync, as a full disk gives) stops
+    the run with one line naming the checkpoint, the last good round and --resume; the files
+    on disk are round 1's, and --resume then ends where an uninterrupted run ends."""
+    import errno
+
+    import jaxfednas.checkpoint as ck
+
+    argv = ["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--clients-per-round", "2", "--rounds", "3",
+            "--no-progress", "--set", "run.placement=vmap", "--set", "algo.batch_size=32"]
+    assert cli.main([*argv, "--out", str(tmp_path / "straight")]) == 0
+    real_fsync, full = ck.os.fsync, {"now": False}
+
+    def fsync(fd):
+        if full["now"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    import jaxfednas.experiment as exp
+
+    real_train = exp._train
+
+    def train(*args, on_round_end=None, **kw):  # the disk fills up once round 1 is saved
+        return real_train(*args, on_round_end=lambda r, row: full.update(now=r >= 1), **kw)
+
+    monkeypatch.setattr(ck.os, "fsync", fsync)
+    monkeypatch.setattr(exp, "_train", train)
+    d = tmp_path / "full"
+    capsys.readouterr()
+    assert cli.main([*argv, "--out", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"could not write the checkpoint of round 2 to {d / 'checkpoint.msgpack'}: No space left on device" in err
+    assert "the last good checkpoint (round 1) is kept" in err and "--resume" in err
+    import flax.serialization
+
+    payload = (d / "checkpoint.msgpack").read_bytes().split(b"\n", 1)[1]
+    assert flax.serialization.msgpack_restore(payload)["round"] == 1
+    assert len((d / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not list(d.glob(".checkpoint.msgpack.*")), "the torn temporary file is removed"
+    monkeypatch.setattr(exp, "_train", real_train)
+    full["now"] = False
+    assert cli.main(["run", "fedavg", "--out", str(d), "--resume", "--no-progress"]) == 0
+    for name in ("metrics.jsonl", "checkpoint.msgpack", "clients.csv"):
+        assert (d / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
