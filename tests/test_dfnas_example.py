@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import assert_summary_consistent
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "1", "--iid-clients", "--set", "algo.space=tiny", "--set", "algo.local_epochs=1",
         "--set", "algo.bn_recalibration_batches=1", "--set", "algo.batch_size=128"]
@@ -28,8 +30,11 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert _example().main(TINY + ["--out", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())
     assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8"]
-    for r in rows:
-        assert 0.0 <= r["global_test_acc"] <= 1.0 and r["params"] > 0 and r["macs"] > 0
+    for r in rows:  # each row is its run's final evaluation, whole numbers of test examples
+        final = json.loads((out / r["run"] / "summary.json").read_text())["final"]
+        assert r["global_test_acc"] == final["global_test_acc"] and r["params"] > 0 and r["macs"] > 0
+        assert r["client_test_acc"] == final["client_test_acc_mean_unweighted"]
+        assert_summary_consistent(out / r["run"])
     search = rows[0]
     assert search["architecture"].startswith("tiny[") and search["clients"] == 8
     arch = json.loads((out / "noniid-8" / "architecture.json").read_text())

@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import assert_accuracy, assert_summary_consistent
+from jaxfednas.data.datasets import load_dataset
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=1",
         "--set", "algo.layers=1", "--set", "algo.personalize_epochs=1", "--set", "data.num_clients=4"]
@@ -25,10 +28,18 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     out = tmp_path / "g"
     assert _example("fednas").main(TINY + ["--train-rounds", "1", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert 0.0 <= float(res["evaluation-stage global test acc"]) <= 1.0
-    assert 0.0 <= float(res["same, BN recalibrated on the clients' training examples (pooled n_k/n)"]) <= 1.0
-    assert "<-" in res["derived normal cell"]
     train_cfg = json.loads((out / "train" / "config.json").read_text())
+    # the table's numbers are the stages' final evaluations, whole numbers of test examples
+    search, train = (json.loads((out / d / "summary.json").read_text())["final"] for d in ("search", "train"))
+    n_test = load_dataset(train_cfg["data"]["dataset"]).y_test.shape[0]
+    for key, final, metric in (("evaluation-stage global test acc", train, "global_test_acc"),
+                               ("supernet global test acc (search, final round)", search, "global_test_acc"),
+                               ("same, BN recalibrated on the clients' training examples (pooled n_k/n)", search,
+                                "global_test_acc_bn_recal")):
+        assert res[key] == f"{final[metric]:.4f}", key
+        assert_accuracy(final[metric], n_test)
+    assert_summary_consistent(out / "train")
+    assert "<-" in res["derived normal cell"]
     # the evaluation stage trains exactly the exported genotype, on the same partition
     assert json.loads(train_cfg["algo"]["genotype"]) == json.loads((out / "search" / "architecture.json").read_text())
     m_s = json.loads((out / "search" / "partition" / "manifest.json").read_text())
