@@ -22,10 +22,15 @@ the local validation accuracy with each of its ops removed, and keep the op whos
 removal *lowers accuracy most* (the paper's prose, "only the operation with the highest
 impact on the accuracy is kept", and the authors' code; Algorithm 2's printed line 8
 says the opposite — ``criterion="paper_text"`` follows it). Once every edge has its op,
-the same triggers run the code's topology projection (docs/authors_code.md §5.3): for one
-random node per cell type, remove the incoming edge whose removal gives the highest
-validation accuracy until two remain — the first in the round of the last op choice, as
-in the code. Phase 3: a client whose architecture is final trains on train + validation
+the same triggers run the code's topology projection (docs/authors_code.md §5.3; the paper
+has none): for one random node per cell type, remove the incoming edge whose removal gives
+the highest validation accuracy until two remain — the first in the round of the last op
+choice, as in the code. By default each drop is scored on the edges left after the
+previous drops, ties to the first edge (``projection="greedy"``). The code's loop rebuilds
+the full weights for every pass, so an earlier drop is back when the next one is scored:
+on fixed weights it ranks every incoming edge once on the node's full edge set and drops
+the highest until two remain, ties to the later edge (``projection="one_shot"``). The two
+agree for a node with three inputs (ties aside), not in general. Phase 3: a client whose architecture is final trains on train + validation
 (§5.1; ``final_on_val``). Validation accuracy during the search is measured with
 BatchNorm in training mode (batch statistics), as darts-pt and the SPIDER code do,
 without moving the running statistics.
@@ -39,8 +44,8 @@ compiled round serves every client's architecture; removed ops are computed and
 multiplied by 0, and their weights are frozen in v_k.
 
 Options for parity with the authors' code (docs/authors_code.md §5): ``local_grad_clip=0``
-(its personal-model clip never runs), ``personal_init="independent"`` (default: personal
-supernets start from one initialisation independent of the global one). Kept from the
+(its personal-model clip never runs), ``projection="one_shot"``, ``personal_init="independent"``
+(default: personal supernets start from one initialisation independent of the global one). Kept from the
 code where the paper is silent: SGD momentum 0.9, weight decay 1e-3, both learning rates
 annealed per round by a cosine to ``lr_min`` (0) over the run, personal optimizer state
 kept across rounds (the global model's is fresh every round, as FedAvg's clients).
@@ -74,6 +79,7 @@ from search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_ma
 
 DESCRIPTION = "SPIDER (Mushtaq et al.): FedAvg'd supernet + personal subnets pulled to it, perturbation search"
 CRITERIA = ("removal_hurts_most", "paper_text")
+PROJECTIONS = ("greedy", "one_shot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +106,10 @@ class SpiderConfig(DartsSpaceConfig):
                                  "(paper 20)", range=(1, 1_000_000))
     criterion: str = param("removal_hurts_most", "op choice: keep the op whose removal lowers validation "
                            "accuracy most (prose, code) or paper_text (Alg. 2 line 8 as printed)", choices=CRITERIA)
+    projection: str = param("greedy", "topology projection: drop the incoming edge whose removal gives the highest "
+                            "validation accuracy, re-scoring the edges left after each drop, ties to the first "
+                            "(greedy), or rank every edge once on the node's full edge set, ties to the later "
+                            "(one_shot: the authors' code)", choices=PROJECTIONS)
     final_on_val: bool = param(True, "phase 3: a client with a final architecture trains on train + validation")
     personal_init: str = param("independent", "personal supernets start from one initialisation independent of "
                                "the global one (code) or as copies of it", choices=("independent", "global"))
@@ -180,12 +190,75 @@ def op_choice(acc_without: jax.Array, present: jax.Array, criterion: str) -> jax
     return jnp.argmax(jnp.where(present, acc_without, -jnp.inf))
 
 
+def edge_to_drop(acc_without: jax.Array, kept: jax.Array, projection: str) -> jax.Array:
+    """Topology projection (docs/authors_code.md §5.3): the incoming edge to drop from
+    ``acc_without[s]``, the validation accuracy with the node's edge ``s`` removed: the one
+    whose removal gives the highest accuracy (the least useful edge), among the ``kept``
+    edges. Ties go to the first edge (``greedy``) or to the later one (``one_shot``: the
+    code's ``not (crit < best)`` comparison)."""
+    score = jnp.where(kept, acc_without, -jnp.inf)
+    if projection == "greedy":
+        return jnp.argmax(score)
+    return score.shape[0] - 1 - jnp.argmax(score[::-1])
+
+
+def make_search(cfg: SpiderConfig, n_ops: int, accuracies: Callable) -> Callable:
+    """Algorithm 2 over any evaluator: ``accuracies(variables, candidates, val) -> [n]``, the
+    validation accuracy of each candidate mask (``[n, 2, E, |O|]``). Returns
+    ``search(variables, mask, edge_done, node_done, val, key)``, one trigger for one client."""
+    n_edges, steps = num_edges(cfg.steps), cfg.steps
+    into = jnp.asarray(incoming_edges(steps))  # [steps, steps + 1], -1 padded
+    n_slots = max(n_ops, steps + 1)  # candidates per evaluation: ops of an edge, or edges into a node
+
+    def search(variables, mask, edge_done, node_done, val, key):
+        def cell(c, carry):
+            mask, edge_done, node_done = carry
+            k_edge, k_node = jax.random.split(jax.random.fold_in(key, c))
+            open_edges, open_nodes = ~edge_done[c], ~node_done[c]
+            # Algorithm 2, line 4: i = RANDOM(E_s); the node for topology projection likewise
+            e = jax.random.choice(k_edge, n_edges, p=open_edges / jnp.maximum(open_edges.sum(), 1))
+            n = jax.random.choice(k_node, steps, p=open_nodes / jnp.maximum(open_nodes.sum(), 1))
+            edge_done = jnp.where(open_edges.any(), edge_done.at[c, e].set(True), edge_done)
+            ready = edge_done[c].all() & open_nodes.any()  # every op chosen: project node n now
+            slots = into[n]
+            edge_in = jnp.maximum(slots, 0)
+
+            def move(i, carry):
+                """Move 0: Algorithm 2, lines 6-9 on edge e (choose its op). Moves 1..: drop the
+                incoming edge of node n whose removal gives the highest validation accuracy
+                while more than two remain (the code's topology projection), each drop scored
+                on the edges left (``greedy``) or every drop ranked by move 1's scores on the
+                node's full edge set (``one_shot``, the code). One call site evaluates every
+                candidate set, so the search compiles one forward pass."""
+                mask, scores = carry
+                kept = jnp.zeros(n_slots, bool).at[: steps + 1].set((slots >= 0) & (mask[c, edge_in].sum(-1) > 0))
+                op_move = i == 0
+                active = jnp.where(op_move, open_edges.any(), ready & (kept.sum() > 2))
+                fresh = op_move | (i == 1) if cfg.projection == "one_shot" else True
+                cands = jnp.where(
+                    op_move,
+                    jnp.stack([mask.at[c, e, min(j, n_ops - 1)].set(0.0) for j in range(n_slots)]),
+                    jnp.stack([mask.at[c, edge_in[min(s, steps)]].set(0.0) for s in range(n_slots)]),
+                )
+                acc = jax.lax.cond(active & fresh, lambda: accuracies(variables, cands, val), lambda: scores)
+                keep = op_choice(acc[:n_ops], mask[c, e] > 0, cfg.criterion)
+                chose_op = mask.at[c, e].set(jax.nn.one_hot(keep, n_ops, dtype=mask.dtype))
+                dropped = mask.at[c, edge_in[edge_to_drop(acc, kept, cfg.projection)]].set(0.0)
+                return jnp.where(active, jnp.where(op_move, chose_op, dropped), mask), acc
+
+            mask, _ = jax.lax.fori_loop(0, steps, move, (mask, jnp.zeros(n_slots)))
+            node_done = jnp.where(ready, node_done.at[c, n].set(True), node_done)
+            return mask, edge_done, node_done
+
+        return jax.lax.fori_loop(0, len(CELLS), cell, (mask, edge_done, node_done))
+
+    return search
+
+
 def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) -> Callable:
     """``search(variables, mask, edge_done, node_done, val, key)``: one trigger of
-    SPIDER-Searcher for one client (masks stacked ``[2, E, |O|]``, normal then reduce)."""
-    primitives = tuple(net.primitives)
-    n_ops, n_edges, steps = len(primitives), num_edges(cfg.steps), cfg.steps
-    into = jnp.asarray(incoming_edges(steps))  # [steps, steps + 1], -1 padded
+    SPIDER-Searcher for one client (masks stacked ``[2, E, |O|]``, normal then reduce),
+    scoring candidates by the accuracy on the client's whole validation split."""
 
     def val_accuracy(variables, mask, val: ClientData):
         """Accuracy on the whole validation split, BatchNorm on batch statistics."""
@@ -206,47 +279,7 @@ def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) ->
     def accuracies(variables, candidates, val):
         return jax.lax.map(lambda mk: val_accuracy(variables, mk, val), candidates)
 
-    n_slots = max(n_ops, steps + 1)  # candidates per evaluation: ops of an edge, or edges into a node
-
-    def search(variables, mask, edge_done, node_done, val, key):
-        def cell(c, carry):
-            mask, edge_done, node_done = carry
-            k_edge, k_node = jax.random.split(jax.random.fold_in(key, c))
-            open_edges, open_nodes = ~edge_done[c], ~node_done[c]
-            # Algorithm 2, line 4: i = RANDOM(E_s); the node for topology projection likewise
-            e = jax.random.choice(k_edge, n_edges, p=open_edges / jnp.maximum(open_edges.sum(), 1))
-            n = jax.random.choice(k_node, steps, p=open_nodes / jnp.maximum(open_nodes.sum(), 1))
-            edge_done = jnp.where(open_edges.any(), edge_done.at[c, e].set(True), edge_done)
-            ready = edge_done[c].all() & open_nodes.any()  # every op chosen: project node n now
-            slots = into[n]
-            edge_in = jnp.maximum(slots, 0)
-
-            def move(i, mask):
-                """Move 0: Algorithm 2, lines 6-9 on edge e (choose its op). Moves 1..: drop the
-                incoming edge of node n whose removal gives the highest validation accuracy
-                while more than two remain (the code's topology projection). One call site
-                evaluates every candidate set, so the search compiles one forward pass."""
-                kept = jnp.zeros(n_slots, bool).at[: steps + 1].set((slots >= 0) & (mask[c, edge_in].sum(-1) > 0))
-                op_move = i == 0
-                active = jnp.where(op_move, open_edges.any(), ready & (kept.sum() > 2))
-                cands = jnp.where(
-                    op_move,
-                    jnp.stack([mask.at[c, e, min(j, n_ops - 1)].set(0.0) for j in range(n_slots)]),
-                    jnp.stack([mask.at[c, edge_in[min(s, steps)]].set(0.0) for s in range(n_slots)]),
-                )
-                acc = jax.lax.cond(active, lambda: accuracies(variables, cands, val), lambda: jnp.zeros(n_slots))
-                keep = op_choice(acc[:n_ops], mask[c, e] > 0, cfg.criterion)
-                chose_op = mask.at[c, e].set(jax.nn.one_hot(keep, n_ops, dtype=mask.dtype))
-                dropped = mask.at[c, edge_in[jnp.argmax(jnp.where(kept, acc, -jnp.inf))]].set(0.0)
-                return jnp.where(active, jnp.where(op_move, chose_op, dropped), mask)
-
-            mask = jax.lax.fori_loop(0, steps, move, mask)
-            node_done = jnp.where(ready, node_done.at[c, n].set(True), node_done)
-            return mask, edge_done, node_done
-
-        return jax.lax.fori_loop(0, len(CELLS), cell, (mask, edge_done, node_done))
-
-    return search
+    return make_search(cfg, len(net.primitives), accuracies)
 
 
 def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, full: dict) -> Callable:
@@ -343,8 +376,7 @@ def spider(
         edge_done, node_done = state.edge_done[idx], state.node_done[idx]
         personal, val = gather_rows(state.personal, idx), data.clients("val", idx)
         # Algorithm 1, line 10 / Algorithm 2, line 3 (on each client's own clock)
-        unfinished = ~(edge_done.all((1, 2)) & node_done.all((1, 2)))
-        trigger = (t >= cfg.warmup_rounds) & (t % cfg.recovery_rounds == 0) & unfinished
+        trigger = search_due(cfg, t, edge_done.all((1, 2)) & node_done.all((1, 2)))
 
         def searched(args):
             def one(c, _):
@@ -528,6 +560,13 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
         np.asarray(row(combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i), keys[i]))
         for i in range(info.num_clients)
     ])
+
+
+def search_due(cfg: SpiderConfig, t, finished):
+    """Algorithm 1, line 10 / Algorithm 2, line 3: SPIDER-Searcher acts at the client's
+    round ``t`` (its own clock, 0-based) when ``t >= t_s``, ``t`` is a multiple of τ and
+    its architecture is not ``finished``. Works on NumPy and JAX arrays alike."""
+    return (t >= cfg.warmup_rounds) & (t % cfg.recovery_rounds == 0) & ~finished
 
 
 def search_schedule(cfg: SpiderConfig) -> list[int]:

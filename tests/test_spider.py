@@ -124,6 +124,87 @@ def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion):
     assert np.asarray(new_mask[c]).sum() == mask[c].sum() - (mask.shape[2] - 1)  # one op left on edge e
 
 
+def _decided(cfg, n_ops, ops):
+    """A state after every op choice: edge e keeps op ``ops[e]`` in both cells, nodes open
+    from node 1 (node 0 has only its two inputs)."""
+    mask = jnp.stack([jax.nn.one_hot(jnp.asarray(ops), n_ops)] * 2)
+    return mask, jnp.ones(mask.shape[:2], bool), jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
+
+
+# Node 2 of a 3-node cell (4 incoming edges, slots 0-3): the validation accuracy of the
+# node's edges left (a set of slots). Greedy drops slot 0 (0.75 with it removed), then,
+# re-scoring the three left, slot 2 (0.875): keeps {1, 3}. One-shot ranks the four once
+# (0.75, 0.625, 0.5, 0.125): drops 0, then 1: keeps {2, 3}.
+LEFT_ACC = {(1, 2, 3): 0.75, (0, 2, 3): 0.625, (0, 1, 3): 0.5, (0, 1, 2): 0.125,
+            (2, 3): 0.25, (1, 3): 0.875, (1, 2): 0.375}
+
+
+@pytest.mark.parametrize("projection,table,kept", [
+    ("greedy", LEFT_ACC, (1, 3)), ("one_shot", LEFT_ACC, (2, 3)),
+    ("greedy", {}, (2, 3)), ("one_shot", {}, (0, 1)),  # every removal ties: first vs later edges dropped
+])
+def test_topology_projection_drops_in_order_under_both_rules(projection, table, kept):
+    """The searcher's topology projection on a node with 4 inputs, scored by a table (no
+    network): greedy re-scores the edges left after each drop, one_shot ranks them once."""
+    cfg = _cfg(steps=3, projection=projection)
+    n_ops = 3
+    slots = np.asarray(sp.incoming_edges(3)[2])  # node 2's edges
+    lut = np.full(16, 0.5, np.float32)  # other sets of edges left (the other cell's full set)
+    for left, acc in table.items():
+        lut[sum(1 << s for s in left)] = acc
+    calls = []
+
+    def accuracies(lut, candidates, val):  # the table rides as the "variables": one compile per rule
+        present = candidates[:, :, slots].sum(-1) > 0  # [n, 2 cells, 4 slots]
+        jax.debug.callback(lambda: calls.append(1))
+        return lut[(present * (1 << np.arange(4))).sum(-1)].sum(-1)  # both cells' tables
+
+    mask, edge_done, node_done = _decided(cfg, n_ops, [2, 0, 2, 0, 2, 2, 0, 2, 0])
+    node_done = node_done.at[:, 1].set(True)  # node 2 only: every trigger projects it
+    new_mask, new_edges, new_nodes = jax.jit(sp.make_search(cfg, n_ops, accuracies))(
+        jnp.asarray(lut), mask, edge_done, node_done, None, jax.random.key(0))
+    for c in range(2):
+        left = tuple(int(s) for s in np.flatnonzero(np.asarray(new_mask[c, slots]).sum(-1) > 0))
+        assert left == kept, (c, left)
+        np.testing.assert_array_equal(np.delete(np.asarray(new_mask[c]), slots, 0), np.delete(np.asarray(mask[c]), slots, 0))
+    assert np.asarray(new_nodes).all() and np.asarray(new_edges).all()
+    assert len(calls) == (2 if projection == "one_shot" else 4)  # one evaluation per drop, or one per node
+
+
+@pytest.mark.parametrize("projection", sp.PROJECTIONS)
+def test_searcher_projection_matches_a_brute_force_evaluation(tiny_data, projection):
+    """Node 1 of a 2-node cell (3 inputs: edges 2, 3, 4): the searcher drops the edge whose
+    removal gives the highest validation accuracy, computed here independently; the normal
+    cell is not in the one-cell network, so there its three removals tie: greedy drops the
+    first edge, one_shot the last."""
+    cfg = _cfg(projection=projection)
+    info = tiny_data.info
+    net = supernet_of(cfg, info.num_classes)
+    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
+    v = jax.jit(sp._init_variables, static_argnums=0)(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
+    mask, edge_done, node_done = _decided(cfg, 3, [2, 2, 2, 0, 2])
+    val = _client(tiny_data, "test", 1)
+    new_mask, _, new_nodes = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
+                                                                        jax.random.key(4))
+    assert np.asarray(new_nodes).all()
+    x, y, n = info.normalize(val.x[: int(val.count)]), np.asarray(val.y[: int(val.count)]), int(val.count)
+    forward = jax.jit(lambda m: sp.Subnet(net, sp.unstack_cells(m)).apply(v, x, train=True, mutable=["batch_stats"]))
+    dropped = {}
+    for c in range(2):
+        accs = []
+        for e in (2, 3, 4):
+            logits, _ = forward(mask.at[c, e].set(0.0))
+            accs.append(float((np.argmax(logits, -1) == y).sum()) / n)
+        best = [i for i, a in enumerate(accs) if a == max(accs)]
+        want = 2 + (best[0] if projection == "greedy" else best[-1])
+        gone = [e for e in (2, 3, 4) if np.asarray(new_mask[c, e]).sum() == 0]
+        assert gone == [want], (c, accs, gone)
+        dropped[c] = (accs, want)
+    assert len(set(dropped[0][0])) == 1 and dropped[0][1] == (2 if projection == "greedy" else 4)
+    accs = dropped[1][0]
+    assert accs.count(max(accs)) == 1 and min(accs) < max(accs), dropped  # the reduction cell: one best removal
+
+
 ROUNDS = 16
 
 
@@ -226,7 +307,7 @@ def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched
 
 
 @pytest.mark.parametrize("key,value", [("algo.recovery_rounds", 0), ("algo.lam", -0.1), ("algo.warmup_rounds", -1),
-                                       ("algo.criterion", "largest")])
+                                       ("algo.criterion", "largest"), ("algo.projection", "best")])
 def test_bad_settings_fail_with_one_line_naming_the_setting(key, value):
     with pytest.raises(ConfigError) as err:
         make_config("spider", overrides={key: value})
