@@ -4,7 +4,8 @@ registry (a new algorithm is covered by adding it to ``jaxfednas.registry.ALGORI
 Each algorithm is built through its module's ``build`` on a tiny synthetic federation
 (4 clients, 8x8x1 images, tiny spaces) and checked for:
 - ``init``/``round``: a round keeps the state's structure, shapes and dtypes (so later
-  rounds reuse the compiled program), changes the state, and returns finite scalars;
+  rounds reuse the compiled program), changes the model's weights (not only its counters),
+  and returns finite scalars;
 - one compilation: a second round and evaluation trace nothing (counted with JAX's public
   ``jax.monitoring`` trace events, not its private cache sizes);
 - resume: a state written to a checkpoint and read back runs the next round to the same
@@ -48,7 +49,16 @@ def test_round_keeps_the_state_shape_changes_it_and_reports_finite_scalars(run):
     assert jax.tree.structure(s1) == jax.tree.structure(s0)
     for a, b in zip(jax.tree.leaves(s0), jax.tree.leaves(s1)):
         assert (np.shape(a), np.asarray(a).dtype) == (np.shape(b), np.asarray(b).dtype)
-    assert not _leaves_equal(s0, s1)
+    # the models moved, not only the round counter: some weight leaf (a pytree path through a
+    # "params" collection: the supernet, a personal model, a policy's network) changed
+    def weights(state):
+        return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(state)
+                if "params" in jax.tree_util.keystr(p)}
+
+    w0, w1 = weights(s0), weights(s1)
+    assert w0, f"{name}: no leaf under a 'params' collection in {type(s0).__name__}"
+    moved = [p for p in w0 if not np.array_equal(w0[p], w1[p])]
+    assert moved, f"{name}: a round left every weight of the state unchanged"
     assert m1, "a round reports metrics"
     for k, v in m1.items():
         assert np.shape(v) == (), k
