@@ -13,8 +13,9 @@ Round t (Algorithm 1):
   line 8-10  client i trains w_i alone for E local epochs (SGD, the round's cosine lr) and
              uploads it with its local test accuracy Acc_i
   line 13    r_i = Acc_i − mean Acc − λ_time (RT_i − min RT)                        (Eq. 8)
-             [− φ_i under a memory budget (Eq. 9): a subnet that does not fit scores
-             Acc_i = 0, φ_i = 1, RT_i = the round's largest RT]
+             [− φ_i under a memory budget (Eq. 9): φ_i is the memory utilisation
+             min(memory_i / budget_i, 1); a subnet that does not fit scores Acc_i = 0,
+             φ_i = 1, RT_i = the round's largest RT]
   line 14    A ← every entry averaged over the clients whose subnet contains it,
              weighted by n_i ("divide by the counts of non-zero occurrences"),
              BatchNorm statistics included; entries no client used keep their value
@@ -23,6 +24,14 @@ Round t (Algorithm 1):
 mean Acc (the paper's baseline): the history holds each client's latest reported
 accuracy; after this round's clients are written into it, its mean over every client
 seen so far.
+
+λ_time "regulates accuracy and round time to the same scale" (the paper). Simulated
+seconds have no fixed scale here (digits subnets take a fraction of a second, the
+elastic CIFAR preset tens of seconds), so by default the time term is unitless:
+``time_term="relative"``: λ_time (RT_i − min RT) / min RT, the extra round time as a
+fraction of the round's fastest client's; ``time_term="seconds"`` is the paper's and
+code's absolute form (the code's λ_time = 0.001 per second). The round's metrics report
+``reward_time_share`` = Σ|time term| / Σ|r_i| over the reporting clients.
 
 Round time and memory are simulated, seeded and kept in the state (:class:`Resources`):
 per-client throughput (multiply-adds per second), up/down bandwidth (100 Mbit/s, the
@@ -36,7 +45,12 @@ Differences of the authors' code (docs/authors_code.md §4), as explicit options
 ``aggregate_bn=False`` (BN statistics never aggregated), ``baseline="running_max"``
 (mean of each seen client's best-ever accuracy, taken before this round's values),
 ``reduce_probs="normal"`` (DARTS: the reduce cell's gradient uses the normal cell's
-probabilities). The reward's accuracy is the local *test* accuracy, as in the paper and
+probabilities), ``phi="binary"`` (φ_i = 1 over budget, else 0: the code has no φ term
+and only zeroes the accuracy; the binary φ is that plus the paper's penalty). With
+``aggregate_bn=False`` the server's BatchNorm statistics never leave their init, so
+:func:`evaluate` and :func:`adapt_new_clients` first measure each evaluated subnet's
+statistics on the client's training split (:func:`recalibrated`), as the code's clients
+re-estimate them in local training. The reward's accuracy is the local *test* accuracy, as in the paper and
 the code (the architecture is then selected on test data); ``reward_split="val"`` uses
 the client's validation split instead.
 
@@ -60,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms.common import make_batch_grad
+from algorithms.common import client_batch_statistics, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
@@ -72,6 +86,7 @@ from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_
                                scatter_rows)
 from search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
 
+BN_MOMENTUM = 0.9  # every space's BatchNorm (Flax convention: running = 0.9 running + 0.1 batch)
 DESCRIPTION = "PerFedRLNAS (Yao & Li): per-client REINFORCE policies over one supernet, subnets trained by clients"
 SPACES = ("darts", "elastic", "hybrid")
 
@@ -99,16 +114,25 @@ class PerFedRLNASConfig(Validated):
     policy_lr: float = param(0.5, "Adam learning rate of every policy α_i (code 0.5)", range=(0.0, 100.0))
     policy_beta1: float = param(0.5, "Adam β1 of the policies (code 0.5)", range=(0.0, 1.0))
     policy_beta2: float = param(0.999, "Adam β2 of the policies", range=(0.0, 1.0))
-    lambda_time: float = param(0.001, "λ_time of Eq. 8 per second of round time (code 0.001)", range=(0.0, 1e6))
+    lambda_time: float = param(0.05, "λ_time of Eq. 8, per unit of time_term (relative: the round's fastest "
+                               "client's time; seconds: the code's 0.001)", range=(0.0, 1e6))
+    time_term: str = param("relative", "Eq. 8's RT_i − min RT: relative = divided by min RT (unitless, the same "
+                           "scale in every space) or seconds (simulated seconds, the paper/code)",
+                           choices=("relative", "seconds"))
     baseline: str = param("latest", "mean Acc of Eq. 8: latest accuracy of every seen client (paper) or "
                           "running_max (code)", choices=("latest", "running_max"))
     aggregation: str = param("count_normalized", "supernet update: count_normalized (paper) or masked_delta "
                              "(code: n-weighted masked deltas)", choices=("count_normalized", "masked_delta"))
-    aggregate_bn: bool = param(True, "aggregate BatchNorm statistics like weights (false: the code keeps them)")
+    aggregate_bn: bool = param(True, "aggregate BatchNorm statistics like weights (false: the code keeps them; "
+                               "evaluation then measures each subnet's statistics on the client's training split)")
+    bn_recalibration_batches: int = param(4, "aggregate_bn=false: batches of eval_batch_size training examples a "
+                                          "client measures its subnet's BatchNorm statistics on", range=(1, 10_000))
     reduce_probs: str = param("own", "DARTS: the reduce cell's policy gradient uses its own probabilities or the "
                               "normal cell's (the code's bug)", choices=("own", "normal"))
     reward_split: str = param("test", "split whose accuracy is the reward (paper/code: test)", choices=("test", "val"))
-    memory_budget: bool = param(False, "Eq. 9: subnets over a client's memory budget score 0 and φ = 1")
+    memory_budget: bool = param(False, "Eq. 9: reward − φ_i; subnets over a client's memory budget score 0 and φ = 1")
+    phi: str = param("utilization", "Eq. 9's φ_i: utilization = min(memory_i / budget_i, 1) (paper: memory "
+                     "utilisation) or binary = 1 over budget, else 0", choices=("utilization", "binary"))
     budget_range: tuple[float, float] = param((0.25, 1.0), "memory budget = m_min + U[lo, hi] (m_max − m_min), "
                                               "m_min/m_max the smallest/largest subnet's training memory (paper: "
                                               "2-16 GB on NASViT)", range=(0.0, 10.0))
@@ -258,12 +282,59 @@ def policy_gradient(policy: jax.Array, choice: jax.Array, reward: jax.Array, val
     return jnp.where(valid, reward * (delta - p), 0.0)
 
 
-def rewards(acc: jax.Array, baseline: jax.Array, rt: jax.Array, lambda_time: float, phi: jax.Array,
-            reported: jax.Array) -> jax.Array:
-    """Eq. 8 (Eq. 9 with φ): ``Acc_i − mean Acc − λ_time (RT_i − min RT) − φ_i``, min RT over
-    the clients that reported this round."""
+def time_penalty(rt: jax.Array, reported: jax.Array, lambda_time: float, form: str) -> jax.Array:
+    """Eq. 8's time term ``λ_time (RT_i − min RT)``, min RT over the clients that reported
+    this round; ``form="relative"`` divides by min RT (a unitless fraction of the fastest
+    client's time), ``"seconds"`` keeps simulated seconds. 0 for clients that did not report."""
     min_rt = jnp.min(jnp.where(reported, rt, jnp.inf))
-    return acc - baseline - lambda_time * (rt - min_rt) - phi
+    extra = rt - min_rt
+    if form == "relative":
+        extra = extra / jnp.where(min_rt > 0, min_rt, 1.0)
+    elif form != "seconds":
+        raise ValueError(f"time_term must be 'relative' or 'seconds', got {form!r}")
+    return jnp.where(reported, lambda_time * extra, 0.0)
+
+
+def rewards(acc: jax.Array, baseline: jax.Array, time: jax.Array, phi: jax.Array) -> jax.Array:
+    """Eq. 8 (Eq. 9 with φ): ``r_i = Acc_i − mean Acc − time_i − φ_i`` with ``time_i`` the
+    term of :func:`time_penalty`."""
+    return acc - baseline - time - phi
+
+
+def accuracy_baseline(kind: str, history: jax.Array, best: jax.Array, seen: jax.Array, idx: jax.Array,
+                      acc: jax.Array, reported: jax.Array) -> jax.Array:
+    """mean Acc of Eq. 8 (``history``, ``best``, ``seen``: ``[K]`` before this round; ``acc``,
+    ``reported``: the round's clients ``idx``). ``"latest"`` (the paper): this round's
+    accuracies written into the history of latest accuracies, then its mean over every
+    client seen so far. ``"running_max"`` (the code): the mean of the seen clients'
+    best-ever accuracies *before* this round (on the first round: this round's mean)."""
+    if kind == "latest":
+        hist = history.at[idx].set(jnp.where(reported, acc, history[idx]))
+        now = seen.at[idx].set(seen[idx] | reported)
+        return (hist * now).sum() / jnp.maximum(now.sum(), 1)
+    if kind != "running_max":
+        raise ValueError(f"baseline must be 'latest' or 'running_max', got {kind!r}")
+    before = seen.sum()
+    return jnp.where(before > 0, (best * seen).sum() / jnp.maximum(before, 1),
+                     (acc * reported).sum() / jnp.maximum(reported.sum(), 1))
+
+
+def memory_penalty(acc: jax.Array, rt: jax.Array, memory: jax.Array, budget: jax.Array, reported: jax.Array,
+                   phi: str) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Eq. 9 for the round's clients: ``(Acc, RT, φ, fits)``. A subnet whose training memory
+    exceeds the budget cannot train: Acc_i = 0, φ_i = 1 and RT_i = the largest RT of the
+    clients that reported. Otherwise φ_i is the memory utilisation ``memory_i / budget_i``
+    (``phi="utilization"``, the paper) or 0 (``phi="binary"``)."""
+    fits = memory <= budget
+    acc = jnp.where(fits, acc, 0.0)
+    rt = jnp.where(fits, rt, jnp.max(jnp.where(reported, rt, -jnp.inf)))
+    if phi == "utilization":
+        p = jnp.minimum(memory / budget, 1.0)
+    elif phi == "binary":
+        p = (~fits).astype(jnp.float32)
+    else:
+        raise ValueError(f"phi must be 'utilization' or 'binary', got {phi!r}")
+    return acc, rt, p, fits
 
 
 def host_costs(space, choices: np.ndarray) -> np.ndarray:
@@ -330,6 +401,24 @@ def subnet_accuracy(space, info: DataInfo, variables, choice, data: ClientData, 
 
     r = evaluate_examples(logits, data.x, data.y, data.count, batch_size=batch_size)
     return r["correct"] / jnp.maximum(r["count"], 1)
+
+
+def recalibrated(cfg: PerFedRLNASConfig, space, info: DataInfo, variables: dict, choice: jax.Array,
+                 data: ClientData) -> dict:
+    """``variables`` with subnet ``choice``'s BatchNorm statistics measured on ``data`` (up to
+    ``bn_recalibration_batches`` batches of ``eval_batch_size``, training mode, padding
+    masked; :func:`algorithms.common.client_batch_statistics`); weights unchanged. What
+    evaluation uses when ``aggregate_bn=False`` leaves the server's statistics at init.
+    Statistics of layers outside the subnet come back 0 (the subnet never reads them)."""
+    def stats_of(stats, x, mask):
+        v = {**variables, "batch_stats": stats}
+        return space.subnet(choice).apply(v, info.normalize(x), train=True, mask=mask,
+                                          mutable=["batch_stats"])[1]["batch_stats"]
+
+    zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+    stats, _ = client_batch_statistics(stats_of, zeros, data, batch_size=cfg.eval_batch_size,
+                                       max_batches=cfg.bn_recalibration_batches, momentum=BN_MOMENTUM)
+    return {**variables, "batch_stats": stats}
 
 
 def aggregate(cfg: PerFedRLNASConfig, space, old: dict, new: dict, choices: jax.Array, weights: jax.Array) -> dict:
@@ -413,22 +502,14 @@ def perfedrlnas(
         res = gather_rows(state.resources, idx)
         costs = traced_costs(space, choices)
         rt = round_time(costs, train_data.count, eval_data.count, cfg.local_epochs, res)
-        fits = training_memory(costs, cfg.batch_size) <= res.memory_budget
-        if not cfg.memory_budget:
-            fits = jnp.ones_like(fits)
         reported = reporting_clients(key, idx, dropout_rate)
-        acc = jnp.where(fits, acc, 0.0)
-        rt = jnp.where(fits, rt, jnp.max(jnp.where(reported, rt, -jnp.inf)))
-        phi = (~fits).astype(jnp.float32)
-        if cfg.baseline == "latest":  # the paper: history updated, then averaged over seen clients
-            hist = state.acc.at[idx].set(jnp.where(reported, acc, state.acc[idx]))
-            seen = state.seen.at[idx].set(state.seen[idx] | reported)
-            baseline = (hist * seen).sum() / jnp.maximum(seen.sum(), 1)
-        else:  # the code: mean of the seen clients' best accuracies before this round
-            seen_before = state.seen.sum()
-            baseline = jnp.where(seen_before > 0, (state.best_acc * state.seen).sum() / jnp.maximum(seen_before, 1),
-                                 (acc * reported).sum() / jnp.maximum(reported.sum(), 1))
-        r = rewards(acc, baseline, rt, cfg.lambda_time, phi * cfg.memory_budget, reported)
+        phi, fits = jnp.zeros((m,), jnp.float32), jnp.ones((m,), bool)
+        if cfg.memory_budget:
+            acc, rt, phi, fits = memory_penalty(acc, rt, training_memory(costs, cfg.batch_size), res.memory_budget,
+                                                reported, cfg.phi)
+        baseline = accuracy_baseline(cfg.baseline, state.acc, state.best_acc, state.seen, idx, acc, reported)
+        time = time_penalty(rt, reported, cfg.lambda_time, cfg.time_term)
+        r = rewards(acc, baseline, time, phi)
         # line 14: aggregation (clients over budget could not train: weight 0)
         weights = train_data.count * reported * fits
         variables = aggregate(cfg, space, state.variables, new, choices, weights)
@@ -441,10 +522,13 @@ def perfedrlnas(
             {"policy": policy + updates, "policy_opt": opt, "acc": acc,
              "best_acc": jnp.maximum(state.best_acc[idx], acc), "seen": jnp.ones((m,), bool)}, keep=reported)
         state = state.replace(variables=variables, round=state.round + 1, **rows)
-        n = jnp.maximum(metrics["examples"].sum(), 1)
+        trained = fits.astype(jnp.float32)  # over budget: the device could not train, nothing to report
+        n = jnp.maximum((metrics["examples"] * trained).sum(), 1)
         return state, {
-            "train_loss": metrics["loss_sum"].sum() / n, "train_acc": metrics["correct"].sum() / n,
-            "train_examples": metrics["examples"].sum(), "reward_acc": (acc * reported).sum() / jnp.maximum(
+            "train_loss": (metrics["loss_sum"] * trained).sum() / n, "train_acc": (metrics["correct"] * trained).sum() / n,
+            "train_examples": (metrics["examples"] * trained).sum(),
+            "reward_time_share": jnp.abs(time * reported).sum() / jnp.maximum(jnp.abs(r * reported).sum(), 1e-12),
+            "reward_acc": (acc * reported).sum() / jnp.maximum(
                 reported.sum(), 1), "reward_mean": (r * reported).sum() / jnp.maximum(reported.sum(), 1),
             "acc_baseline": baseline, "round_time_s": jnp.max(jnp.where(reported, rt, 0.0)),
             "subnet_params": (costs[:, 0] * reported).sum() / jnp.maximum(reported.sum(), 1),
@@ -455,11 +539,20 @@ def perfedrlnas(
 
     def evaluate(state: PerFedRLNASState, data: FederatedData):
         best = policy_argmax(state.policy, valid)  # [K, D]
+        if cfg.aggregate_bn:
+            def logits_of(choice):
+                return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
 
-        def logits_of(choice):
-            return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
+            rows = best
+        else:  # the server's statistics never left init: each client measures its subnet's
+            def logits_of(row):
+                v = {**state.variables, "batch_stats": row[1]}
+                return lambda x: space.subnet(row[0]).apply(v, info.normalize(x), train=False)
 
-        out = client_accuracies(logits_of, best, data, cfg.eval_batch_size, placement=placement, personal=True)
+            rows = (best, map_clients(lambda c, v: recalibrated(cfg, space, info, v, c[0], c[1])["batch_stats"],
+                                      (best, data.all_clients("train")), state.variables, placement=placement))
+
+        out = client_accuracies(logits_of, rows, data, cfg.eval_batch_size, placement=placement, personal=True)
         costs = traced_costs(space, best)
         seen = jnp.maximum(state.seen.sum(), 1)
         out.update({
@@ -543,8 +636,10 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     round each client in ``clients`` samples a subnet from its policy (init 0), scores it on
     its ``split`` with the final supernet's weights (no weight update), and takes the
     REINFORCE step of Eqs. 5-8 (baseline: the mean accuracy of these clients this round;
-    λ_time on inference time of the split). Returns the policies ``[len(clients), D, K]``
-    and the mean accuracy per round ``[rounds]``."""
+    the time term of ``cfg.time_term`` on the inference time of the split). With
+    ``aggregate_bn=False`` each sampled subnet is scored with its BatchNorm statistics
+    measured on the client's training split (:func:`recalibrated`). Returns the policies
+    ``[len(clients), D, K]`` and the mean accuracy per round ``[rounds]``."""
     space = make_space(cfg, info)
     space.cost(smallest_choice(space))  # host-side cost tables before the trace
     valid = choice_mask(space.dims)
@@ -553,19 +648,22 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     if n < 1 or rounds < 1:
         raise ValueError(f"adapt_new_clients needs clients and rounds >= 1, got {n} clients, {rounds} rounds")
     tx = optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
-    evald = data.clients(split, ids)
+    evald, traind = data.clients(split, ids), data.clients("train", ids)
     res = gather_rows(state.resources, ids)
+
+    def score(choice, e, t):
+        v = state.variables if cfg.aggregate_bn else recalibrated(cfg, space, info, state.variables, choice, t)
+        return subnet_accuracy(space, info, v, choice, e, cfg.eval_batch_size)
 
     @jit
     def step(carry, k):
         policy, opt = carry
         choices = jax.vmap(lambda kk, a: jax.random.categorical(kk, masked_logits(a, valid)))(
             jax.random.split(k, n), policy).astype(jnp.int32)
-        acc = jax.lax.map(lambda a: subnet_accuracy(space, info, state.variables, a[0], a[1], cfg.eval_batch_size),
-                          (choices, evald))
+        acc = jax.lax.map(lambda a: score(*a), (choices, evald, traind))
         costs = traced_costs(space, choices)
         rt = costs[:, 1] * evald.count / res.throughput
-        r = rewards(acc, acc.mean(), rt, cfg.lambda_time, 0.0, jnp.ones((n,), bool))
+        r = rewards(acc, acc.mean(), time_penalty(rt, jnp.ones((n,), bool), cfg.lambda_time, cfg.time_term), 0.0)
         grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid))(policy, choices, r)
         updates, opt = jax.vmap(tx.update)(-grads, opt)
         return (policy + updates, opt), acc.mean()

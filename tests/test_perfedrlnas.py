@@ -29,17 +29,65 @@ TINY = {"data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_rou
         "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny", "algo.local_epochs": 1}
 
 
+SECOND = 7  # the second round's key (see second_round)
+
+
 def _cfg(**over):
     return make_config("perfedrlnas", overrides={**TINY, **{f"algo.{k}": v for k, v in over.items()}})
 
 
 @pytest.fixture(scope="module")
 def built(tiny_data):
-    cfg = _cfg(lambda_time=0.0)
+    """Two rounds with the default time term (relative, λ_time = 0.05)."""
+    cfg = _cfg()
     algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
     state0 = algo.init(init_key(0))
     state1, metrics = algo.round(state0, tiny_data, round_key(0, 0))
     return cfg, algo, state0, state1, metrics
+
+
+@pytest.fixture(scope="module")
+def second_round(built, tiny_data):
+    """The round after round 0, drawn with round key 7: its clients (1, 3) overlap round 0's
+    (0, 1), so the paper's baseline, the code's running max and this round's mean differ."""
+    _, algo, _, state1, _ = built
+    return algo.round(state1, tiny_data, round_key(0, SECOND))
+
+
+def _sampled(cfg, data, state, t):
+    """Round t's clients and the choices their policies sample (Algorithm 1, lines 5-6)."""
+    idx, keys = round_clients(round_key(0, t), data.info.num_clients, cfg.run.clients_per_round)
+    valid = choice_mask(pf.make_space(cfg.algo, data.info).dims)
+    choices = jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
+        policy_keys(keys), state.policy[idx])
+    return np.asarray(idx), keys, np.asarray(choices), valid
+
+
+def _round_time(cfg, data, state, idx, choices):
+    """RT_i by hand: 3 × forward multiply-adds × training examples × E + one forward per
+    test example, over the client's throughput, plus the float32 weights down and up."""
+    space = pf.make_space(cfg.algo, data.info)
+    res = jax.tree.map(lambda a: np.asarray(a)[idx], state.resources)
+    n_tr, n_te = np.asarray(data.train.counts)[idx], np.asarray(data.test.counts)[idx]
+    out = []
+    for j, c in enumerate(choices):
+        cost = space.cost(c)
+        bits = 32.0 * cost.params
+        out.append((3 * cost.macs * n_tr[j] * cfg.algo.local_epochs + cost.macs * n_te[j]) / res.throughput[j]
+                   + bits / res.down_bps[j] + bits / res.up_bps[j])
+    return np.array(out)
+
+
+def _adam_step(state, idx, choices, r, valid):
+    """α_i after Algorithm 1, line 16: one step of client i's own Adam (lr 0.5, β1 0.5) up
+    r_i (δ_i − p_i), from the Adam state the round started with."""
+    tx = optax.adam(0.5, b1=0.5, b2=0.999)
+    out = []
+    for j, i in enumerate(idx):
+        g = pf.policy_gradient(state.policy[i], choices[j], jnp.float32(r[j]), valid)
+        u, _ = tx.update(-g, jax.tree.map(lambda a: a[i], state.policy_opt))
+        out.append(np.asarray(state.policy[i] + u))
+    return np.stack(out)
 
 
 def test_policy_gradient_is_reward_times_onehot_minus_probs_per_dimension():
@@ -90,49 +138,159 @@ def test_count_normalised_aggregation_on_constructed_masks():
 
 
 def test_a_round_takes_the_reinforce_step_of_its_rewards(built, tiny_data):
-    """Round 0 from α = 0 with λ_time = 0: r_i = Acc_i − mean of the sampled clients' Acc
-    (the only ones seen), and α_i becomes one Adam step (lr 0.5, β1 0.5) along r_i (δ_i − p)."""
+    """Round 0 from α = 0: r_i = Acc_i − mean of the sampled clients' Acc (the only ones
+    seen) − 0.05 (RT_i − min RT) / min RT, RT by hand, and α_i becomes one Adam step along
+    r_i (δ_i − p); unsampled policies stay 0."""
     cfg, algo, state0, state1, metrics = built
-    idx, keys = round_clients(round_key(0, 0), 4, 2)
-    valid = choice_mask(pf.make_space(cfg.algo, tiny_data.info).dims)
-    choices = jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
-        policy_keys(keys), state0.policy[idx])
-    acc = np.asarray(state1.acc)[np.asarray(idx)]
-    assert np.asarray(state1.seen).sum() == 2 and np.asarray(state1.seen)[np.asarray(idx)].all()
-    r = acc - acc.mean()
-    tx = optax.adam(0.5, b1=0.5, b2=0.999)
-    for j, i in enumerate(np.asarray(idx)):
-        g = pf.policy_gradient(state0.policy[i], choices[j], jnp.float32(r[j]), valid)
-        u, _ = tx.update(-g, tx.init(state0.policy[i]))
-        np.testing.assert_allclose(state1.policy[i], state0.policy[i] + u, atol=1e-6)
-    others = np.setdiff1d(np.arange(4), np.asarray(idx))
+    idx, _, choices, valid = _sampled(cfg, tiny_data, state0, 0)
+    acc = np.asarray(state1.acc)[idx]
+    assert np.asarray(state1.seen).sum() == 2 and np.asarray(state1.seen)[idx].all()
+    rt = _round_time(cfg, tiny_data, state0, idx, choices)
+    time = 0.05 * (rt - rt.min()) / rt.min()
+    r = acc - acc.mean() - time
+    assert np.abs(r).min() > 1e-3 and time.max() > 1e-3  # the time term moves the rewards
+    np.testing.assert_allclose(np.asarray(state1.policy)[idx], _adam_step(state0, idx, choices, r, valid), atol=1e-6)
+    others = np.setdiff1d(np.arange(4), idx)
     np.testing.assert_array_equal(np.asarray(state1.policy)[others], 0.0)  # unsampled policies untouched
     assert float(metrics["acc_baseline"]) == pytest.approx(acc.mean(), abs=1e-6)
+    assert float(metrics["round_time_s"]) == pytest.approx(rt.max(), rel=1e-5)
+    assert float(metrics["reward_time_share"]) == pytest.approx(time.sum() / np.abs(r).sum(), rel=1e-4)
     assert float(metrics["server_update_skipped"]) == 0.0
 
 
+def test_second_round_rewards_use_the_papers_baseline(built, second_round, tiny_data):
+    """Round 1 after round 0, by hand: mean Acc is the mean of every seen client's latest
+    accuracy after this round's are written in (the paper) — not the mean of the seen
+    clients' best accuracies before the round (the code's running max) nor this round's
+    mean — and α_i takes one more Adam step (its state from round 0) along r_i (δ − p)."""
+    cfg, _, _, state1, _ = built
+    state2, metrics = second_round
+    idx, _, choices, valid = _sampled(cfg, tiny_data, state1, SECOND)
+    acc = np.asarray(state2.acc)[idx]
+    hist, seen = np.asarray(state1.acc).copy(), np.asarray(state1.seen).copy()
+    running_max = np.asarray(state1.best_acc)[seen].mean()
+    hist[idx], seen[idx] = acc, True
+    latest = hist[seen].mean()
+    assert min(abs(latest - running_max), abs(latest - acc.mean())) > 1e-3, "the three baselines coincide"
+    assert float(metrics["acc_baseline"]) == pytest.approx(latest, abs=1e-6)
+    rt = _round_time(cfg, tiny_data, state1, idx, choices)
+    r = acc - latest - 0.05 * (rt - rt.min()) / rt.min()
+    np.testing.assert_allclose(np.asarray(state2.policy)[idx], _adam_step(state1, idx, choices, r, valid), atol=1e-6)
+
+
+def test_round_aggregates_batchnorm_statistics_by_hand(built, tiny_data):
+    """Line 14 on a real round: every BatchNorm statistic (and weight) of the new supernet
+    is the n_i-weighted mean of the sampled clients' trained values over the clients whose
+    subnet holds it (hand-run clients, the round's keys and lr), the old value elsewhere."""
+    cfg, _, state0, state1, _ = built
+    idx, keys, choices, _ = _sampled(cfg, tiny_data, state0, 0)
+    space = pf.make_space(cfg.algo, tiny_data.info)
+    train = jax.jit(pf.make_client_train(cfg.algo, tiny_data.info, space))
+    data = tiny_data.clients("train", jnp.asarray(idx))
+    n = np.asarray(data.count, np.float64)
+    new, masks = [], []
+    for j in range(len(idx)):
+        d = jax.tree.map(lambda a: a[j], data)
+        new.append(train(state0.variables, jnp.asarray(choices[j]), d, keys[j], jnp.float32(cfg.algo.lr))[0])
+        masks.append(space.variable_mask(jnp.asarray(choices[j]), state0.variables))
+
+    def expect(old, *rows):
+        vals, ms = rows[:len(idx)], rows[len(idx):]
+        w = sum(n[j] * np.broadcast_to(ms[j], old.shape) for j in range(len(idx)))
+        tot = sum(n[j] * np.broadcast_to(ms[j], old.shape) * vals[j] for j in range(len(idx)))
+        return np.where(w > 0, tot / np.maximum(w, 1e-30), old)
+
+    for k in ("batch_stats", "params"):
+        want = jax.tree.map(expect, state0.variables[k], *[v[k] for v in new], *[mk[k] for mk in masks])
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), state1.variables[k], want)
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state0.variables["batch_stats"]),
+                                                     jax.tree.leaves(state1.variables["batch_stats"]))]
+    assert any(moved)
+
+
+def test_time_penalty_relative_and_seconds():
+    """Eq. 8's λ_time (RT_i − min RT), min over the clients that reported: in seconds, or
+    relative to the fastest reporting client (the default); 0 for a client that did not report."""
+    rt, reported = jnp.array([2.0, 3.0, 6.0, 1.0]), jnp.array([True, True, True, False])
+    np.testing.assert_allclose(pf.time_penalty(rt, reported, 0.1, "seconds"), [0.0, 0.1, 0.4, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(pf.time_penalty(rt, reported, 0.1, "relative"), [0.0, 0.05, 0.2, 0.0], rtol=1e-6)
+    r = pf.rewards(jnp.array([0.5, 0.9, 0.4, 0.0]), 0.6, jnp.array([0.0, 0.05, 0.2, 0.0]), jnp.array([0.25, 0, 0, 0]))
+    np.testing.assert_allclose(r, [0.5 - 0.6 - 0.25, 0.9 - 0.6 - 0.05, 0.4 - 0.6 - 0.2, -0.6], rtol=1e-6)
+
+
+def test_round_time_is_training_and_test_compute_plus_transfer():
+    """RT = (3 × multiply-adds × n_train × E + multiply-adds × n_test) / throughput + 32 bits
+    per weight down and up."""
+    costs = jnp.array([[1000.0, 5e6, 0.0], [10.0, 2e6, 0.0]])
+    res = pf.Resources(throughput=jnp.array([1e9, 2e9]), memory_budget=jnp.ones(2), up_bps=jnp.array([1e6, 1e5]),
+                       down_bps=jnp.array([2e6, 1e5]))
+    rt = pf.round_time(costs, jnp.array([10.0, 20.0]), jnp.array([4.0, 0.0]), 2, res)
+    want = [(3 * 5e6 * 10 * 2 + 5e6 * 4) / 1e9 + 32e3 / 2e6 + 32e3 / 1e6,
+            (3 * 2e6 * 20 * 2) / 2e9 + 320 / 1e5 + 320 / 1e5]
+    np.testing.assert_allclose(rt, want, rtol=1e-6)
+
+
+def test_eq9_memory_penalty_sets_phi_and_the_rounds_largest_time():
+    """Eq. 9: over budget → Acc 0, φ 1, RT = the largest RT of the reporting clients; within
+    budget φ = memory / budget (utilisation, the default) or 0 (binary)."""
+    acc, rt = jnp.array([0.8, 0.6, 0.7, 0.9]), jnp.array([1.0, 4.0, 2.0, 9.0])
+    memory, budget = jnp.array([1.0, 3.0, 5.0, 1.0]), jnp.array([4.0, 4.0, 2.0, 2.0])
+    reported = jnp.array([True, True, True, False])
+    a, t, phi, fits = pf.memory_penalty(acc, rt, memory, budget, reported, "utilization")
+    np.testing.assert_array_equal(fits, [True, True, False, True])
+    np.testing.assert_allclose(a, [0.8, 0.6, 0.0, 0.9])
+    np.testing.assert_allclose(t, [1.0, 4.0, 4.0, 9.0])  # the non-reporting client's 9 s is not the max
+    np.testing.assert_allclose(phi, [0.25, 0.75, 1.0, 0.5])
+    _, _, binary, _ = pf.memory_penalty(acc, rt, memory, budget, reported, "binary")
+    np.testing.assert_allclose(binary, [0.0, 0.0, 1.0, 0.0])
+
+
+def test_accuracy_baselines_by_hand():
+    """mean Acc of Eq. 8: the paper's (latest accuracies, this round's written in, over every
+    seen client) and the code's running max (seen clients' best before the round)."""
+    history, best = jnp.array([0.2, 0.4, 0.0, 0.0]), jnp.array([0.6, 0.5, 0.0, 0.0])
+    seen = jnp.array([True, True, False, False])
+    idx, acc, reported = jnp.array([1, 2]), jnp.array([0.9, 0.7]), jnp.array([True, True])
+    latest = pf.accuracy_baseline("latest", history, best, seen, idx, acc, reported)
+    assert float(latest) == pytest.approx((0.2 + 0.9 + 0.7) / 3)
+    running = pf.accuracy_baseline("running_max", history, best, seen, idx, acc, reported)
+    assert float(running) == pytest.approx((0.6 + 0.5) / 2)
+    dropped = pf.accuracy_baseline("latest", history, best, seen, idx, acc, jnp.array([True, False]))
+    assert float(dropped) == pytest.approx((0.2 + 0.9) / 2)  # a client that did not report is not seen
+    first = pf.accuracy_baseline("running_max", history, best, jnp.zeros(4, bool), idx, acc, reported)
+    assert float(first) == pytest.approx(0.8)
+
+
 def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_data):
-    """Eq. 9 with every budget at the smallest subnet's memory (budget_range (0, 0)): a sampled
-    subnet needing more scores Acc = 0, φ = 1 and is not aggregated; the count matches the
-    sampled subnets' memory computed by hand."""
-    cfg = _cfg(memory_budget=True, budget_range=(0.0, 0.0))
+    """Eq. 9 with every budget 30 % of the way from the smallest to the largest subnet's
+    memory (budget_range (0.3, 0.3)): a sampled subnet needing more scores Acc = 0, φ = 1,
+    the round's largest RT and is not aggregated; one that fits pays φ = memory / budget;
+    the count matches the sampled subnets' memory computed by hand (here one of each), and
+    the policies take the step of these rewards."""
+    cfg = _cfg(memory_budget=True, budget_range=(0.3, 0.3))
     algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
     space = pf.make_space(cfg.algo, tiny_data.info)
     s0 = algo.init(init_key(0))
-    idx, keys = round_clients(round_key(0, 0), 4, 2)
-    valid = choice_mask(space.dims)
-    choices = np.asarray(jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
-        policy_keys(keys), s0.policy[idx]))
+    idx, _, choices, valid = _sampled(cfg, tiny_data, s0, 0)
     memory = np.array([space.cost(c).memory_bytes(cfg.algo.batch_size) for c in choices])
-    m_min = space.cost(pf.smallest_choice(space)).memory_bytes(cfg.algo.batch_size)
-    np.testing.assert_allclose(s0.resources.memory_budget, m_min, rtol=1e-6)
-    over = memory > np.asarray(s0.resources.memory_budget)[np.asarray(idx)]
+    m_min, m_max = (space.cost(c(space)).memory_bytes(cfg.algo.batch_size) for c in (pf.smallest_choice,
+                                                                                     pf.largest_choice))
+    np.testing.assert_allclose(s0.resources.memory_budget, m_min + 0.3 * (m_max - m_min), rtol=1e-6)
+    budget = np.asarray(s0.resources.memory_budget)[idx]
+    over = memory > budget
+    assert over.sum() == 1 and 0 < (memory / budget)[~over][0] < 1
     s1, m = algo.round(s0, tiny_data, round_key(0, 0))
     assert int(m["over_budget"]) == over.sum()
-    np.testing.assert_array_equal(np.asarray(s1.acc)[np.asarray(idx)][over], 0.0)
+    acc = np.asarray(s1.acc)[idx]
+    np.testing.assert_array_equal(acc[over], 0.0)
     assert float(m["server_update_skipped"]) == float(over.all())
     if over.all():
         jax.tree.map(np.testing.assert_array_equal, s1.variables, s0.variables)
+    rt = _round_time(cfg, tiny_data, s0, idx, choices)
+    rt = np.where(over, rt.max(), rt)
+    phi = np.minimum(memory / budget, 1.0)
+    r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min() - phi
+    np.testing.assert_allclose(np.asarray(s1.policy)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
 
 
 def test_resource_model_is_seeded_and_in_range(built, tiny_data):
@@ -214,10 +372,31 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
     policies, curve = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=3,
                                            key=jax.random.key(5))
     assert policies.shape[0] == 2 and curve.shape == (3,) and ((curve >= 0) & (curve <= 1)).all()
-    assert np.abs(np.asarray(policies)).sum() > 0
-    again, _ = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=3,
-                                    key=jax.random.key(5))
-    np.testing.assert_array_equal(again, policies)
+    # the first round by hand: sampled subnets scored on the test split with the supernet's
+    # weights, r_i = Acc_i − mean Acc − 0.05 (RT_i − min RT) / min RT on inference time
+    one, first = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=1,
+                                      key=jax.random.key(5))
+    assert first[0] == curve[0]
+    space = pf.make_space(cfg.algo, tiny_data.info)
+    valid = choice_mask(space.dims)
+    choices = np.asarray(jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
+        jax.random.split(jax.random.fold_in(jax.random.key(5), 0), 2), jnp.zeros((2,) + valid.shape)))
+    ids = np.array([2, 3])
+    test = tiny_data.clients("test", jnp.asarray(ids))
+    score = jax.jit(lambda c, d: pf.subnet_accuracy(space, tiny_data.info, state1.variables, c, d, 500))
+    acc = np.array([float(score(jnp.asarray(c), jax.tree.map(lambda a: a[j], test))) for j, c in enumerate(choices)])
+    assert first[0] == pytest.approx(acc.mean(), abs=1e-6)
+    rt = np.array([space.cost(c).macs for c in choices]) * np.asarray(test.count) / np.asarray(
+        state1.resources.throughput)[ids]
+    r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min()
+    fresh = pf.PerFedRLNASState(policy=jnp.zeros((2,) + valid.shape), policy_opt=jax.vmap(
+        optax.adam(0.5, b1=0.5).init)(jnp.zeros((2,) + valid.shape)), **{
+        k: None for k in ("variables", "acc", "best_acc", "seen", "resources", "round")})
+    want = _adam_step(fresh, np.arange(2), choices, r, valid)
+    np.testing.assert_allclose(one, want, atol=1e-6)
+    # the direction: the sampled choice's logit rises by lr where r_i > 0 and falls where r_i < 0
+    picked = np.take_along_axis(np.asarray(one), choices[..., None], -1)[..., 0]
+    np.testing.assert_allclose(picked, 0.5 * np.sign(r)[:, None] * np.ones_like(picked), rtol=1e-4)
 
 
 @pytest.mark.parametrize("over, match", [
@@ -262,16 +441,31 @@ def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
 def test_a_round_on_the_elastic_space(space, tiny_data):
     """The same algorithm over another space (tiny preset; its dimensions have 2 or 3 choices,
     so policies are padded): one round trains the sampled subnets, moves only the sampled
-    clients' policies, and exports costed architectures. (The hybrid space runs through the
-    same code; its own tests are tests/test_hybrid.py, a round of it ~27 s to compile.)"""
+    clients' policies, each one Adam step along its hand-computed reward (the sampled
+    choice's logit up where r_i > 0, down where r_i < 0), and exports costed architectures.
+    (The hybrid space: tests/test_hybrid.py.)"""
     cfg = _cfg(space=space, space_preset="tiny")
     algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
     s0 = algo.init(init_key(0))
     s1, m = algo.round(s0, tiny_data, round_key(0, 0))
-    idx, _ = round_clients(round_key(0, 0), 4, 2)
-    moved = np.abs(np.asarray(s1.policy - s0.policy)).sum((1, 2)) > 0
-    assert moved[np.asarray(idx)].all() and moved.sum() == 2
-    assert all(np.isfinite(float(v)) for v in m.values()), m  # dimensions of unequal size: padded policies
-    assert float(m["subnet_params"]) > 0
+    check_round_direction(cfg, tiny_data, s0, s1, m)
     arch = algo.export(s1).clients["0"]
     assert arch["params"] > 0 and len(arch["architecture"]) == len(pf.make_space(cfg.algo, tiny_data.info).dims)
+
+
+def check_round_direction(cfg, data, s0, s1, m):
+    """Round 0 of ``cfg`` from α = 0, by hand: the sampled clients' policies (only theirs) are
+    one Adam step along r_i (δ_i − p), r_i = Acc_i − mean Acc − λ_time relative time; the first
+    step moves every logit by ± lr, the sampled choice's with the sign of r_i."""
+    idx, _, choices, valid = _sampled(cfg, data, s0, 0)
+    moved = np.abs(np.asarray(s1.policy - s0.policy)).sum((1, 2)) > 0
+    assert moved[idx].all() and moved.sum() == len(idx)
+    assert all(np.isfinite(float(v)) for v in m.values()), m  # dimensions of unequal size: padded policies
+    acc = np.asarray(s1.acc)[idx]
+    rt = _round_time(cfg, data, s0, idx, choices)
+    r = acc - acc.mean() - cfg.algo.lambda_time * (rt - rt.min()) / rt.min()
+    assert np.abs(r).min() > 1e-3
+    np.testing.assert_allclose(np.asarray(s1.policy)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
+    picked = np.take_along_axis(np.asarray(s1.policy)[idx], choices[..., None], -1)[..., 0]
+    np.testing.assert_allclose(picked, np.broadcast_to(0.5 * np.sign(r)[:, None], picked.shape), rtol=1e-4)
+    assert float(m["subnet_params"]) > 0
