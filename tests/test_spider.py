@@ -7,6 +7,7 @@ The masked forward equals the hand-pruned network in tests/test_darts_masks.py; 
 compilation per round and bit-exact resume of every per-client row in tests/test_contract.py.
 """
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -208,6 +209,35 @@ def test_searcher_projection_matches_a_brute_force_evaluation(tiny_data, project
     assert len(set(dropped[0][0])) == 1 and dropped[0][1] == (2 if projection == "greedy" else 4)
     accs = dropped[1][0]
     assert accs.count(max(accs)) == 1 and min(accs) < max(accs), dropped  # the reduction cell: one best removal
+
+
+def test_search_schedule_and_trigger_at_the_papers_t_s_and_tau(tiny_data):
+    """t_s = 30, τ = 20, 4 nodes (14 edges): choices at a client's rounds 40, 60, ..., 300,
+    topology projections at 300, 320, 340 (docs/authors_code.md §5.3); the round's trigger
+    fires exactly there, following the search to its end."""
+    cfg = make_config("spider").algo
+    assert (cfg.warmup_rounds, cfg.recovery_rounds, cfg.steps) == (30, 20, 4)
+    schedule = sp.search_schedule(cfg)
+    assert schedule == list(range(40, 341, 20)) and len(schedule) == 14 + 2
+    due, done = [], 0
+    for t in range(1000):  # one client's clock; its architecture is final after its 16th trigger
+        if sp.search_due(cfg, np.int32(t), np.bool_(done == len(schedule))):
+            due.append(t)
+            done += 1
+    assert due == schedule
+    t = np.array([29, 30, 39, 40, 41, 60, 340])
+    np.testing.assert_array_equal(sp.search_due(cfg, t, np.zeros(7, bool)), [0, 0, 0, 1, 0, 1, 1])
+    assert not sp.search_due(cfg, np.int32(40), np.bool_(True))
+    # t_s a multiple of τ: the first choice at t_s itself
+    on = make_config("spider", overrides={"algo.warmup_rounds": 40}).algo
+    assert sp.search_schedule(on)[0] == 40 and bool(sp.search_due(on, np.int32(40), np.bool_(False)))
+    # a run that ends before the last projection (the client's round 341) warns
+    for rounds, warns in ((340, True), (341, False)):
+        config = make_config("spider", overrides={"run.rounds": rounds, **TINY, "algo.steps": 4})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sp.build(config, tiny_data.info)
+        assert any("round 341" in str(w.message) for w in caught) == warns, rounds
 
 
 ROUNDS = 16
