@@ -23,6 +23,9 @@ draws (everything is a function of ``(seed, round, client, step)``)::
             └─ (client_keys of it) ─ DP_*    a party's Poisson samples, noise, augmentation
     PRNGKey(ADAPT_SEED) ─ CLIENT ─ k         evaluation-time fine-tuning (no round: evaluating
                                              a state twice gives the same numbers)
+    PRNGKey(RANDOM_ARCH_SEED) ─ seed ─ i     random_arch_key(seed, i): the i-th random
+                                             architecture of an experiment's control
+                                             (search_spaces.sampling; drawn on the host)
 
 The tag values are part of every result — changing one changes every number of every
 run — so they keep the values the library has always used. One pair shares a value
@@ -35,6 +38,7 @@ would have to give one of them a new tag (tests/test_rng.py pins this).
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 # Under PRNGKey(seed)
 INIT = 0x7FFFFFFF
@@ -57,6 +61,8 @@ DROP_PATH = 0xD409A000  # per-example path dropping of the DARTS evaluation netw
 DP_TRAIN_SAMPLE, DP_TRAIN_NOISE, DP_VAL_SAMPLE, DP_VAL_NOISE, DP_TRAIN_AUG, DP_VAL_AUG = range(6)
 # A seed of its own: evaluation-time adaptation of the personalization baselines
 ADAPT_SEED = 0x0ADA
+# A seed of its own: the random architectures a search is compared with
+RANDOM_ARCH_SEED = 0x0A4C
 
 
 def init_key(seed: int) -> jax.Array:
@@ -125,3 +131,17 @@ def dp_iteration_key(round_key: jax.Array, j: jax.Array | int) -> jax.Array:
 def adaptation_keys(client_ids: jax.Array) -> jax.Array:
     """Evaluation-time adaptation: one fixed key per client, independent of the round."""
     return client_keys(jax.random.PRNGKey(ADAPT_SEED), client_ids)
+
+
+def random_arch_key(seed: int, index: int) -> jax.Array:
+    """The key of the ``index``-th random architecture of a run with ``seed`` (the control a
+    search is compared with): independent of every training stream."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(RANDOM_ARCH_SEED), seed), index)
+
+
+def host_generator(key: jax.Array) -> np.random.Generator:
+    """A NumPy generator seeded by a JAX key's bits (typed or raw ``uint32`` keys), for
+    draws made on the host (discrete architectures): the same key, the same draws."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist())

@@ -11,7 +11,8 @@ arXiv:1806.09055), as used by FedNAS, SPIDER and DP-FNAS.
 """
 from .config import DartsSpaceConfig, group_edges_param, primitives_param
 from .genotypes import DARTS, DARTS_V1, DARTS_V2, derive, derive_from_weights, FEDNAS_V1, Genotype
-from .network import AUX_WEIGHT, aux_input_size, aux_pool, AuxiliaryHeadCIFAR, build, DartsNetwork, drop_path, EvalCell
+from .network import (AUX_WEIGHT, aux_input_size, aux_pool, AuxiliaryHeadCIFAR, build, DartsNetwork, drop_path, EvalCell,
+                      network_params)
 # depthwise convolutions live in the engine (jaxfednas.nn); re-exported here as before
 from jaxfednas.nn import DEPTHWISE_IMPLS, default_depthwise_impl, depthwise_conv, DepthwiseConv, SeparableConv
 from .operations import (
@@ -43,6 +44,6 @@ __all__ = [
     "DilConv", "EvalCell", "FEDNAS_V1", "FactorizedReduce", "Genotype", "Identity", "MaxPool3x3",
     "MixedOp", "NORMS", "OPS", "PRIMITIVE_SETS", "PRIMITIVES", "PRIMITIVES_S2", "ReLUConvBN", "SearchCell", "SepConv", "SeparableConv", "Zero",
     "aux_input_size", "aux_pool", "build", "cell_plan", "default_depthwise_impl", "depthwise_conv", "derive",
-    "derive_from_weights", "drop_path", "group_edges_param", "make_op", "num_edges", "plot_cell", "plot_genotype",
+    "derive_from_weights", "drop_path", "group_edges_param", "make_op", "network_params", "num_edges", "plot_cell", "plot_genotype",
     "primitives_param", "supernet_of", "unroll_variables", "unstack_scanned", "edge_table",
 ]

@@ -15,9 +15,12 @@ scanned exactly as in :mod:`search_spaces.darts.search`.
 """
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxfednas.nn import Conv
 
@@ -181,3 +184,14 @@ class DartsNetwork(nn.Module):
 def build(genotype: Genotype, C: int, num_classes: int, layers: int, **kwargs) -> DartsNetwork:
     """The evaluation network of ``genotype`` (DARTS CIFAR: C=36, layers=20, auxiliary=True)."""
     return DartsNetwork(genotype, C, num_classes, layers, **kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def network_params(genotype: Genotype, C: int, num_classes: int, layers: int, image_shape: tuple[int, ...]) -> int:
+    """Weights of :func:`build`'s network without the auxiliary head (as DARTS counts them),
+    from shapes only (no compile): the cost :func:`search_spaces.sampling.matched` compares
+    when a random cell is drawn at a searched cell's size."""
+    net = DartsNetwork(genotype, C, num_classes, layers)
+    x = jax.ShapeDtypeStruct((1,) + tuple(image_shape), jnp.float32)
+    shapes = jax.eval_shape(lambda x: net.init(jax.random.key(0), x), x)
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(shapes["params"]))
