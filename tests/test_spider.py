@@ -1,7 +1,9 @@
-"""SPIDER (algorithms/spider.py): the personal update of Eq. 4 against its formula, the op
-choice of Algorithm 2 (both criteria), the searcher against a brute-force evaluation,
-per-client rows under client sampling, a whole search to final genotypes through the
-runner (files, phase 3), the personalization gain of Eq. 6, and one-line config errors.
+"""SPIDER (algorithms/spider.py): the personal update of Eq. 4 against its formula over two
+steps, the kept variables against the masked loss's gradient, the op choice of Algorithm 2
+(both criteria) and the topology projection (both rules) against brute-force evaluations,
+the search schedule at the paper's t_s and τ, per-client rows under client sampling, a whole
+search to final genotypes through the runner (files, phase 3), the personalization gain of
+Eq. 6, and one-line config errors.
 
 The masked forward equals the hand-pruned network in tests/test_darts_masks.py; one
 compilation per round and bit-exact resume of every per-client row in tests/test_contract.py.
@@ -86,6 +88,46 @@ def test_personal_steps_are_ce_gradient_plus_lambda_pull_to_the_received_w(tiny_
     assert all(np.all(f == 0) for f in jax.tree.leaves(frozen)), "removed ops' weights moved"
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), w2["params"], w["params"])
     assert max(jax.tree.leaves(moved)) > 1e-3  # w moved within the round: w_share ≠ the in-round w
+
+
+def test_variable_mask_is_the_set_of_variables_the_masked_loss_reads(tiny_data):
+    """On a net with a normal and two reduction cells, the variables a mask keeps are exactly
+    those whose gradient of the masked loss is not identically zero: weights, and BatchNorm
+    running statistics through the eval-mode forward that reads them (each edge keeps some op,
+    so every preprocessing layer is read)."""
+    cfg = _cfg(layers=3, **ONE_CELL)  # cell 0 normal, cells 1 and 2 reduction
+    info = tiny_data.info
+    net = supernet_of(cfg, info.num_classes)
+    mask = {"normal": np.array([[1, 0, 1], [0, 1, 0]], np.float32),  # ops: skip, avg_pool, sep_conv
+            "reduce": np.array([[0, 0, 1], [1, 1, 0]], np.float32)}  # reduce skip = FactorizedReduce
+    arch = {c: jnp.asarray(m) for c, m in mask.items()}
+    # random values in the supernet's variable shapes (traced, not compiled: init's compile is the cost)
+    shapes = jax.eval_shape(lambda: sp._init_variables(net, arch, jax.random.key(5), jnp.zeros((1,) + info.image_shape)))
+    leaves, tree = jax.tree.flatten(shapes)
+    keys = jax.random.split(jax.random.key(5), len(leaves))
+    v = jax.tree.unflatten(tree, [0.5 + jax.random.uniform(k, s.shape) for k, s in zip(keys, leaves)])
+    x = info.normalize(tiny_data.train.x[0, :16])
+    ct = jax.random.normal(jax.random.key(6), (16, info.num_classes))  # a random cotangent, not a loss after BN
+
+    @jax.jit
+    @jax.grad
+    def grad(variables):
+        return (sp.Subnet(net, arch).apply(variables, x, train=False) * ct).sum()
+
+    g = grad(v)
+    assert sorted(v["params"]) == ["cell_0", "cell_1", "cell_2", "classifier", "stem_bn", "stem_conv"]
+    removed = 0
+    for coll in ("params", "batch_stats"):
+        keep = sp.variable_mask(mask, v[coll], net.primitives, cfg.steps, cfg.layers)
+        flat_g = jax.tree_util.tree_flatten_with_path(g[coll])[0]
+        for (path, leaf), k in zip(flat_g, jax.tree.leaves(keep)):
+            k = np.asarray(k)
+            assert k.ndim == leaf.ndim, jax.tree_util.keystr(path)
+            axes = tuple(i for i in range(leaf.ndim) if k.shape[i] == 1)  # the mask's granularity
+            read = np.any(np.asarray(leaf) != 0, axis=axes, keepdims=True).reshape(k.shape)
+            np.testing.assert_array_equal(read, k != 0, err_msg=f"{coll} {jax.tree_util.keystr(path)}")
+            removed += int((k == 0).sum())
+    assert removed > 0, "the mask removes some variables"
 
 
 def test_op_choice_keeps_the_op_whose_removal_hurts_most_or_the_printed_rule():
