@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=int, help="federated rounds (run.rounds)")
     r.add_argument("--clients-per-round", help="count or fraction of clients per round (run.clients_per_round)")
     r.add_argument("--seed", type=int, help="seed (run.seed)")
+    r.add_argument("--seeds", metavar="LIST", help="run once per seed (e.g. 0,1,2 or 0-4), each into --out/seed_<s>; "
+                   "writes --out/seeds.md: every final metric's mean ± std over the seeds")
     r.add_argument("--placement", help="auto, vmap, map or shard_map (run.placement)")
     r.add_argument("--out", help="run directory (default runs/ALGO-DATASET-sSEED)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
@@ -102,13 +104,19 @@ def _run(args) -> int:
     if args.resume:
         if not args.out:
             raise ConfigError("--resume needs --out DIR (the run directory to continue)")
-        cfg = resume_config(args.out, overrides)
+        src = Path(args.out)
+        if args.seeds is not None:  # the first seed's run holds the configuration
+            from jaxfednas.seeds import parse_seeds, seed_dir_name
+            src = src / seed_dir_name(parse_seeds(args.seeds)[0])
+        cfg = resume_config(src, overrides)
     else:
         cfg = make_config(args.algorithm, preset=args.preset, overrides=overrides)
     if cfg.algorithm != args.algorithm:
         raise ConfigError(f"--resume: {args.out} holds a {cfg.algorithm} run, not {args.algorithm}")
     out = args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-s{cfg.run.seed}"
     enable_compilation_cache()
+    if args.seeds is not None:
+        return _run_seeds(args, cfg)
     try:
         summary = run_experiment(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
     except NonFiniteError as e:
@@ -127,6 +135,39 @@ def _run(args) -> int:
     print(f"{'rounds':>36}: {summary['rounds']}")
     print(f"{'wall time (s)':>36}: {summary['timing']['wall_time_s']}")
     print(f"run directory: {out}")
+    return 0
+
+
+def _run_seeds(args, cfg) -> int:
+    """``--seeds``: one run per seed into ``--out/seed_<s>`` (each resumable), then the table."""
+    import dataclasses
+    import json
+
+    from jaxfednas.checkpoint import atomic_write_text
+    from jaxfednas.distributed import is_main
+    from jaxfednas.experiment import holds_run, run_experiment
+    from jaxfednas.seeds import parse_seeds, seed_dir_name, seed_table
+
+    seeds = parse_seeds(args.seeds)
+    if args.seed is not None:
+        raise ConfigError("give --seed or --seeds, not both")
+    out = Path(args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-seeds")
+    finals = {}
+    for seed in seeds:
+        d = out / seed_dir_name(seed)
+        print(f"== seed {seed} -> {d}", flush=True)
+        c = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
+        summary = run_experiment(c, d, resume=args.resume and holds_run(d),
+                                 progress=False if args.no_progress else None)
+        finals[seed] = {k: v for k, v in summary["final"].items() if isinstance(v, (int, float))}
+    if not is_main():
+        return 0
+    table = seed_table(finals)
+    atomic_write_text(out / "seeds.md", f"# {cfg.algorithm} on {cfg.data.dataset}: final metrics over seeds "
+                      f"{', '.join(map(str, seeds))}\n\n{table}")
+    atomic_write_text(out / "seeds.json", json.dumps({str(s): f for s, f in finals.items()}, indent=1) + "\n")
+    print(table)
+    print(f"run directories: {out}/seed_<s>; table: {out / 'seeds.md'}")
     return 0
 
 

@@ -248,3 +248,35 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_resume_finishes_the_run(t
     assert cli.main(["run", "fedavg", "--out", str(d), "--resume", "--no-progress"]) == 0
     for name in ("metrics.jsonl", "checkpoint.msgpack", "clients.csv"):
         assert (d / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+
+
+def test_parse_seeds_and_the_seed_table():
+    from jaxfednas.seeds import mean_std, parse_seeds, seed_table
+
+    assert parse_seeds("0,1,2") == [0, 1, 2] and parse_seeds("0-2,7") == [0, 1, 2, 7] and parse_seeds("5") == [5]
+    for bad in ("a", "3-1", "0,0", "-1", ""):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad)
+    assert mean_std([1.0, 2.0, 4.0]) == pytest.approx((7 / 3, ((16 / 9 + 1 / 9 + 25 / 9) / 2) ** 0.5))
+    assert mean_std([3.0]) == (3.0, 0.0)
+    table = seed_table({0: {"acc": 0.5, "loss": 1.0}, 3: {"acc": 0.75}}, ["acc", "loss"])
+    assert "| acc | 0.6250 ± 0.1768 | 0.5000 | 0.7500 |" in table
+    assert "| loss | 1.0000 ± 0.0000 | 1.0000 | — |" in table
+
+
+def test_cli_seeds_runs_each_seed_in_its_directory_and_tables_them(tmp_path, capsys):
+    argv = ["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "1", "--no-progress",
+            "--set", "run.placement=vmap", "--set", "algo.batch_size=64", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--seeds", "0,1"]) == 0
+    finals = {s: json.loads((tmp_path / f"seed_{s}" / "summary.json").read_text())["final"] for s in (0, 1)}
+    assert [json.loads((tmp_path / f"seed_{s}" / "config.json").read_text())["run"]["seed"] for s in (0, 1)] == [0, 1]
+    assert finals[0]["global_test_acc"] != finals[1]["global_test_acc"]
+    a = [finals[s]["global_test_acc"] for s in (0, 1)]
+    mean, std = sum(a) / 2, abs(a[0] - a[1]) / 2 ** 0.5
+    assert f"| global_test_acc | {mean:.4f} ± {std:.4f} | {a[0]:.4f} | {a[1]:.4f} |" in (tmp_path / "seeds.md").read_text()
+    # --resume with a longer list: finished seeds are found done, seed 2 runs
+    capsys.readouterr()
+    assert cli.main(["run", "fedavg", "--out", str(tmp_path), "--resume", "--seeds", "0-2", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "seeds.json").read_text()).keys() == {"0", "1", "2"}
+    assert cli.main([*argv, "--seeds", "0", "--seed", "1"]) == 2
+    assert "--seed or --seeds" in capsys.readouterr().err

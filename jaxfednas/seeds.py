@@ -1,0 +1,71 @@
+"""Results over several seeds: a number is read with its spread.
+
+One seed's result cannot tell a 1-point difference from noise. Every example and
+``jaxfednas run`` take ``--seeds`` (``0,1,2`` or ``0-4``): each seed is a run of its own
+(``run.seed``; the partition follows it unless ``data.partition_seed`` is set) in its own
+directory ``seed_<s>``, resumable like any run, and :func:`seed_table` writes one table of
+mean ± standard deviation over the seeds with every seed's value beside it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from jaxfednas.config import ConfigError
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` or ``"0-4"`` (or a mix, ``"0-2,7"``) as a list of distinct seeds, in order."""
+    seeds: list[int] = []
+    try:
+        for part in str(text).split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                if int(hi) < int(lo):
+                    raise ValueError
+                seeds += range(int(lo), int(hi) + 1)
+            else:
+                seeds.append(int(part))
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected comma-separated seeds or ranges, e.g. 0,1,2 or 0-4") from None
+    if any(s < 0 or s >= 2**31 for s in seeds):
+        raise ConfigError(f"--seeds {text!r}: every seed must be in [0, 2^31)")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: a seed is repeated")
+    return seeds
+
+
+def seed_dir_name(seed: int) -> str:
+    return f"seed_{seed}"
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0 for one value), NaNs ignored."""
+    v = [float(x) for x in values if x is not None and not math.isnan(float(x))]
+    if not v:
+        return math.nan, math.nan
+    m = sum(v) / len(v)
+    s = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else 0.0
+    return m, s
+
+
+def seed_table(rows: Mapping[int, Mapping[str, float]], metrics: Sequence[str] | None = None, *,
+               digits: int = 4) -> str:
+    """A Markdown table: one row per metric, ``mean ± std`` over the seeds (sample std), then
+    each seed's value. ``rows`` maps seed -> {metric: value}; ``metrics`` picks and orders
+    the rows (default: every metric of the first seed)."""
+    seeds = list(rows)
+    if not seeds:
+        raise ValueError("seed_table needs at least one seed")
+    metrics = list(metrics if metrics is not None else rows[seeds[0]])
+    fmt = f"{{:.{digits}f}}"
+    head = "| metric | mean ± std over seeds | " + " | ".join(f"seed {s}" for s in seeds) + " |\n"
+    head += "|---|---|" + "---|" * len(seeds) + "\n"
+    lines = []
+    for m in metrics:
+        vals = [rows[s].get(m) for s in seeds]
+        mean, std = mean_std([v for v in vals if v is not None])
+        cells = ["—" if v is None else fmt.format(float(v)) for v in vals]
+        lines.append(f"| {m} | {fmt.format(mean)} ± {fmt.format(std)} | " + " | ".join(cells) + " |\n")
+    return head + "".join(lines)
