@@ -115,7 +115,10 @@ class SpiderConfig(DartsSpaceConfig):
                                "the global one (code) or as copies of it", choices=("independent", "global"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
     group_edges: str = group_edges_param()
-    eval_batch_size: int = param(500, "evaluation (and search-evaluation) batch size", range=(1, None))
+    eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+    search_batch_size: int = param(0, "batch of the search's validation passes, whose BatchNorm uses batch "
+                                   "statistics (0: eval_batch_size; the code: its loader's 32, dropping a last "
+                                   "partial batch, which is kept here)", range=(0, None))
     gain_epochs: int = param(30, "fine-tuning epochs per entry of the personalization-gain matrix (Eq. 6; "
                              "paper 30)", range=(1, 10_000))
 
@@ -255,15 +258,15 @@ def make_search(cfg: SpiderConfig, n_ops: int, accuracies: Callable) -> Callable
     return search
 
 
-def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) -> Callable:
-    """``search(variables, mask, edge_done, node_done, val, key)``: one trigger of
-    SPIDER-Searcher for one client (masks stacked ``[2, E, |O|]``, normal then reduce),
-    scoring candidates by the accuracy on the client's whole validation split."""
+def make_val_accuracies(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) -> Callable:
+    """The searcher's evaluator ``accuracies(variables, candidates, val) -> [n]``: each
+    candidate mask's accuracy on the client's whole validation split."""
 
     def val_accuracy(variables, mask, val: ClientData):
-        """Accuracy on the whole validation split, BatchNorm on batch statistics."""
+        """Accuracy on the whole validation split in batches of ``search_batch_size``,
+        BatchNorm on each batch's statistics."""
         m = val.y.shape[0]
-        b = min(cfg.eval_batch_size, m)
+        b = min(cfg.search_batch_size or cfg.eval_batch_size, m)
 
         def one(i):
             pos = i * b + jnp.arange(b)
@@ -279,7 +282,14 @@ def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) ->
     def accuracies(variables, candidates, val):
         return jax.lax.map(lambda mk: val_accuracy(variables, mk, val), candidates)
 
-    return make_search(cfg, len(net.primitives), accuracies)
+    return accuracies
+
+
+def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) -> Callable:
+    """``search(variables, mask, edge_done, node_done, val, key)``: one trigger of
+    SPIDER-Searcher for one client (masks stacked ``[2, E, |O|]``, normal then reduce),
+    scoring candidates by their accuracy on the client's validation split."""
+    return make_search(cfg, len(net.primitives), make_val_accuracies(cfg, info, net))
 
 
 def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, full: dict) -> Callable:

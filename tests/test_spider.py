@@ -139,15 +139,16 @@ def test_op_choice_keeps_the_op_whose_removal_hurts_most_or_the_printed_rule():
     assert int(sp.op_choice(jnp.array([0.5, 0.5, 0.5]), jnp.ones(3, bool), "removal_hurts_most")) == 0
 
 
-@pytest.mark.parametrize("criterion", sp.CRITERIA)
-def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion):
+@pytest.mark.parametrize("criterion,search_batch", [("removal_hurts_most", 0), ("paper_text", 4)])
+def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion, search_batch):
     """One trigger: on the edge it picked, the kept op is the argmin (argmax) of the validation
-    accuracy with each op removed, computed here independently."""
-    cfg = _cfg(criterion=criterion, **ONE_CELL)
+    accuracy with each op removed, computed here independently: over the whole split, or in
+    batches of ``search_batch_size`` with BatchNorm on each batch's statistics."""
+    cfg = _cfg(criterion=criterion, search_batch_size=search_batch, **ONE_CELL)
     info = tiny_data.info
     net = supernet_of(cfg, info.num_classes)
     full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
-    v = sp._init_variables(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
+    v = jax.jit(sp._init_variables, static_argnums=0)(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
     mask = sp.stack_cells(full)
     edge_done = jnp.zeros((2, mask.shape[1]), bool)
     node_done = jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
@@ -155,17 +156,26 @@ def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion):
     new_mask, new_edges, _ = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
                                                                          jax.random.key(4))
     assert np.asarray(new_edges).sum() == 2, "one edge per cell type"
-    x, y, n = info.normalize(val.x[: int(val.count)]), np.asarray(val.y[: int(val.count)]), int(val.count)
+    n = int(val.count)
+    b = search_batch or n
+    assert search_batch == 0 or n % b, "batches with a last partial one"
+    rows = -(-n // b) * b
+    x = info.normalize(jnp.concatenate([val.x[:n], jnp.zeros((rows - n,) + val.x.shape[1:], val.x.dtype)]))
+    valid, y = np.arange(rows) < n, np.asarray(val.y[:n])
     c = 1  # the network's one cell is a reduction cell, decided after the normal cell's edge
     e = int(np.flatnonzero(np.asarray(new_edges[c]))[0])
     base = mask.at[0].set(new_mask[0])
+    # one compiled forward for every mask and batch (eagerly its ops compile ~80 small programs)
+    forward = jax.jit(lambda m, xb, vb: sp.Subnet(net, sp.unstack_cells(m)).apply(
+        v, xb, train=True, mask=vb, mutable=["batch_stats"])[0])
+    cands = [base.at[c, e, j].set(0.0) for j in range(mask.shape[2])]
     accs = []
-    # one compiled forward for every mask (eagerly its ops compile ~80 small programs)
-    forward = jax.jit(lambda m: sp.Subnet(net, sp.unstack_cells(m)).apply(v, x, train=True, mutable=["batch_stats"]))
-    for j in range(mask.shape[2]):
-        logits, _ = forward(base.at[c, e, j].set(0.0))
+    for m in cands:
+        logits = np.concatenate([forward(m, x[i:i + b], valid[i:i + b]) for i in range(0, rows, b)])[:n]
         accs.append(float((np.argmax(logits, -1) == y).sum()) / n)
     assert len(set(accs)) > 1, accs  # the removals make a difference here
+    got = jax.jit(sp.make_val_accuracies(cfg, info, net))(v, jnp.stack(cands), val)
+    np.testing.assert_allclose(got, accs, atol=1e-6)  # the searcher's evaluator
     kept = int(np.flatnonzero(np.asarray(new_mask[c, e]))[0])
     pick = np.argmin if criterion == "removal_hurts_most" else np.argmax
     assert accs[kept] == accs[int(pick(accs))], (accs, kept)
@@ -384,7 +394,8 @@ def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched
 
 
 @pytest.mark.parametrize("key,value", [("algo.recovery_rounds", 0), ("algo.lam", -0.1), ("algo.warmup_rounds", -1),
-                                       ("algo.criterion", "largest"), ("algo.projection", "best")])
+                                       ("algo.criterion", "largest"), ("algo.projection", "best"),
+                                       ("algo.search_batch_size", -1)])
 def test_bad_settings_fail_with_one_line_naming_the_setting(key, value):
     with pytest.raises(ConfigError) as err:
         make_config("spider", overrides={key: value})
