@@ -45,10 +45,16 @@ multiplied by 0, and their weights are frozen in v_k.
 
 Options for parity with the authors' code (docs/authors_code.md §5): ``local_grad_clip=0``
 (its personal-model clip never runs), ``projection="one_shot"``, ``personal_init="independent"``
-(default: personal supernets start from one initialisation independent of the global one). Kept from the
-code where the paper is silent: SGD momentum 0.9, weight decay 1e-3, both learning rates
-annealed per round by a cosine to ``lr_min`` (0) over the run, personal optimizer state
-kept across rounds (the global model's is fresh every round, as FedAvg's clients).
+(default: personal supernets start from one initialisation independent of the global one),
+``search_batch_size=32`` (the search's BatchNorm batch; the code drops a last partial
+batch, kept here). Kept from the code where the paper is silent: SGD momentum 0.9, weight
+decay 1e-3, both learning rates annealed per round by a cosine to ``lr_min`` (0) over the
+run, personal optimizer state kept across rounds. Not offered (the README's SPIDER table):
+the code keeps each client's global-model momentum across rounds (here it starts from
+zero every round, as FedAvg's clients); it re-estimates the personal model's BatchNorm
+running statistics on the training set after each pruning and moves them in the search's
+passes; it weights FedAvg by each client's whole partition (here the training examples of
+the round, train + validation in phase 3).
 """
 from __future__ import annotations
 
