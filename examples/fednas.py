@@ -1,6 +1,7 @@
 """FedNAS (He et al., arXiv:2004.08546): global search, evaluation stage, personalization.
 
-    python examples/fednas.py                       # digits: search (8 Dir(0.5) clients), then train the cell
+    python examples/fednas.py                       # digits: search (8 Dir(0.5) clients), train the cell + 5 random ones
+    python examples/fednas.py --seeds 0,1,2         # the same over three seeds: mean ± std
     python examples/fednas.py --personalized        # Table 1 analogue: FedNAS vs local adaptation / Ditto / perFedAvg
     python examples/fednas.py --preset paper --data-dir DIR   # CIFAR-10, the paper's settings (a GPU)
     python examples/fednas.py --out runs/fednas --resume      # continue an interrupted run
@@ -10,9 +11,18 @@ Global mode (Algorithm 1, then §3.2's "additional evaluation stage"):
      search-train / search-val split, the server averages w, BN statistics and α (Eq. 5);
   2. ``train/``   — the derived genotype's DARTS network trained from scratch with FedAvg
      on the same clients (each client's search-train + search-val examples);
-  3. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
+  3. ``random_<i>/`` — the control (``--random N``, default 5): N cells drawn uniformly from
+     the same space (:func:`search_spaces.sampling.random_genotype`, keys
+     ``rng.random_arch_key(seed, i)``; ``--match-size``: within ±10 % of the searched cell's
+     parameters), each trained with exactly the evaluation stage's recipe on the same clients;
+  4. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
      the paper's; test-batch statistics; statistics recalibrated by the clients), genotype,
-     evaluation accuracy, parameter counts, wall times; cell diagrams in ``search/plots/``.
+     evaluation accuracy, the searched cell against the random cells (mean ± std, how many
+     it beats), parameter counts, wall times; cell diagrams in ``search/plots/``, the
+     searched cell among the random ones in ``plots/searched_vs_random.png``.
+
+``--seeds 0,1,2`` runs the whole job once per seed (``run.seed``, which also draws the
+partition) into ``seed_<s>/`` and writes mean ± std over the seeds of every number.
 
 Personalized mode (§2.5, Table 1): label-skew partition (5 classes per client), a
 FedNAS search with 4 of 8 clients per round, then every client adapts w and α locally
@@ -47,6 +57,7 @@ import jax
 import numpy as np
 
 from algorithms.fednas import client_genotypes
+from algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import partition as part
@@ -54,8 +65,11 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import load_run, run_script, run_stage
 from jaxfednas.registry import make_config
-from jaxfednas.rng import personalize_key
-from search_spaces.darts import PRIMITIVE_SETS
+from jaxfednas.plots import plot_searched_vs_random
+from jaxfednas.rng import personalize_key, random_arch_key
+from jaxfednas.seeds import parse_seeds, seed_dir_name, seed_table, versus_random
+from search_spaces.darts import network_params, PRIMITIVE_SETS
+from search_spaces.sampling import matched, random_genotype
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
 SEARCH = {"run.rounds": 10, "run.eval_every": 5, "algo.C": 8, "algo.layers": 5, "algo.local_epochs": 1,
@@ -106,7 +120,31 @@ def _fmt(x: float) -> str:
 
 
 def global_search(args, overrides: dict) -> None:
-    out = Path(args.out)
+    """The search + evaluation stage + random cells, once per seed (``--seeds``: each into
+    ``seed_<s>/``, then the table over seeds in ``results.md``)."""
+    if args.seeds is None:
+        search_and_evaluate(args, overrides, Path(args.out))
+        return
+    out, per_seed = Path(args.out), {}
+    for seed in parse_seeds(args.seeds):
+        print(f"==== seed {seed}", flush=True)
+        per_seed[seed] = search_and_evaluate(args, {**overrides, "run.seed": seed}, out / seed_dir_name(seed))
+    rows = {seed: {k: v for k, v in r["numbers"].items()} for seed, r in per_seed.items()}
+    table = seed_table(rows, list(next(iter(rows.values()))))
+    plot_searched_vs_random({seed: r["points"] for seed, r in per_seed.items()}, out / "plots" / "searched_vs_random.png",
+                            metric="evaluation-stage global test accuracy", title="FedNAS: searched cell vs random cells")
+    text = (f"# FedNAS global search over seeds {args.seeds}: searched vs random cells\n\n{table}\n"
+            f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
+            f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`); "
+            f"plot: `plots/searched_vs_random.png`.\n")
+    atomic_write_text(out / "results.md", text)
+    atomic_write_text(out / "results.json", json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
+    print("\n" + table)
+
+
+def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
+    """One seed: search, the derived cell's evaluation stage, ``args.random`` random cells'
+    evaluation stages (the same recipe), results.md / results.json; returns the numbers."""
     preset = args.preset
     base = {} if preset else {**DIGITS, **SEARCH}
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
@@ -134,6 +172,25 @@ def global_search(args, overrides: dict) -> None:
           f"{train_cfg.run.rounds} rounds -> {out / 'train'}", flush=True)
     t = _stage(train_cfg, out / "train", args.resume)
     ds = load_dataset(search_cfg.data.dataset, search_cfg.data.data_dir)
+    searched_params = _model_params(train_cfg, ds)
+
+    # the control: random cells of the same space, trained with the same recipe on the same clients
+    prims, steps = PRIMITIVE_SETS[search_cfg.algo.primitives], search_cfg.algo.steps
+    size = dict(C=train_cfg.algo.C, num_classes=ds.num_classes, layers=train_cfg.algo.layers,
+                image_shape=tuple(ds.image_shape))
+    randoms = []
+    for i in range(args.random):
+        key = random_arch_key(search_cfg.run.seed, i)
+        if args.match_size:
+            g, _ = matched(key, lambda k: random_genotype(k, prims, steps), lambda g: network_params(g, **size),
+                           network_params(resolve_genotype(genotype), **size))
+        else:
+            g = random_genotype(key, prims, steps)
+        cfg = make_config("fednas_train", preset=preset, overrides={**train_over, "algo.genotype": g.to_json()})
+        print(f"== random cell {i + 1}/{args.random} -> {out / f'random_{i}'}", flush=True)
+        r = _stage(cfg, out / f"random_{i}", args.resume)
+        randoms.append((g, r, _model_params(cfg, ds)))
+    vs = versus_random(t["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r, _ in randoms])
 
     rows = [
         ("supernet global test acc (search, final round)", _fmt(s["final"]["global_test_acc"])),
@@ -150,14 +207,43 @@ def global_search(args, overrides: dict) -> None:
         ("evaluation-stage client test acc (mean ± std, unweighted)",
          f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} ± {_fmt(t['final']['client_test_acc_std_unweighted'])}"),
         ("supernet parameters", f"{_model_params(search_cfg, ds):,}"),
-        ("evaluation network parameters", f"{_model_params(train_cfg, ds):,}"),
+        ("evaluation network parameters", f"{searched_params:,}"),
         ("wall time search / evaluation stage (s)", f"{s['timing']['wall_time_s']:.0f} / {t['timing']['wall_time_s']:.0f}"),
     ]
+    if randoms:
+        rows += [
+            (f"random cells ({len(randoms)}{', size-matched ±10 %' if args.match_size else ''}): evaluation-stage "
+             "global test acc (mean ± std)", f"{_fmt(vs['random_mean'])} ± {_fmt(vs['random_std'])}"),
+            ("searched − random mean", f"{vs['searched_minus_random']:+.4f}"),
+            ("random cells the searched cell beats (ties)", f"{vs['beats']} of {len(randoms)} ({vs['ties']})"),
+        ]
     table = "| quantity | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
-    atomic_write_text(out / "results.md", f"# FedNAS global search ({search_cfg.data.dataset})\n\n{table}")
+    cells = ""
+    if randoms:
+        cells = "\n| cell | parameters | evaluation-stage global test acc | client test acc (mean, unweighted) |\n" \
+                "|---|---|---|---|\n" + f"| searched | {searched_params:,} | {_fmt(t['final']['global_test_acc'])} | " \
+                f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} |\n" + "".join(
+                    f"| random {i}: {' '.join(f'{op}<-{j}' for op, j in g.normal)} | {n:,} | "
+                    f"{_fmt(r['final']['global_test_acc'])} | {_fmt(r['final']['client_test_acc_mean_unweighted'])} |\n"
+                    for i, (g, r, n) in enumerate(randoms))
+        plot_searched_vs_random(
+            {search_cfg.run.seed: {"searched": (searched_params, t["final"]["global_test_acc"]),
+                                   "random": [(n, r["final"]["global_test_acc"]) for _, r, n in randoms]}},
+            out / "plots" / "searched_vs_random.png", metric="evaluation-stage global test accuracy",
+            title=f"FedNAS ({search_cfg.data.dataset}, seed {search_cfg.run.seed}): searched cell vs random cells")
+    atomic_write_text(out / "results.md", f"# FedNAS global search ({search_cfg.data.dataset})\n\n{table}{cells}")
     atomic_write_text(out / "results.json", json.dumps({k: v for k, v in rows}, indent=2) + "\n")
-    print("\n" + table)
+    print("\n" + table + cells)
     print(f"cell diagrams: {out / 'search' / 'plots'}/cell_normal.png, cell_reduce.png; results: {out / 'results.md'}")
+    numbers = {"supernet global test acc": s["final"]["global_test_acc"], "α entropy": s["final"]["arch_entropy"],
+               "searched cell: evaluation-stage global test acc": vs["searched"]}
+    if randoms:
+        numbers.update({"random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
+                        "searched − random mean": vs["searched_minus_random"],
+                        "random cells beaten (fraction)": vs["beats"] / len(randoms)})
+    return {"numbers": numbers,
+            "points": {"searched": (searched_params, vs["searched"]),
+                       "random": [(n, r["final"]["global_test_acc"]) for _, r, n in randoms]}}
 
 
 def personalized(args, overrides: dict) -> None:
@@ -264,6 +350,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, help="search rounds")
     p.add_argument("--train-rounds", type=int, help="evaluation-stage rounds")
     p.add_argument("--seed", type=int)
+    p.add_argument("--seeds", metavar="LIST", help="global mode: the whole job once per seed (e.g. 0,1,2), each into "
+                   "--out/seed_<s>; results.md gives mean ± std over seeds")
+    p.add_argument("--random", type=int, default=5, metavar="N",
+                   help="global mode: also train N random cells of the space with the evaluation stage's recipe "
+                        "(the control; default 5, 0: none)")
+    p.add_argument("--match-size", action="store_true",
+                   help="draw each random cell with parameters within ±10 %% of the searched cell's")
     p.add_argument("--out", default=None, help="output directory (default runs/fednas[-personalized])")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -274,6 +367,15 @@ def main(argv=None) -> int:
         overrides = parse_set(args.set)
     except ConfigError as e:
         p.error(str(e))
+    if args.random < 0:
+        p.error(f"--random {args.random}: must be >= 0")
+    if args.seeds is not None:
+        if args.seed is not None or args.personalized:
+            p.error("--seeds goes with global mode and without --seed")
+        try:
+            parse_seeds(args.seeds)
+        except ConfigError as e:
+            p.error(str(e))
     for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir)):
         if value is not None:
             overrides[key] = value

@@ -73,3 +73,26 @@ def plot_client_accuracy(acc: np.ndarray, counts: np.ndarray, path, *, title: st
         ax.set_title(title)
     fig.tight_layout()
     _save(fig, path)
+
+
+def plot_searched_vs_random(points: Mapping, path, *, metric: str = "test accuracy", title: str = "") -> None:
+    """The searched architecture among random ones, per seed: ``points`` maps a seed to
+    ``{"searched": (params, value), "random": [(params, value), ...]}``; random
+    architectures are dots, the searched one a star, one colour per seed."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (seed, p) in enumerate(points.items()):
+        color = f"C{i % 10}"
+        if p["random"]:
+            x, y = zip(*p["random"])
+            ax.scatter(x, y, s=22, color=color, alpha=0.6, label=f"random (seed {seed})")
+        ax.scatter(*p["searched"], s=160, marker="*", color=color, edgecolor="black", linewidth=0.6,
+                   label=f"searched (seed {seed})", zorder=3)
+    ax.set_xlabel("parameters")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)

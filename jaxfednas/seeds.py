@@ -69,3 +69,13 @@ def seed_table(rows: Mapping[int, Mapping[str, float]], metrics: Sequence[str] |
         cells = ["—" if v is None else fmt.format(float(v)) for v in vals]
         lines.append(f"| {m} | {fmt.format(mean)} ± {fmt.format(std)} | " + " | ".join(cells) + " |\n")
     return head + "".join(lines)
+
+
+def versus_random(searched: float, random: Sequence[float]) -> dict:
+    """How a searched architecture's number compares with random architectures' (trained the
+    same way): their mean and sample std, the difference, and how many of them it beats
+    (strictly) or ties."""
+    mean, std = mean_std(random)
+    return {"searched": float(searched), "random_mean": mean, "random_std": std, "random_n": len(random),
+            "searched_minus_random": float(searched) - mean,
+            "beats": sum(float(searched) > r for r in random), "ties": sum(float(searched) == r for r in random)}

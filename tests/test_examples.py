@@ -11,6 +11,9 @@ import pytest
 
 from conftest import assert_accuracy, assert_summary_consistent
 from jaxfednas.data.datasets import load_dataset
+from jaxfednas.rng import random_arch_key
+from search_spaces.darts import Genotype, PRIMITIVE_SETS
+from search_spaces.sampling import random_genotype
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=1",
@@ -26,7 +29,7 @@ def _example(name):
 
 def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     out = tmp_path / "g"
-    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--out", str(out)]) == 0
+    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "1", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     train_cfg = json.loads((out / "train" / "config.json").read_text())
     # the table's numbers are the stages' final evaluations, whole numbers of test examples
@@ -40,6 +43,19 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
         assert_accuracy(final[metric], n_test)
     assert_summary_consistent(out / "train")
     assert "<-" in res["derived normal cell"]
+    # the control: random cell 0 of seed 0, trained with the evaluation stage's recipe on the same clients
+    rand_cfg = json.loads((out / "random_0" / "config.json").read_text())
+    prims = PRIMITIVE_SETS[json.loads((out / "search" / "config.json").read_text())["algo"]["primitives"]]
+    assert Genotype.from_json(rand_cfg["algo"]["genotype"]) == random_genotype(random_arch_key(0, 0), prims, 1)
+    assert {k: v for k, v in rand_cfg["algo"].items() if k != "genotype"} == \
+        {k: v for k, v in train_cfg["algo"].items() if k != "genotype"} and rand_cfg["data"] == train_cfg["data"]
+    rand = json.loads((out / "random_0" / "summary.json").read_text())["final"]["global_test_acc"]
+    key = [k for k in res if k.startswith("random cells (1)")][0]
+    assert res[key] == f"{rand:.4f} ± 0.0000"
+    assert res["searched − random mean"] == f"{train['global_test_acc'] - rand:+.4f}"
+    assert res["random cells the searched cell beats (ties)"] == \
+        f"{int(train['global_test_acc'] > rand)} of 1 ({int(train['global_test_acc'] == rand)})"
+    assert (out / "plots" / "searched_vs_random.png").stat().st_size > 0
     # the evaluation stage trains exactly the exported genotype, on the same partition
     assert json.loads(train_cfg["algo"]["genotype"]) == json.loads((out / "search" / "architecture.json").read_text())
     m_s = json.loads((out / "search" / "partition" / "manifest.json").read_text())
@@ -48,9 +64,31 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
         assert sorted(a["train"] + a["val"]) == sorted(b["train"]) and a["test"] == b["test"]
     assert (out / "search" / "plots" / "cell_normal.png").exists()
     # a second call without --resume refuses to overwrite; with --resume it finishes at once
-    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--out", str(out)]) != 0
-    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--out", str(out), "--resume"]) == 0
+    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "1", "--out", str(out)]) != 0
+    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "1", "--out", str(out), "--resume"]) == 0
     assert "evaluation-stage global test acc" in capsys.readouterr().out
+
+
+def test_fednas_example_over_seeds_tables_each_seeds_numbers(tmp_path, monkeypatch):
+    """--seeds: each seed's whole job runs with its run.seed into seed_<s>/, and results.md holds
+    mean ± std over seeds of every number (the per-seed job is the test above)."""
+    mod = _example("fednas")
+    calls = []
+
+    def one_seed(args, overrides, out):
+        seed = overrides["run.seed"]
+        calls.append((seed, out))
+        return {"numbers": {"searched": 0.5 + seed / 10, "random": 0.25},
+                "points": {"searched": (10, 0.5), "random": [(9, 0.25)]}}
+
+    monkeypatch.setattr(mod, "search_and_evaluate", one_seed)
+    assert mod.main(["--seeds", "0-2", "--random", "1", "--out", str(tmp_path)]) == 0
+    assert calls == [(s, tmp_path / f"seed_{s}") for s in (0, 1, 2)]
+    text = (tmp_path / "results.md").read_text()
+    assert "| searched | 0.6000 ± 0.1000 | 0.5000 | 0.6000 | 0.7000 |" in text
+    assert "| random | 0.2500 ± 0.0000 |" in text and (tmp_path / "plots" / "searched_vs_random.png").exists()
+    with pytest.raises(SystemExit):  # argparse's one-line usage error
+        mod.main(["--seeds", "0,0", "--out", str(tmp_path / "x")])
 
 
 @pytest.mark.slow
