@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from algorithms.spider import personalization_gain
+from conftest import assert_accuracy
 from search_spaces.darts import PRIMITIVE_SETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,15 +44,21 @@ def test_spider_example_spider_against_ditto(tmp_path, capsys):
     result = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in result["rows"]}
     assert list(rows) == ["spider", "ditto"] and result["same_test_splits"]
+    n_test = [len(c["test"]) for c in _manifest(out, "spider")]
     for r in rows.values():
         acc = np.asarray(r["client_test_acc"])
         assert acc.shape == (8,) and r["min"] <= r["mean"] <= r["max"]
+        for a, n in zip(acc, n_test):
+            assert_accuracy(a, n)  # whole local test examples
         assert r["mean"] == pytest.approx(acc.mean(), abs=1e-5) and r["params"] > 0
     assert rows["spider"]["final_clients"] == 8 and rows["spider"]["edges_decided"] == 1.0
     archs = json.loads((out / "spider" / "personal_genotypes.json").read_text())
     assert all(a["final"] and a["genotype"] == result["genotypes"][k] for k, a in archs.items())
     g = result["gain"]
     np.testing.assert_allclose(g["gain"], personalization_gain(np.asarray(g["matrix"])), atol=1e-5)
+    for row, n in zip(g["matrix"], n_test):  # p[i, j]: client i's local test accuracy
+        for a in row:
+            assert_accuracy(a, n)
     assert (out / "plots" / "gain_matrix.png").stat().st_size > 0
     ref, other = _manifest(out, "spider"), _manifest(out, "ditto")
     assert [c["test"] for c in other] == [c["test"] for c in ref]
@@ -70,9 +77,12 @@ def test_spider_example_compares_methods_on_identical_splits_and_resumes(tmp_pat
     result = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in result["rows"]}
     assert list(rows) == list(ex.METHODS) and result["same_test_splits"]
+    n_test = [len(c["test"]) for c in _manifest(out, "spider")]
     for r in rows.values():
         acc = np.asarray(r["client_test_acc"])
-        assert acc.shape == (8,) and np.all((0 <= acc) & (acc <= 1))
+        assert acc.shape == (8,)
+        for a, n in zip(acc, n_test):
+            assert_accuracy(a, n)  # whole local test examples
         assert r["min"] <= r["mean"] <= r["max"] and r["mean"] == pytest.approx(acc.mean(), abs=1e-5)
         assert r["std"] == pytest.approx(acc.std(), abs=1e-5) and r["params"] > 0 and r["wall_s"] > 0
     # the search finished for every client; local-only NAS is SPIDER with λ = 0
@@ -100,7 +110,10 @@ def test_spider_example_compares_methods_on_identical_splits_and_resumes(tmp_pat
     # personalization gain (Eq. 6) and its heatmap
     g = result["gain"]
     p = np.asarray(g["matrix"])
-    assert p.shape == (8, 8) and np.all((0 <= p) & (p <= 1)) and g["epochs"] == 1
+    assert p.shape == (8, 8) and g["epochs"] == 1
+    for row, n in zip(p, n_test):  # p[i, j]: client i's local test accuracy
+        for a in row:
+            assert_accuracy(a, n)
     np.testing.assert_allclose(g["gain"], personalization_gain(p), atol=1e-5)
     assert g["mean_gain"] == pytest.approx(np.mean(g["gain"]), abs=1e-5)
     assert (out / "plots" / "gain_matrix.png").stat().st_size > 0
