@@ -130,6 +130,7 @@ def milenas_grads(
     *,
     lam: float = 1.0,
     passes: str = "auto",
+    val_stats: bool = False,
 ) -> tuple[dict, Any, dict]:
     """MiLeNAS mixed-level gradients (FedNAS Eq. 4).
 
@@ -148,10 +149,15 @@ def milenas_grads(
         ``"loop"`` on CPU when the batches have the same keys, shapes and dtypes
         (the training batch's extra keys, e.g. ``epoch``, are not passed to the
         validation pass), else ``"inline"``.
+      val_stats: also return the validation pass's ``batch_stats`` (both passes start
+        from ``batch_stats``), for callers that update running statistics on every
+        training-mode forward as PyTorch does; no extra work.
 
     Returns:
       ``({"params": ∇_w L_tr, "arch": ∇_α L_tr + λ ∇_α L_val}, batch_stats after
-      the training pass, {"train": metrics, "val": metrics})``.
+      the training pass, {"train": metrics, "val": metrics})``; with ``val_stats`` the
+      second item is ``(batch_stats after the training pass, batch_stats after the
+      validation pass)``.
     """
     if passes not in MILENAS_PASSES:
         raise ValueError(f"passes must be one of {MILENAS_PASSES}, got {passes!r}")
@@ -160,15 +166,16 @@ def milenas_grads(
     if passes == "loop" and both is None:
         raise ValueError("passes='loop' needs training and validation batches of the same keys, shapes and dtypes")
     if both is not None:
-        return _milenas_loop(loss_fn, params, arch, batch_stats, both, lam)
+        grads, (stats, stats_val), metrics = _milenas_loop(loss_fn, params, arch, batch_stats, both, lam)
+        return grads, (stats, stats_val) if val_stats else stats, metrics
     (_, (stats, m_tr)), (g_w, g_a_tr) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
         params, arch, batch_stats, train_batch
     )
-    (_, (_, m_val)), g_a_val = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)(
+    (_, (stats_val, m_val)), g_a_val = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)(
         params, arch, batch_stats, val_batch
     )
     g_a = jax.tree.map(lambda a, b: a + lam * b, g_a_tr, g_a_val)
-    return {"params": g_w, "arch": g_a}, stats, {"train": m_tr, "val": m_val}
+    return {"params": g_w, "arch": g_a}, (stats, stats_val) if val_stats else stats, {"train": m_tr, "val": m_val}
 
 
 def _stacked_batches(train_batch: dict, val_batch: dict) -> dict | None:
@@ -184,7 +191,8 @@ def _stacked_batches(train_batch: dict, val_batch: dict) -> dict | None:
 
 def _milenas_loop(loss_fn, params, arch, batch_stats, both, lam):
     """Eq. 4's two passes as one loop body: iteration 0 (training batch) keeps ``∇_w``,
-    the statistics and ``∇_α``; iteration 1 (validation batch) only ``λ ∇_α``."""
+    the statistics and ``∇_α``; iteration 1 (validation batch) ``λ ∇_α`` and its statistics.
+    Returns ``(grads, (train statistics, validation statistics), metrics)``."""
     def one_pass(_, inp):
         batch, is_train = inp
         with kernel_grads_if(is_train):
@@ -195,7 +203,7 @@ def _milenas_loop(loss_fn, params, arch, batch_stats, both, lam):
     _, (g_w, g_a, stats, m) = jax.lax.scan(one_pass, None, (both, jnp.array([True, False])))
     row = lambda tree, i: jax.tree.map(lambda a: a[i], tree)  # noqa: E731
     g_a = jax.tree.map(lambda a: a[0] + lam * a[1], g_a)
-    return {"params": row(g_w, 0), "arch": g_a}, row(stats, 0), {"train": row(m, 0), "val": row(m, 1)}
+    return {"params": row(g_w, 0), "arch": g_a}, (row(stats, 0), row(stats, 1)), {"train": row(m, 0), "val": row(m, 1)}
 
 
 # --- DARTS second-order architecture gradient ----------------------------------------

@@ -25,10 +25,16 @@ def test_milenas_update_equals_eq4():
     tr = {"x": jax.random.normal(k[3], (5, 3)), "y": jnp.arange(5.0)}
     va = {"x": jax.random.normal(k[4], (5, 3)), "y": -jnp.arange(5.0)}
     lam = 0.7
-    grads, _, _ = milenas_grads(_loss, params, arch, {}, tr, va, lam=lam)
     f = lambda p, a, b: _loss(p, a, {}, b)[0]  # noqa: E731
-    np.testing.assert_allclose(grads["params"]["w1"], jax.grad(f)(params, arch, tr)["w1"], rtol=1e-6)
-    expect_a = jax.grad(f, 1)(params, arch, tr)["a"] + lam * jax.grad(f, 1)(params, arch, va)["a"]
+
+    @jax.jit  # one program: eagerly, every small op compiles on its own (~8 s)
+    def run():
+        grads, _, _ = milenas_grads(_loss, params, arch, {}, tr, va, lam=lam)
+        return grads, jax.grad(f)(params, arch, tr), jax.grad(f, 1)(params, arch, tr), jax.grad(f, 1)(params, arch, va)
+
+    grads, g_w_tr, g_a_tr, g_a_val = run()
+    np.testing.assert_allclose(grads["params"]["w1"], g_w_tr["w1"], rtol=1e-6)
+    expect_a = g_a_tr["a"] + lam * g_a_val["a"]
     np.testing.assert_allclose(grads["arch"]["a"], expect_a, rtol=1e-6)
 
     # One optimizer step with plain SGD on both parts equals the formula exactly.
@@ -37,8 +43,7 @@ def test_milenas_update_equals_eq4():
                          lambda t: {"params": jax.tree.map(lambda _: "weights", t["params"]),
                                     "arch": jax.tree.map(lambda _: "arch", t["arch"])})
     tree = {"params": params, "arch": arch}
-    upd, _ = tx.update(grads, tx.init(tree), tree)
-    new = optax.apply_updates(tree, upd)
+    new = jax.jit(lambda g: optax.apply_updates(tree, tx.update(g, tx.init(tree), tree)[0]))(grads)
     np.testing.assert_allclose(new["arch"]["a"], arch["a"] - eta_a * expect_a, rtol=1e-6)
     np.testing.assert_allclose(new["params"]["w2"], params["w2"] - eta_w * grads["params"]["w2"], rtol=1e-6)
 
@@ -81,6 +86,28 @@ def test_milenas_passes_checks():
     inline = milenas_grads(_loss, params, arch, {}, tr, {**tr, "y": -tr["y"]}, lam=0.5, passes="inline")
     for a, b in zip(jax.tree.leaves(loop), jax.tree.leaves(inline)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_milenas_val_stats_returns_each_pass_update():
+    # running statistics: each pass updates the given ones with its own batch's mean of x
+    def loss(params, arch, stats, batch):
+        value, (_, m) = _loss(params, arch, stats, batch)
+        return value, ({"mean": 0.9 * stats["mean"] + 0.1 * batch["x"].mean(0)}, m)
+
+    params, arch, stats = {"w1": jnp.ones(3), "w2": jnp.ones(3)}, {"a": jnp.zeros(2)}, {"mean": jnp.arange(3.0)}
+    tr = {"x": jnp.arange(15.0).reshape(5, 3), "y": jnp.arange(5.0)}
+    va = {"x": -jnp.arange(15.0).reshape(5, 3) ** 2, "y": -jnp.arange(5.0)}
+    want_tr, want_val = (0.9 * stats["mean"] + 0.1 * b["x"].mean(0) for b in (tr, va))
+    run = jax.jit(lambda passes, val_stats: milenas_grads(loss, params, arch, stats, tr, va, passes=passes,
+                                                          val_stats=val_stats), static_argnums=(0, 1))
+    for passes in ("loop", "inline"):
+        grads, (got_tr, got_val), _ = run(passes, True)
+        np.testing.assert_allclose(got_tr["mean"], want_tr, rtol=1e-6, err_msg=passes)
+        np.testing.assert_allclose(got_val["mean"], want_val, rtol=1e-6, err_msg=passes)
+        same, only_tr, _ = run(passes, False)  # default: the training pass's statistics only
+        np.testing.assert_allclose(only_tr["mean"], want_tr, rtol=1e-6, err_msg=passes)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(same)):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_nas_optimizer_matches_pytorch_style_first_step():

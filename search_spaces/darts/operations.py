@@ -6,6 +6,8 @@ in BatchNorm, ``mask`` ([B] booleans) keeps the padded rows of a partial batch o
 those statistics. Convolutions carry no bias and use the pre-activation order
 ReLU -> conv -> BN. BatchNorm uses PyTorch's defaults (momentum 0.1, i.e. Flax
 ``momentum=0.9``; eps 1e-5); ``affine=False`` drops scale and shift, as in search.
+Its running variance takes the biased batch variance (Flax); inside
+:func:`unbiased_running_var` the unbiased one, as PyTorch's ``running_var``.
 
 Every depthwise convolution in DARTS is directly followed by a 1x1 convolution:
 :class:`jaxfednas.nn.SeparableConv`, with three formulations of the same math picked
@@ -31,6 +33,8 @@ Dense convolutions use :class:`jaxfednas.nn.Conv`.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import flax.linen as nn
@@ -72,6 +76,34 @@ GROUPS = 8  # "group" norm: gcd(C // 2, GROUPS) groups (>= 2 channels each)
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
 BN_EPS = 1e-5
 
+_UNBIASED_RUNNING_VAR: contextvars.ContextVar = contextvars.ContextVar("darts_bn_unbiased_running_var",
+                                                                       default=False)
+
+
+@contextlib.contextmanager
+def unbiased_running_var(on: bool = True):
+    """Inside the block (at trace time), every training-mode BatchNorm of the DARTS search
+    network (:func:`batch_norm` and the grouped cell's) updates its running variance with
+    the unbiased batch variance ``n/(n-1) var``, ``n`` the real examples times the positions
+    it normalises over -- PyTorch's ``BatchNorm2d`` rule. Outside (the default), the biased
+    ``var`` as Flax. The forward and the gradients are the same either way."""
+    token = _UNBIASED_RUNNING_VAR.set(bool(on))
+    try:
+        yield
+    finally:
+        _UNBIASED_RUNNING_VAR.reset(token)
+
+
+def unbiased_running_var_on() -> bool:
+    """Whether the enclosing :func:`unbiased_running_var` block is on."""
+    return _UNBIASED_RUNNING_VAR.get()
+
+
+def unbiased_denominator(n):
+    """``n - 1`` (at least 1): the unbiased variance is ``var + var / (n - 1)``."""
+    return jnp.maximum(n - 1, 1)
+
+
 def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None, norm: str = "batch"):
     """BatchNorm with the reference constants; ``mask`` [B] excludes padded examples.
 
@@ -91,7 +123,15 @@ def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None 
         use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
         use_scale=affine, use_bias=affine, name=name,
     )
-    return bn(x, mask=m)
+    if not (train and _UNBIASED_RUNNING_VAR.get()) or bn.is_initializing():
+        return bn(x, mask=m)
+    old = bn.get_variable("batch_stats", "var")
+    y = bn(x, mask=m)
+    # Flax stored m*old + (1-m)*var (biased); add (1-m)*var/(n-1) for PyTorch's n/(n-1)*var
+    new = bn.get_variable("batch_stats", "var")
+    n = (x.shape[0] if mask is None else mask.sum()) * math.prod(x.shape[1:-1])
+    bn.put_variable("batch_stats", "var", new + (new - BN_MOMENTUM * old) / unbiased_denominator(n))
+    return y
 
 
 def _pad2(p: int):

@@ -45,7 +45,7 @@ from jax import lax
 
 from jaxfednas.nn import batch_norm_train, conv_canonical_grad, dense_conv, use_fast_grad
 
-from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3
+from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3, unbiased_running_var_on, unbiased_denominator
 
 _DN = ("NHWC", "HWIO", "NHWC")
 
@@ -150,6 +150,8 @@ class _Group:
             return (y - mean) * lax.rsqrt(var + BN_EPS)
         w = jnp.ones(y.shape[0], y.dtype) if cell.mask is None else cell.mask.astype(y.dtype)
         out, mean, var = batch_norm_train(y, w, BN_EPS)
+        if unbiased_running_var_on():  # PyTorch's running variance: n/(n-1) var
+            var = var + var / unbiased_denominator(w.sum() * (y.shape[1] * y.shape[2]))
         rows_mean = jnp.broadcast_to(mean, (n, C)) if shared else mean.reshape(n, C)
         rows_var = jnp.broadcast_to(var, (n, C)) if shared else var.reshape(n, C)
         cell.record(self, op, bn, {"mean": BN_MOMENTUM * old["mean"] + (1 - BN_MOMENTUM) * rows_mean,
