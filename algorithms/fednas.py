@@ -17,7 +17,14 @@ Deviations of the authors' code that are available as options for parity
   * ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
   * ``order="alpha_first"`` — the code steps α first, then w at the new α;
   * ``w_clip=0`` — the code clips α's gradients and never the weights'; this option only
-    removes the weight clip (α's gradient is not clipped in either setting).
+    removes the weight clip (α's gradient is not clipped in either setting);
+  * ``bn_stats_updates="code"`` — the paper does not say how BatchNorm running statistics
+    move; by default they take one momentum update per step, from the training forward,
+    with the biased batch variance (Flax). The code's step runs three training-mode
+    forwards (α on the training batch, α on the validation batch, then w) and PyTorch
+    updates the statistics on each, with the unbiased variance ``n/(n-1) var``. Only the
+    running statistics change (the forward and both gradients are the same), and with
+    them the paper's supernet number ``global_test_acc``.
 Kept from the code because the paper is silent: optimizers and the cosine
 schedule (0.025 → 0.001 over the local epochs) are re-created every round.
 
@@ -52,6 +59,7 @@ from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, re
 from search_spaces import arch_entropy
 from search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
                                  group_edges_param, supernet_of, Genotype, plot_genotype)
+from search_spaces.darts.operations import unbiased_running_var
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
@@ -75,6 +83,10 @@ class FedNASConfig(DartsSpaceConfig):
                         "CPU); same gradients (jaxfednas.optim.milenas_grads)", choices=("auto", "loop", "inline"))
     alpha_aggregation: str = param("mean", "mean (Eq. 5) or client0 (the FedML bug, for parity)",
                                    choices=("mean", "client0"))
+    bn_stats_updates: str = param(
+        "once", "BatchNorm running statistics per local step: once (the training forward, biased batch variance, "
+        "as Flax) or code (the authors' PyTorch step: one update per training-mode forward -- α on the training "
+        "batch, α on the validation batch, w -- with the unbiased batch variance)", choices=("once", "code"))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
     scan_edges: bool = param(True, "run a cell's edges as lax.scan (fast compile) or unrolled (faster steps on "
                              "CPU at C>=16, slower compile; benchmarks/RESULTS.md)")
@@ -142,11 +154,14 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
     ``metrics["selected"]`` and ``metrics["candidates"]``); the steps are the same."""
     aug = make_augment(cfg.augment, info.name)
 
+    code_bn = cfg.bn_stats_updates == "code"
+
     def loss_fn(params, arch, stats, batch):
-        logits, new = model.apply(
-            {"params": params, "arch": arch, "batch_stats": stats}, batch["x"], train=True, mask=batch["mask"],
-            mutable=["batch_stats"],
-        )
+        with unbiased_running_var(code_bn):  # parity option: PyTorch's n/(n-1) var in the running variance
+            logits, new = model.apply(
+                {"params": params, "arch": arch, "batch_stats": stats}, batch["x"], train=True, mask=batch["mask"],
+                mutable=["batch_stats"],
+            )
         mask = batch["mask"]
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
         correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
@@ -176,16 +191,21 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
             tr = {**batch, "x": augment_batch(k_tr, info.normalize(batch["x"]), aug)}
             vb = random_batch(val, k_val, cfg.batch_size)  # the client's own validation split
             vb["x"] = augment_batch(k_aug, info.normalize(vb["x"]), aug)
+            grads, new, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam,
+                                           passes=cfg.passes, val_stats=code_bn)
+            after_tr, after_val = new if code_bn else (new, None)  # each forward's update of `stats`
             if cfg.order == "simultaneous":  # Eq. 4: both gradients at the same (w, α)
-                grads, stats, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam,
-                                                 passes=cfg.passes)
                 tree, opt_state = apply(tree, opt_state, g_w=grads["params"], g_a=grads["arch"])
+                after_w = after_tr  # ∇w came from the training forward
             else:  # authors' code: α step at w, then the w step at the new α
-                grads, _, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam,
-                                             passes=cfg.passes)
                 tree, opt_state = apply(tree, opt_state, g_a=grads["arch"])
-                (_, (stats, _)), g_w = jax.value_and_grad(loss_fn, has_aux=True)(tree["params"], tree["arch"], stats, tr)
+                (_, (after_w, _)), g_w = jax.value_and_grad(loss_fn, has_aux=True)(tree["params"], tree["arch"],
+                                                                                   stats, tr)
                 tree, opt_state = apply(tree, opt_state, g_w=g_w)
+            if code_bn:  # the code's three updates in its order: α on train, α on val, w
+                stats = replay_bn_update(replay_bn_update(after_tr, stats, after_val), stats, after_w)
+            else:  # one update, from the forward that gave ∇w
+                stats = after_w
             metrics = {
                 "loss_sum": ms["train"]["loss_sum"], "correct": ms["train"]["correct"], "examples": batch["mask"].sum(),
                 "val_correct": ms["val"]["correct"], "val_examples": vb["mask"].sum(),
@@ -206,6 +226,14 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
                                          model_of=model_of, select=select)
 
     return local_search
+
+
+def replay_bn_update(current: dict, start: dict, updated: dict) -> dict:
+    """The running statistics ``current`` after one more momentum update with the batch
+    statistics ``b`` of a forward that turned ``start`` into ``updated``
+    (``updated = m start + (1 - m) b``, ``m`` = :data:`BN_MOMENTUM`): ``m current + (1 - m) b``.
+    Replays a forward's update on other statistics without running it again."""
+    return jax.tree.map(lambda c, s, u: BN_MOMENTUM * c + (u - BN_MOMENTUM * s), current, start, updated)
 
 
 def recalibrated_batch_stats(

@@ -1,5 +1,6 @@
 """FedNAS (Algorithm 1, Eq. 4/5), personalization (§2.5) and the evaluation stage on a
 tiny DARTS space (C=4, 1-2 cells, 2 nodes, 3 ops) so the file stays fast on 2 cores."""
+import dataclasses
 import json
 
 import jax
@@ -14,11 +15,13 @@ from jaxfednas.config import ConfigError
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.federated import ClientData
 from jaxfednas.evaluation import select_by_validation
 from jaxfednas.experiment import make_partition, run_experiment
 from jaxfednas.registry import algorithm_module, make_config
 from jaxfednas.runtime import Placement, round_clients
 from search_spaces.darts import FEDNAS_V1, Genotype
+from search_spaces.darts.operations import unbiased_running_var
 from conftest import assert_accuracy, assert_client_summary
 
 TINY = dict(C=4, layers=1, steps=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,
@@ -44,9 +47,16 @@ def algo_and_states(data2):
     return cfg, algo, s0, s1, metrics, key
 
 
-def test_round_averages_weights_and_alpha_with_nk(data2, algo_and_states):
+@pytest.fixture(scope="module")
+def local_search(data2, algo_and_states):
+    """The fixture's ClientLocalSearch, compiled once for the tests that run it on one client."""
+    cfg = algo_and_states[0]
+    return jax.jit(make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), cfg.local_epochs))
+
+
+def test_round_averages_weights_and_alpha_with_nk(data2, algo_and_states, local_search):
     cfg, algo, s0, s1, metrics, key = algo_and_states
-    local = jax.jit(make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), cfg.local_epochs))
+    local = local_search
     idx, keys = round_clients(key, 2, 2)
     outs, n = [], []
     for j, k in enumerate(np.asarray(idx)):
@@ -82,11 +92,33 @@ def test_one_compilation_per_round_and_evaluate(data2, algo_and_states, count_tr
               "client_val_acc_mean_unweighted", "client_val_acc_std_unweighted", "client_test_acc_mean_weighted",
               "arch_entropy"):
         assert np.isfinite(float(out[k])), k
-    # entropy of softmax(α) starts near log|O| and the derived genotype has the tiny space's ops
-    assert float(out["arch_entropy"]) <= np.log(3) + 1e-6
-    g = algo.export(state)
-    assert isinstance(g, Genotype) and g.steps == 2
-    assert {op for op, _ in g.normal} <= {"skip_connect", "avg_pool_3x3", "sep_conv_3x3"}
+    # by hand from the state's α (distinct values in every row, far above float64 rounding: no ties)
+    arch = {k: np.asarray(a, np.float64) for k, a in state.variables["arch"].items()}
+    assert sorted(arch) == ["alphas_normal", "alphas_reduce"]
+    assert min(np.diff(np.sort(a, -1), axis=-1).min() for a in arch.values()) > 1e-9
+
+    def softmax(a):
+        e = np.exp(a - a.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    # arch_entropy: the mean over the two α matrices of their mean row entropy of softmax(α), in nats
+    want = np.mean([-(softmax(a) * np.log(softmax(a))).sum(-1).mean() for a in arch.values()])
+    np.testing.assert_allclose(float(out["arch_entropy"]), want, rtol=1e-5)
+
+    # the exported genotype: DARTS' derivation (the tiny space has no 'none'): per node the two
+    # incoming edges whose strongest op weighs most, strongest first, each with that op
+    ops = ("skip_connect", "avg_pool_3x3", "sep_conv_3x3")
+
+    def cell(a):
+        w, gene, start = softmax(a), [], 0
+        for node in range(2):
+            rows = w[start:start + 2 + node]
+            gene += [(ops[int(np.argmax(rows[j]))], int(j)) for j in np.argsort(-rows.max(-1), kind="stable")[:2]]
+            start += 2 + node
+        return tuple(gene)
+
+    assert algo.export(state) == Genotype(normal=cell(arch["alphas_normal"]), normal_concat=(2, 3),
+                                          reduce=cell(arch["alphas_reduce"]), reduce_concat=(2, 3))
 
 
 def test_bn_recalibration_pools_the_clients_training_statistics(data2, algo_and_states):
@@ -114,6 +146,73 @@ def test_bn_recalibration_pools_the_clients_training_statistics(data2, algo_and_
     assert "global_test_acc_bn_recal" not in jax.eval_shape(off.evaluate, s1, data2)
     with pytest.raises(ConfigError, match="bn_recalibration_batches"):
         FedNASConfig(bn_recalibration_batches=-1)
+
+
+def test_bn_stats_updates_code_replays_the_authors_three_updates(data2, algo_and_states, local_search):
+    # one local step: a training split of 16 examples (one full batch) and a validation split of
+    # 12 real rows (a partial batch: n counts only the real rows), in the fixture's padded shapes
+    cfg, _, _, s1, _, _ = algo_and_states
+    tr, va = data2.all_clients("train"), data2.all_clients("val")
+    train = ClientData(x=tr.x[0], y=tr.y[0], count=jnp.asarray(16, tr.count.dtype))
+    val = ClientData(x=va.x[0], y=va.y[0], count=jnp.asarray(12, va.count.dtype))
+    key = jax.random.PRNGKey(5)
+
+    # by hand: the stem BatchNorm normalises the stem convolution of the (unaugmented) batches;
+    # its batch statistics depend on w only: the same in the α forwards and in the w forward
+    def stem(x):
+        y = jax.lax.conv_general_dilated(data2.info.normalize(x), s1.variables["params"]["stem_conv"]["kernel"],
+                                         (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = np.asarray(y, np.float64)
+        return y.mean((0, 1, 2)), y.var((0, 1, 2)), y[..., 0].size
+
+    (mu_tr, var_tr, n_tr), (mu_val, var_val, n_val) = stem(train.x[:16]), stem(val.x[:12])
+    assert (n_tr, n_val) == (16 * 64, 12 * 64)
+    r0 = {k: np.asarray(s1.variables["batch_stats"]["stem_bn"][k], np.float64) for k in ("mean", "var")}
+
+    def updates(start, batches, m=0.9):  # PyTorch's momentum 0.1, once per batch
+        for b in batches:
+            start = m * start + (1 - m) * b
+        return start
+
+    # default: one update, from the training forward, with the biased variance (Flax)
+    once = local_search(s1.variables, train, val, key)[0]["batch_stats"]["stem_bn"]
+    np.testing.assert_allclose(once["mean"], updates(r0["mean"], [mu_tr]), rtol=5e-6, atol=1e-6)
+    np.testing.assert_allclose(once["var"], updates(r0["var"], [var_tr]), rtol=5e-6)
+    # the authors' code (with its order of the α and w steps): α forward on the training batch, α
+    # forward on the validation batch, w forward on the training batch, each updating the
+    # statistics with PyTorch's unbiased variance n/(n-1) var
+    code_cfg = dataclasses.replace(cfg, bn_stats_updates="code", order="alpha_first")
+    code = jax.jit(make_local_search(code_cfg, data2.info, make_supernet(code_cfg, data2.info), 1))(
+        s1.variables, train, val, key)[0]["batch_stats"]["stem_bn"]
+    unbiased = lambda v, n: v * n / (n - 1)  # noqa: E731
+    want_var = updates(r0["var"], [unbiased(var_tr, n_tr), unbiased(var_val, n_val), unbiased(var_tr, n_tr)])
+    assert np.abs(want_var / updates(r0["var"], [var_tr, var_val, var_tr]) - 1).min() > 1e-4  # n/(n-1) shows
+    np.testing.assert_allclose(code["mean"], updates(r0["mean"], [mu_tr, mu_val, mu_tr]), rtol=5e-6, atol=1e-6)
+    np.testing.assert_allclose(code["var"], want_var, rtol=5e-6)
+    with pytest.raises(ConfigError, match="bn_stats_updates"):
+        FedNASConfig(bn_stats_updates="thrice")
+
+
+def test_unbiased_running_var_is_the_same_in_the_grouped_cell(data2, algo_and_states):
+    # the grouped cell (group_edges, CPU default at 16x16 and more) updates its edges' running
+    # variance itself: under the parity rule it must give what the edges' own BatchNorms give
+    cfg, _, _, s1, _, _ = algo_and_states
+    x = data2.info.normalize(data2.all_clients("train").x[0, :16])
+    mask = jnp.arange(16) < 12
+
+    def stats(group_edges):
+        model = make_supernet(dataclasses.replace(cfg, group_edges=group_edges), data2.info)
+
+        def f(v, x, mask):
+            with unbiased_running_var():
+                return model.apply(v, x, train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+
+        return jax.jit(f)(s1.variables, x, mask)
+
+    grouped, own = stats("on"), stats("off")
+    assert jax.tree.structure(grouped) == jax.tree.structure(own)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grouped), jax.tree.leaves(own)):
+        np.testing.assert_allclose(a, b, rtol=5e-6, atol=1e-7, err_msg=jax.tree_util.keystr(path))
 
 
 def test_cpu_scheduler_follows_the_pass_layout(monkeypatch):
