@@ -1,9 +1,12 @@
 """PerFedRLNAS (algorithms/perfedrlnas.py): the policy gradient of Eqs. 5-7 (each cell type
 with its own probabilities, and the code's variant), count-normalised aggregation on
-constructed masks (and the code's masked deltas), a whole round's REINFORCE step against
-its hand computation, Eq. 9's memory budget, the resource model's determinism, the DARTS
+constructed masks (and the code's masked deltas), the reward's parts (time term, round
+time, Eq. 9's φ, the baselines) by hand, two real rounds' REINFORCE steps and a round's
+BatchNorm aggregate against hand computations, Eq. 9's memory budget in a round,
+evaluation without BatchNorm aggregation, the resource model's determinism, the DARTS
 choice space's subnets and costs against hand-built single-op networks, new-client
-adaptation, and one-line config errors.
+adaptation by hand, a round on the elastic (and, opt-in, hybrid) space, and one-line
+config errors.
 
 One compilation per round and bit-exact resume (policies and their Adam states included)
 are checked in tests/test_contract.py.
@@ -155,6 +158,7 @@ def test_a_round_takes_the_reinforce_step_of_its_rewards(built, tiny_data):
     assert float(metrics["acc_baseline"]) == pytest.approx(acc.mean(), abs=1e-6)
     assert float(metrics["round_time_s"]) == pytest.approx(rt.max(), rel=1e-5)
     assert float(metrics["reward_time_share"]) == pytest.approx(time.sum() / np.abs(r).sum(), rel=1e-4)
+    assert float(metrics["reward_mean"]) == pytest.approx(r.mean(), abs=1e-6)  # = −mean time term here
     assert float(metrics["server_update_skipped"]) == 0.0
 
 
@@ -281,6 +285,8 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
     assert over.sum() == 1 and 0 < (memory / budget)[~over][0] < 1
     s1, m = algo.round(s0, tiny_data, round_key(0, 0))
     assert int(m["over_budget"]) == over.sum()
+    # the over-budget client could not train: only the other's examples are in train_*
+    assert int(m["train_examples"]) == np.asarray(tiny_data.train.counts)[idx][~over].sum()
     acc = np.asarray(s1.acc)[idx]
     np.testing.assert_array_equal(acc[over], 0.0)
     assert float(m["server_update_skipped"]) == float(over.all())
@@ -291,6 +297,35 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
     phi = np.minimum(memory / budget, 1.0)
     r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min() - phi
     np.testing.assert_allclose(np.asarray(s1.policy)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
+
+
+def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny_data):
+    """``aggregate_bn=false`` leaves the server's BatchNorm statistics at init, so evaluation
+    gives each client's argmax subnet the statistics of its own training split: by hand, the
+    subnet in training mode over the whole split (one batch) from zero statistics, divided by
+    1 − 0.9. With the init statistics the accuracies would differ."""
+    cfg = _cfg(aggregate_bn=False)
+    algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
+    s0 = algo.init(init_key(0))
+    out = np.asarray(algo.evaluate(s0, tiny_data)["client_test_acc"])
+    space = pf.make_space(cfg.algo, tiny_data.info)
+    best = pf.policy_argmax(s0.policy, choice_mask(space.dims))
+    zeros = jax.tree.map(jnp.zeros_like, s0.variables["batch_stats"])
+
+    @jax.jit
+    def hand(choice, train, test):
+        x, mask = tiny_data.info.normalize(train.x), jnp.arange(train.x.shape[0]) < train.count
+        _, upd = space.subnet(choice).apply({**s0.variables, "batch_stats": zeros}, x, train=True, mask=mask,
+                                            mutable=["batch_stats"])
+        stats = jax.tree.map(lambda a: a / 0.1, upd["batch_stats"])
+        return (pf.subnet_accuracy(space, tiny_data.info, {**s0.variables, "batch_stats": stats}, choice, test, 500),
+                pf.subnet_accuracy(space, tiny_data.info, s0.variables, choice, test, 500))
+
+    ids = jnp.arange(4)
+    train, test = tiny_data.clients("train", ids), tiny_data.clients("test", ids)
+    got = [hand(best[k], *jax.tree.map(lambda a: a[k], (train, test))) for k in range(4)]
+    np.testing.assert_allclose(out, [float(a) for a, _ in got], atol=1e-6)
+    assert any(abs(float(a) - float(b)) > 1e-3 for a, b in got)
 
 
 def test_resource_model_is_seeded_and_in_range(built, tiny_data):
@@ -372,31 +407,38 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
     policies, curve = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=3,
                                            key=jax.random.key(5))
     assert policies.shape[0] == 2 and curve.shape == (3,) and ((curve >= 0) & (curve <= 1)).all()
-    # the first round by hand: sampled subnets scored on the test split with the supernet's
-    # weights, r_i = Acc_i − mean Acc − 0.05 (RT_i − min RT) / min RT on inference time
-    one, first = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=1,
+    # two rounds by hand: sampled subnets scored on the test split with the supernet's weights,
+    # r_i = Acc_i − mean Acc − 0.05 (RT_i − min RT) / min RT on inference time, one Adam step each
+    two, first = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=2,
                                       key=jax.random.key(5))
-    assert first[0] == curve[0]
+    np.testing.assert_array_equal(first, curve[:2])
     space = pf.make_space(cfg.algo, tiny_data.info)
     valid = choice_mask(space.dims)
-    choices = np.asarray(jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
-        jax.random.split(jax.random.fold_in(jax.random.key(5), 0), 2), jnp.zeros((2,) + valid.shape)))
     ids = np.array([2, 3])
     test = tiny_data.clients("test", jnp.asarray(ids))
     score = jax.jit(lambda c, d: pf.subnet_accuracy(space, tiny_data.info, state1.variables, c, d, 500))
-    acc = np.array([float(score(jnp.asarray(c), jax.tree.map(lambda a: a[j], test))) for j, c in enumerate(choices)])
-    assert first[0] == pytest.approx(acc.mean(), abs=1e-6)
-    rt = np.array([space.cost(c).macs for c in choices]) * np.asarray(test.count) / np.asarray(
-        state1.resources.throughput)[ids]
-    r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min()
-    fresh = pf.PerFedRLNASState(policy=jnp.zeros((2,) + valid.shape), policy_opt=jax.vmap(
-        optax.adam(0.5, b1=0.5).init)(jnp.zeros((2,) + valid.shape)), **{
+    zeros = jnp.zeros((2,) + valid.shape)
+    state = pf.PerFedRLNASState(policy=zeros, policy_opt=jax.vmap(optax.adam(0.5, b1=0.5).init)(zeros), **{
         k: None for k in ("variables", "acc", "best_acc", "seen", "resources", "round")})
-    want = _adam_step(fresh, np.arange(2), choices, r, valid)
-    np.testing.assert_allclose(one, want, atol=1e-6)
-    # the direction: the sampled choice's logit rises by lr where r_i > 0 and falls where r_i < 0
-    picked = np.take_along_axis(np.asarray(one), choices[..., None], -1)[..., 0]
-    np.testing.assert_allclose(picked, 0.5 * np.sign(r)[:, None] * np.ones_like(picked), rtol=1e-4)
+    tx = optax.adam(0.5, b1=0.5, b2=0.999)
+    for t in range(2):
+        choices = np.asarray(jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
+            jax.random.split(jax.random.fold_in(jax.random.key(5), t), 2), state.policy))
+        acc = np.array([float(score(jnp.asarray(c), jax.tree.map(lambda a: a[j], test)))
+                        for j, c in enumerate(choices)])
+        assert first[t] == pytest.approx(acc.mean(), abs=1e-6)
+        rt = np.array([space.cost(c).macs for c in choices]) * np.asarray(test.count) / np.asarray(
+            state1.resources.throughput)[ids]
+        r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min()
+        if t == 0:  # the direction: the first step moves the sampled choice's logit by +lr sign(r_i)
+            picked = np.take_along_axis(_adam_step(state, np.arange(2), choices, r, valid), choices[..., None], -1)
+            np.testing.assert_allclose(picked[..., 0], np.broadcast_to(0.5 * np.sign(r)[:, None], picked.shape[:2]),
+                                       rtol=1e-4)
+        grads = jnp.stack([pf.policy_gradient(state.policy[j], choices[j], jnp.float32(r[j]), valid)
+                           for j in range(2)])
+        updates, opt = jax.vmap(tx.update)(-grads, state.policy_opt)
+        state = state.replace(policy=state.policy + updates, policy_opt=opt)
+    np.testing.assert_allclose(two, state.policy, atol=1e-6)
 
 
 @pytest.mark.parametrize("over, match", [
@@ -437,13 +479,13 @@ def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
     jax.tree.map(lambda a, b, k: np.testing.assert_array_equal(a * (1 - k), b * (1 - k)), s1, v["batch_stats"], keep)
 
 
-@pytest.mark.parametrize("space", ["elastic"])
-def test_a_round_on_the_elastic_space(space, tiny_data):
+# the hybrid round compiles for ~90 s on 2 busy cores: opt-in (-m slow)
+@pytest.mark.parametrize("space", ["elastic", pytest.param("hybrid", marks=pytest.mark.slow)])
+def test_a_round_on_another_space(space, tiny_data):
     """The same algorithm over another space (tiny preset; its dimensions have 2 or 3 choices,
     so policies are padded): one round trains the sampled subnets, moves only the sampled
     clients' policies, each one Adam step along its hand-computed reward (the sampled
-    choice's logit up where r_i > 0, down where r_i < 0), and exports costed architectures.
-    (The hybrid space: tests/test_hybrid.py.)"""
+    choice's logit up where r_i > 0, down where r_i < 0), and exports costed architectures."""
     cfg = _cfg(space=space, space_preset="tiny")
     algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
     s0 = algo.init(init_key(0))

@@ -32,12 +32,25 @@ def _manifest(out: Path, run: str) -> list[dict]:
     return json.loads((out / run / "partition" / "manifest.json").read_text())["clients"]
 
 
-def _check_rows(rows: dict) -> None:
-    for r in rows.values():
+def _check_rows(out: Path, rows: dict) -> None:
+    """Every method's accuracies are whole numbers of each client's local test examples (the
+    same rows for every method, from the manifest); its wall time is the stage's recorded one."""
+    counts = np.array([len(c["test"]) for c in _manifest(out, "perfedrlnas")])
+    times = json.loads((out / "wall_times.json").read_text())
+    for method, r in rows.items():
         acc = np.asarray(r["client_test_acc"])
-        assert acc.shape == (K,) and np.all((0 <= acc) & (acc <= 1))
-        assert r["min"] <= r["mean"] <= r["max"] and r["mean"] == pytest.approx(acc.mean(), abs=1e-5)
-        assert r["std"] == pytest.approx(acc.std(), abs=1e-5) and r["params"] > 0 and r["wall_s"] >= 0
+        assert acc.shape == (K,)
+        correct = acc * counts
+        np.testing.assert_allclose(correct, np.round(correct), atol=1e-4)
+        assert ((np.round(correct) >= 0) & (np.round(correct) <= counts)).all()
+        assert (r["min"], r["max"], r["mean"]) == pytest.approx((acc.min(), acc.max(), acc.mean()), abs=1e-5)
+        assert r["std"] == pytest.approx(acc.std(), abs=1e-5) and r["params"] > 0 and times[method] > 0
+        if method == "fednas":  # the search stage, then the personalization's own time
+            pers = json.loads((out / "fednas_personalized.json").read_text())
+            assert r["search_wall_s"] == round(times[method], 1)
+            assert r["wall_s"] == pytest.approx(times[method] + pers["wall_s"], abs=0.051)
+        else:
+            assert r["wall_s"] == round(times[method], 1)
 
 
 def _check_perfedrlnas(out: Path, method: str, row: dict, budget: bool) -> None:
@@ -61,7 +74,7 @@ def test_perfedrlnas_example_against_local_only(tmp_path, capsys):
     result = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in result["rows"]}
     assert list(rows) == ["perfedrlnas", "local_only"] and result["same_test_splits"]
-    _check_rows(rows)
+    _check_rows(out, rows)
     _check_perfedrlnas(out, "perfedrlnas", rows["perfedrlnas"], budget=True)
     assert (out / "plots" / "memory_vs_budget.png").stat().st_size > 0
     ref, other = _manifest(out, "perfedrlnas"), _manifest(out, "local_only")
@@ -88,7 +101,7 @@ def test_perfedrlnas_example_compares_every_method_on_identical_splits(tmp_path,
     result = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in result["rows"]}
     assert list(rows) == list(ex.METHODS) and result["same_test_splits"]
-    _check_rows(rows)
+    _check_rows(out, rows)
     _check_perfedrlnas(out, "perfedrlnas", rows["perfedrlnas"], budget=True)
     _check_perfedrlnas(out, "perfedrlnas_nobudget", rows["perfedrlnas_nobudget"], budget=False)
     # both runs draw the same simulated devices (the seed), so the same budgets
@@ -101,7 +114,8 @@ def test_perfedrlnas_example_compares_every_method_on_identical_splits(tmp_path,
     cfg = json.loads((out / "fednas" / "config.json").read_text())["algo"]
     assert (cfg["C"], cfg["layers"], cfg["steps"], cfg["primitives"]) == (4, 1, 1, "tiny")
     assert rows["fednas"]["genotype"] == json.loads((out / "fednas" / "summary.json").read_text())["architecture"]
-    assert 0 <= rows["fednas"]["global_supernet_acc"] <= 1
+    final = json.loads((out / "fednas" / "summary.json").read_text())["final"]
+    assert rows["fednas"]["global_supernet_acc"] == pytest.approx(final["client_test_acc_mean_unweighted"], abs=1e-6)
     # identical local test splits; FedNAS searches on a 60/20 split of the others' 80 % training rows
     ref = _manifest(out, "perfedrlnas")
     for run in ("perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas"):
