@@ -16,24 +16,24 @@ its kept ops). Round t (Algorithm 1), for every sampled client k:
               v_k ← v_k − η_v (∇_v F_k(v_k, A_k) + λ (v_k − w_share))   (Eq. 4)
   line 6    w^{t+1} = Σ_k N_k/N w_k (BatchNorm statistics included)
 
-SPIDER-Searcher (Algorithm 2, Phase 2), at the client's round t ≥ t_s with t a multiple
-of τ: for the normal, then the reduce cell, pick an undecided edge at random, measure
-the local validation accuracy with each of its ops removed, and keep the op whose
-removal *lowers accuracy most* (the paper's prose, "only the operation with the highest
-impact on the accuracy is kept", and the authors' code; Algorithm 2's printed line 8
-says the opposite — ``criterion="paper_text"`` follows it). Once every edge has its op,
-the same triggers run the code's topology projection (docs/authors_code.md §5.3; the paper
-has none): for one random node per cell type, remove the incoming edge whose removal gives
-the highest validation accuracy until two remain — the first in the round of the last op
+SPIDER-Searcher (Algorithm 2, Phase 2), at the client's round t ≥ t_s with t a multiple of
+τ: for the normal, then the reduce cell, pick an undecided edge at random, measure the
+local validation accuracy with each of its ops removed, and keep the op whose removal
+*lowers accuracy most* (the paper's prose, "only the operation with the highest impact on
+the accuracy is kept", and the authors' code; Algorithm 2's printed line 8 says the
+opposite — ``criterion="paper_text"`` follows it). Once every edge has its op, the same
+triggers run the code's topology projection (docs/authors_code.md §5.3; the paper has
+none): for one random node per cell type, remove the incoming edge whose removal gives the
+highest validation accuracy until two remain — the first in the round of the last op
 choice, as in the code. By default each drop is scored on the edges left after the
 previous drops, ties to the first edge (``projection="greedy"``). The code's loop rebuilds
 the full weights for every pass, so an earlier drop is back when the next one is scored:
 on fixed weights it ranks every incoming edge once on the node's full edge set and drops
 the highest until two remain, ties to the later edge (``projection="one_shot"``). The two
-agree for a node with three inputs (ties aside), not in general. Phase 3: a client whose architecture is final trains on train + validation
-(§5.1; ``final_on_val``). Validation accuracy during the search is measured with
-BatchNorm in training mode (batch statistics), as darts-pt and the SPIDER code do,
-without moving the running statistics.
+agree for a node with three inputs (ties aside), not in general. Phase 3: a client whose
+architecture is final trains on train + validation (§5.1; ``final_on_val``). Validation
+accuracy during the search is measured with BatchNorm in training mode (batch statistics),
+as darts-pt and the SPIDER code do, without moving the running statistics.
 
 Timeline: ``t`` is the *client's own* count of participations (its search clock), so a
 client that is not sampled neither trains nor advances its search; with every client in
@@ -44,17 +44,17 @@ compiled round serves every client's architecture; removed ops are computed and
 multiplied by 0, and their weights are frozen in v_k.
 
 Options for parity with the authors' code (docs/authors_code.md §5): ``local_grad_clip=0``
-(its personal-model clip never runs), ``projection="one_shot"``, ``personal_init="independent"``
-(default: personal supernets start from one initialisation independent of the global one),
-``search_batch_size=32`` (the search's BatchNorm batch; the code drops a last partial
-batch, kept here). Kept from the code where the paper is silent: SGD momentum 0.9, weight
-decay 1e-3, both learning rates annealed per round by a cosine to ``lr_min`` (0) over the
-run, personal optimizer state kept across rounds. Not offered (the README's SPIDER table):
-the code keeps each client's global-model momentum across rounds (here it starts from
-zero every round, as FedAvg's clients); it re-estimates the personal model's BatchNorm
-running statistics on the training set after each pruning and moves them in the search's
-passes; it weights FedAvg by each client's whole partition (here the training examples of
-the round, train + validation in phase 3).
+(its personal-model clip never runs), ``projection="one_shot"``,
+``personal_init="independent"`` (default: personal supernets start from one initialisation
+independent of the global one), ``search_batch_size=32`` (the search's BatchNorm batch;
+the code drops a last partial batch, kept here). Kept from the code where the paper is
+silent: SGD momentum 0.9, weight decay 1e-3, both learning rates annealed per round by a
+cosine to ``lr_min`` (0) over the run, personal optimizer state kept across rounds. Not
+offered (the README's SPIDER table): the code keeps each client's global-model momentum
+across rounds (here it starts from zero every round, as FedAvg's clients); it re-estimates
+the personal model's BatchNorm running statistics on the training set after each pruning
+and moves them in the search's passes; it weights FedAvg by each client's whole partition
+(here the training examples of the round, train + validation in phase 3).
 """
 from __future__ import annotations
 

@@ -102,7 +102,8 @@ def test_variable_mask_is_the_set_of_variables_the_masked_loss_reads(tiny_data):
             "reduce": np.array([[0, 0, 1], [1, 1, 0]], np.float32)}  # reduce skip = FactorizedReduce
     arch = {c: jnp.asarray(m) for c, m in mask.items()}
     # random values in the supernet's variable shapes (traced, not compiled: init's compile is the cost)
-    shapes = jax.eval_shape(lambda: sp._init_variables(net, arch, jax.random.key(5), jnp.zeros((1,) + info.image_shape)))
+    x0 = jnp.zeros((1,) + info.image_shape)
+    shapes = jax.eval_shape(lambda: sp._init_variables(net, arch, jax.random.key(5), x0))
     leaves, tree = jax.tree.flatten(shapes)
     keys = jax.random.split(jax.random.key(5), len(leaves))
     v = jax.tree.unflatten(tree, [0.5 + jax.random.uniform(k, s.shape) for k, s in zip(keys, leaves)])
@@ -224,7 +225,8 @@ def test_topology_projection_drops_in_order_under_both_rules(projection, table, 
     for c in range(2):
         left = tuple(int(s) for s in np.flatnonzero(np.asarray(new_mask[c, slots]).sum(-1) > 0))
         assert left == kept, (c, left)
-        np.testing.assert_array_equal(np.delete(np.asarray(new_mask[c]), slots, 0), np.delete(np.asarray(mask[c]), slots, 0))
+        others = [np.delete(np.asarray(m[c]), slots, 0) for m in (new_mask, mask)]
+        np.testing.assert_array_equal(*others)  # the node's edges only
     assert np.asarray(new_nodes).all() and np.asarray(new_edges).all()
     assert len(calls) == (2 if projection == "one_shot" else 4)  # one evaluation per drop, or one per node
 
