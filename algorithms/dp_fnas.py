@@ -214,38 +214,23 @@ def physical_batch(cfg: DPFNASConfig, max_examples: int, sampling_prob: float) -
     return int(b)
 
 
-def _tree_sum(tree):
-    return jax.tree.map(lambda x: x.sum(0), tree)
+def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | None = None):
+    """Party k's two releases of Algorithm 1, as the compiled round runs them (one party; the
+    runtime maps them over the parties):
 
+    * ``party_G((train, key), (W, A)) -> (G_k, stats)``: Poisson sample ``p`` of the training
+      split, per-example clip to ``R^G``, add ``N(0, (σ R^G)²)``, divide by ``p N_k^tr``;
+    * ``party_H((train, val, key), (W, W', A, ξ)) -> (H_k, stats)``: the same on the
+      validation split with ``p_val``, ``R^H`` and ``τ`` (Eq. 5-7).
 
-def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement()) -> FederatedAlgorithm:
-    """DP-FNAS (Algorithm 1) on data described by ``info``; every party takes part in
-    every iteration. ``round`` and ``evaluate`` are compiled; the host accountant's μ
-    and ε per mechanism for the iterations done so far are ``host_metrics(state,
-    data)``, which the runner adds to both. Nothing depends on ``run.rounds``, so a
-    finished run can be extended or resumed exactly.
+    ``key`` is the party's key of the iteration. These are the mechanisms the accountant
+    (:class:`jaxfednas.privacy.Accountant`) composes: (p, σ) and (p_val, τ) per iteration.
     """
-    primitives = PRIMITIVE_SETS[cfg.primitives]
-    model = make_supernet(cfg, info)
+    model = make_supernet(cfg, info) if model is None else model
     aug = make_augment(cfg.augment, info.name)
-    cap = max_iterations(cfg)
-    if cap == 0:
-        raise ConfigError(f"algo.target_epsilon={cfg.target_epsilon} is exceeded by a single iteration "
-                          f"(accountant {cfg.accountant}, delta {cfg.delta})")
-    if cfg.w_lr_decay_iterations:
-        xi_schedule = cosine_lr(cfg.w_lr, cfg.w_lr_min, cfg.w_lr_decay_iterations)
-    else:
-        xi_schedule = optax.constant_schedule(cfg.w_lr)
-    w_parts = [optax.clip_by_global_norm(cfg.w_clip)] if cfg.w_clip else []
-    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.w_weight_decay),
-                       optax.sgd(xi_schedule, momentum=cfg.w_momentum or None))
-    a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
-             else optax.sgd(cfg.arch_lr))
-    a_tx = optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
     clip_g = cfg.clip_norm or None
     clip_h = cfg.arch_clip_norm or None
     chunk = cfg.per_example_chunk or None
-    accountant = Accountant(cfg)
 
     def example_loss(params, arch, x, y):
         """Cross-entropy of ONE example (the network sees a batch of one: no coupling)."""
@@ -312,6 +297,40 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         stats = {"val_loss_sum": aux["loss"], "val_correct": aux["correct"], "val_sampled": s_val.num_sampled,
                  "val_overflow": s_val.overflow, "val_clipped": n_clip}
         return h_k, stats
+
+    return party_G, party_H
+
+
+def _tree_sum(tree):
+    return jax.tree.map(lambda x: x.sum(0), tree)
+
+
+def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement()) -> FederatedAlgorithm:
+    """DP-FNAS (Algorithm 1) on data described by ``info``; every party takes part in
+    every iteration. ``round`` and ``evaluate`` are compiled; the host accountant's μ
+    and ε per mechanism for the iterations done so far are ``host_metrics(state,
+    data)``, which the runner adds to both. Nothing depends on ``run.rounds``, so a
+    finished run can be extended or resumed exactly.
+    """
+    primitives = PRIMITIVE_SETS[cfg.primitives]
+    model = make_supernet(cfg, info)
+    cap = max_iterations(cfg)
+    if cap == 0:
+        raise ConfigError(f"algo.target_epsilon={cfg.target_epsilon} is exceeded by a single iteration "
+                          f"(accountant {cfg.accountant}, delta {cfg.delta})")
+    if cfg.w_lr_decay_iterations:
+        xi_schedule = cosine_lr(cfg.w_lr, cfg.w_lr_min, cfg.w_lr_decay_iterations)
+    else:
+        xi_schedule = optax.constant_schedule(cfg.w_lr)
+    w_parts = [optax.clip_by_global_norm(cfg.w_clip)] if cfg.w_clip else []
+    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.w_weight_decay),
+                       optax.sgd(xi_schedule, momentum=cfg.w_momentum or None))
+    a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
+             else optax.sgd(cfg.arch_lr))
+    a_tx = optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
+    accountant = Accountant(cfg)
+
+    party_G, party_H = make_parties(cfg, info, model)
 
     def combine(per_party):
         s = _tree_sum(per_party)
@@ -432,5 +451,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return dp_fnas(config.algo, info, placement=Placement.from_run(config.run))
 
 
-__all__ = ["Accountant", "DPFNASConfig", "DPFNASState", "dp_fnas", "make_supernet", "max_iterations",
-           "physical_batch", "privacy_report"]
+__all__ = ["Accountant", "DPFNASConfig", "DPFNASState", "dp_fnas", "make_parties", "make_supernet",
+           "max_iterations", "physical_batch", "privacy_report"]

@@ -1,13 +1,16 @@
-"""DP-FNAS with noise (sigma = tau = 1): the privacy budget stops the search before
-it is exceeded, the accountant's mu / epsilon per mechanism, one compile per round,
-noise, evaluate and export. Set-up in dp_fnas_setup.py."""
+"""DP-FNAS with noise: the privacy budget stops the search before it is exceeded, the
+accountant's mu / epsilon per mechanism, the noise each party sends against what the
+accountant assumes, one compile per round, evaluate and export. Set-up in
+dp_fnas_setup.py."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from dp_fnas_setup import TINY, make_data2, make_s0
 
-from algorithms.dp_fnas import DPFNASConfig, dp_fnas, max_iterations, physical_batch, privacy_report
-from jaxfednas import privacy
+from algorithms.dp_fnas import (Accountant, DPFNASConfig, dp_fnas, make_parties, max_iterations, physical_batch,
+                                privacy_report)
+from jaxfednas import privacy, rng
 from jaxfednas.runtime import Placement
 from search_spaces.darts import Genotype
 from conftest import assert_accuracy
@@ -63,6 +66,77 @@ def test_target_epsilon_stops_before_the_budget_is_exceeded(dp_run):
     assert 0 <= m["overflow_bound_train"] < 1e-8 and int(m["train_overflow"]) == 0
     rep = privacy_report(cfg, 3)
     assert rep.epsilon_pld == pytest.approx(e3, rel=1e-9)
+
+
+def _noise_multiplier_sent(x, expected_batch, clip_norm):
+    """``[K, d]`` releases over K iteration keys: the std over keys (pooled over the d
+    coordinates) times the expected batch over the clip norm — the noise multiplier a
+    party's release carries, if its clipped sum were fixed."""
+    x = np.asarray(x, np.float64)
+    var = ((x - x.mean(0)) ** 2).sum() / (x.shape[0] - 1) / x.shape[1]
+    return float(np.sqrt(var)) * expected_batch / clip_norm
+
+
+def test_what_a_party_sends_has_the_noise_the_accountant_assumes(s0):
+    """Theorem 3.1's accounting holds only if each party's G_k carries N(0, (sigma R^G)^2) and
+    its H_k N(0, (tau R^H)^2), over the expected batch p N_k, on Poisson samples of rate p
+    and p_val. Runs the parties' own release functions (those the compiled round maps over
+    the parties), with the keys a round gives them, over many iterations (one compile).
+    Over the keys a release varies by its noise and by its Poisson sample; the sample's
+    share of the variance, averaged over the d coordinates, is at most
+    p (1 - p) N R^2 / d (each clipped example has norm <= R), a fraction of a percent here,
+    so the std over keys measures the noise sent. sigma, tau, R^G, R^H, p and p_val are
+    distinct so that a swapped or missing factor shows."""
+    data = make_data2(num_train=32)  # ~10 / 8 search-train and 3 / 3 search-val examples per party
+    sigma, tau, clip, arch_clip, p, p_val = 2.0, 3.0, 0.5, 2.0, 0.5, 0.25
+    cfg = DPFNASConfig(**TINY, sampling_prob=p, val_sampling_prob=p_val, noise_multiplier=sigma,
+                       arch_noise_multiplier=tau, clip_norm=clip, arch_clip_norm=arch_clip, arch_gradient="first")
+    party_G, party_H = make_parties(cfg, data.info)
+    w, a = s0.variables["params"], s0.variables["arch"]
+    train, val = data.all_clients("train"), data.all_clients("val")
+    ids = jnp.arange(data.info.num_clients)
+
+    def keys(n):  # [iterations, parties]: the keys round j gives its parties
+        return jax.vmap(lambda j: rng.client_keys(rng.dp_iteration_key(jax.random.PRNGKey(5), j), ids))(
+            jnp.arange(n))
+
+    def flat(tree):
+        return jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
+
+    def send_G(tr, key):
+        g, st = party_G((tr, key), (w, a))
+        return flat(g), st["train_sampled"]
+
+    def send_H(tr, va, key):
+        h, st = party_H((tr, va, key), (w, w, a, 0.0))
+        return flat(h), st["val_sampled"]
+
+    @jax.jit
+    def releases(keys_g, keys_h):  # 1086 weights: few keys suffice; 12 architecture parameters: many
+        return (jax.vmap(jax.vmap(send_G), (None, 0))(train, keys_g),
+                jax.vmap(jax.vmap(send_H), (None, None, 0))(train, val, keys_h))
+
+    (g, n_tr), (h, n_val) = jax.device_get(releases(keys(32), keys(1024)))  # [K, parties, ...]
+    assumed = {name: (q, noise) for name, q, noise in Accountant(cfg).mechanisms()}
+    assert assumed == {"train": (p, sigma), "val": (p_val, tau)}
+    for k in range(data.info.num_clients):
+        for x, sampled, counts, r, name in ((g, n_tr, data.train.counts, clip, "train"),
+                                            (h, n_val, data.val.counts, arch_clip, "val")):
+            q, mult = assumed[name]
+            n_k = int(counts[k])
+            x_k = x[:, k]
+            sent = _noise_multiplier_sent(x_k, q * n_k, r)  # the expected batch p N_k, by hand
+            tol = 5 * np.sqrt(2 / x_k.size)  # ~5 standard errors of a variance estimate
+            bias = q * (1 - q) * n_k / x_k.shape[1]
+            print(f"{name} party {k}: noise multiplier sent {sent:.4f}, accountant's {mult}")
+            assert mult**2 * (1 - tol) <= sent**2 <= mult**2 * (1 + tol) + bias, (name, k, sent, mult)
+            # the sampling rate used: the Poisson sample sizes over the keys (~5 standard errors)
+            rate = np.asarray(sampled)[:, k].mean() / n_k
+            assert rate == pytest.approx(q, abs=5 * np.sqrt(q * (1 - q) / (sampled.shape[0] * n_k))), (name, k)
+    # fresh noise per party: the parties' weight noise is uncorrelated
+    noise = g - g.mean(0)  # less the mean over keys: what varies from iteration to iteration
+    r01 = np.corrcoef(noise[:, 0].ravel(), noise[:, 1].ravel())[0, 1]
+    assert abs(r01) < 5 / np.sqrt(g[:, 0].size)
 
 
 def test_one_compile_per_round_noise_export_and_evaluate(data2, dp_run, count_traces):
