@@ -25,11 +25,16 @@ Privacy (see :mod:`jaxfednas.privacy.mechanism` for the mechanism's assumptions 
 :mod:`jaxfednas.privacy` for the accountants). Unit: one example of one party;
 neighbours: add/remove one example. Each party runs two Poisson-subsampled Gaussian
 mechanisms, M^G on its training split (p, σ) and M^H on its validation split
-(p_val, τ), each composed over the T iterations; the metrics report μ (Bu et al.'s
-CLT, the paper's Theorem 3.1) and ε (PLD, the guarantee; CLT alongside) per mechanism
-at ``delta``. ``target_epsilon`` fixes T up front with :func:`jaxfednas.privacy.max_steps`
-(for both mechanisms, with ``accountant``) and the search stops there: iterations past
-the budget are skipped inside the compiled round, so no release ever exceeds it.
+(p_val, τ), each composed over the T iterations; the metrics report, at ``delta``, μ
+(Bu et al.'s CLT, the paper's Theorem 3.1) per mechanism and every ε named by its
+accountant: ``epsilon_pld`` (the guarantee), ``epsilon_clt`` (the paper's number) and,
+with ``accountant="rdp"``, ``epsilon_rdp`` — each the maximum over the mechanisms, with
+``_train`` / ``_val`` per mechanism (:meth:`jaxfednas.privacy.Accountant.report`).
+``target_epsilon`` fixes T up front with :func:`jaxfednas.privacy.max_steps` (for both
+mechanisms, with ``accountant``) and the search stops there: iterations past the budget
+are skipped inside the compiled round, so no release exceeds it *by that accountant*;
+``budget_epsilon`` is that accountant's ε. ``accountant="clt"`` enforces the optimistic
+CLT number (PLD ε may exceed the target) and warns when the algorithm is built.
 
 Caveats, stated rather than hidden:
 
@@ -66,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import flax.struct
@@ -134,9 +140,10 @@ class DPFNASConfig(DartsSpaceConfig):
     arch_lr: float = param(3e-4, "architecture learning rate eta", range=(0.0, 10.0))
     arch_weight_decay: float = param(1e-3, "architecture weight decay", range=(0.0, 1.0))
     delta: float = param(1e-5, "delta of the reported (epsilon, delta)", range=(1e-300, 0.999999))
-    target_epsilon: float = param(0.0, "privacy budget: stop before epsilon of either mechanism exceeds it (0: none)",
-                                  range=(0.0, None))
-    accountant: str = param("pld", "accountant enforcing target_epsilon", choices=("pld", "clt", "rdp"))
+    target_epsilon: float = param(0.0, "privacy budget: stop before epsilon (by `accountant`) of either mechanism "
+                                  "exceeds it; reported as budget_epsilon (0: none)", range=(0.0, None))
+    accountant: str = param("pld", "accountant enforcing target_epsilon: pld (the guarantee), rdp (looser) or clt "
+                            "(the paper's asymptotic number, optimistic: warns)", choices=("pld", "clt", "rdp"))
     per_example_chunk: int = param(0, "examples vmapped together in per-example passes (0: whole batch)",
                                    range=(0, None))
     augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
@@ -301,6 +308,18 @@ def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | 
     return party_G, party_H
 
 
+def _clt_budget_warning(cfg: DPFNASConfig, cap: int, accountant: Accountant) -> str:
+    msg = (f"algo.accountant=clt enforces algo.target_epsilon={cfg.target_epsilon:g} with the CLT's "
+           "asymptotic epsilon (the paper's Theorem 3.1), not an upper bound: it is usually below the PLD "
+           "guarantee, so the run may spend more privacy than the target")
+    if cap == privacy.NO_BUDGET:
+        return msg
+    eps = accountant.report(cap)["epsilon_pld"]
+    if eps > cfg.target_epsilon:
+        msg += f" (at the {cap} iterations it allows, PLD epsilon = {eps:.4g})"
+    return msg + "; use algo.accountant=pld for a guarantee"
+
+
 def _tree_sum(tree):
     return jax.tree.map(lambda x: x.sum(0), tree)
 
@@ -318,6 +337,9 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
     if cap == 0:
         raise ConfigError(f"algo.target_epsilon={cfg.target_epsilon} is exceeded by a single iteration "
                           f"(accountant {cfg.accountant}, delta {cfg.delta})")
+    accountant = Accountant(cfg)
+    if cfg.accountant == "clt" and cfg.target_epsilon > 0:
+        warnings.warn(_clt_budget_warning(cfg, cap, accountant), stacklevel=2)
     if cfg.w_lr_decay_iterations:
         xi_schedule = cosine_lr(cfg.w_lr, cfg.w_lr_min, cfg.w_lr_decay_iterations)
     else:
@@ -328,7 +350,6 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
     a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
              else optax.sgd(cfg.arch_lr))
     a_tx = optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
-    accountant = Accountant(cfg)
 
     party_G, party_H = make_parties(cfg, info, model)
 

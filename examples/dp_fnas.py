@@ -67,7 +67,7 @@ NOISES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)
 
 def _describe(row: dict) -> str:
     acc = f", supernet test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
-    eps = f", ε {row['epsilon']:.3f}" if "epsilon" in row else ""
+    eps = f", ε (PLD) {row['epsilon_pld']:.3f}" if "epsilon_pld" in row else ""
     return f"train loss {row['train_loss']:.4f}{acc}{eps}"
 
 
@@ -119,9 +119,9 @@ def _row_name(method: str, parties: int, noise: float) -> str:
 
 
 def _eps(final: dict) -> tuple[str, str]:
-    if "epsilon" not in final:
+    if "epsilon_pld" not in final:
         return "∞ (no noise)", "–"
-    return f"{final['epsilon']:.2f}", f"{final['mu_train']:.3f} / {final['mu_val']:.3f}"
+    return f"{final['epsilon_pld']:.2f}", f"{final['mu_train']:.3f} / {final['mu_val']:.3f}"
 
 
 def table1(args, overrides: dict) -> None:
@@ -150,7 +150,7 @@ def table1(args, overrides: dict) -> None:
                         "sampling_prob": cfg.algo.sampling_prob, "iterations": int(s["final"]["iterations"]),
                         "supernet_test_acc": s["final"]["global_test_acc"],
                         "augmented_test_acc": a["final"]["global_test_acc"],
-                        "epsilon_pld": s["final"].get("epsilon"), "mu_train": s["final"].get("mu_train"),
+                        "epsilon_pld": s["final"].get("epsilon_pld"), "mu_train": s["final"].get("mu_train"),
                         "mu_val": s["final"].get("mu_val"), "architecture": s["architecture"],
                         "search_wall_s": s["timing"]["wall_time_s"]})
     table = "\n".join(lines) + "\n"
@@ -176,9 +176,9 @@ def sweep_noise(args, overrides: dict) -> None:
         s = _stage(cfg, out / name, args.resume)
         f = s["final"]
         lines.append(f"| {noise:g} | {f['client_val_acc_mean_weighted']:.4f} | {f['global_test_acc']:.4f} "
-                     f"| {f['epsilon']:.3f} | {f['mu_train']:.3f} | {s['timing']['wall_time_s']:.0f} |")
+                     f"| {f['epsilon_pld']:.3f} | {f['mu_train']:.3f} | {s['timing']['wall_time_s']:.0f} |")
         results.append({"noise_multiplier": noise, "val_acc": f["client_val_acc_mean_weighted"],
-                        "test_acc": f["global_test_acc"], "epsilon_pld": f["epsilon"], "mu_train": f["mu_train"]})
+                        "test_acc": f["global_test_acc"], "epsilon_pld": f["epsilon_pld"], "mu_train": f["mu_train"]})
     table = "\n".join(lines) + "\n"
     atomic_write_text(out / "results.md", f"# DP-FNAS Table 2 analogue ({cfg.data.dataset}, {parties} parties)\n\n"
                       + table)

@@ -1,7 +1,10 @@
-"""DP-FNAS with noise: the privacy budget stops the search before it is exceeded, the
-accountant's mu / epsilon per mechanism, the noise each party sends against what the
-accountant assumes, one compile per round, evaluate and export. Set-up in
-dp_fnas_setup.py."""
+"""DP-FNAS with noise: the privacy budget stops the search before the enforcing
+accountant's epsilon exceeds it, every epsilon named by its accountant, the noise each
+party sends against what the accountant assumes, one compile per round, evaluate and
+export. Set-up in dp_fnas_setup.py."""
+import functools
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +17,23 @@ from jaxfednas import privacy, rng
 from jaxfednas.runtime import Placement
 from search_spaces.darts import Genotype
 from conftest import assert_accuracy
+
+DELTA = 1e-5
+
+
+@functools.cache
+def _clt(p, sigma, t):
+    return privacy.gdp_epsilon(mu=privacy.gdp_mu_poisson(sampling_prob=p, noise_multiplier=sigma, steps=t),
+                               delta=DELTA)
+
+
+@functools.cache
+def _pld(p, sigma, t):
+    return privacy.pld_epsilon(sampling_prob=p, noise_multiplier=sigma, steps=t, delta=DELTA)
+
+
+def _rdp(p, sigma, t):
+    return privacy.rdp_epsilon(sampling_prob=p, noise_multiplier=sigma, steps=t, delta=DELTA)
 
 
 @pytest.fixture(scope="module")
@@ -28,44 +48,76 @@ def s0(data2):
 
 @pytest.fixture(scope="module")
 def dp_run(data2, s0):
-    """sigma = tau = 1 with a budget that allows exactly 3 iterations (PLD, delta 1e-5)."""
+    """sigma = tau = 1, p = 0.5, the budget enforced by the CLT accountant (the paper's
+    number) and allowing exactly 3 iterations, where the PLD epsilon exceeds it."""
     p = 0.5
-    e3, e4 = (privacy.pld_epsilon(sampling_prob=p, noise_multiplier=1.0, steps=t, delta=1e-5) for t in (3, 4))
+    c3, c4 = _clt(p, 1.0, 3), _clt(p, 1.0, 4)
     cfg = DPFNASConfig(**TINY, sampling_prob=p, noise_multiplier=1.0, clip_norm=1.0, arch_clip_norm=1.0,
-                       iterations_per_round=2, target_epsilon=(e3 + e4) / 2)
-    algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
+                       iterations_per_round=2, target_epsilon=(c3 + c4) / 2, accountant="clt")
+    with pytest.warns(UserWarning, match="accountant=clt") as caught:
+        algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
     states, metrics = [s0], []
     for r in range(3):
         s, m = algo.round(states[-1], data2, jax.random.PRNGKey(r))
         states.append(s)
         metrics.append(algo.with_host_metrics(s, data2, m))  # the accountant, on the host
-    return cfg, algo, states, metrics, (e3, e4)
+    return cfg, algo, states, metrics, [str(w.message) for w in caught if "accountant=clt" in str(w.message)]
 
 
 def test_target_epsilon_stops_before_the_budget_is_exceeded(dp_run):
-    cfg, algo, states, metrics, (e3, e4) = dp_run
-    assert e3 <= cfg.target_epsilon < e4 and max_iterations(cfg) == 3
+    cfg, algo, states, metrics, warned = dp_run
+    p, t = cfg.sampling_prob, 3
+    assert _clt(p, 1.0, t) <= cfg.target_epsilon < _clt(p, 1.0, t + 1) and max_iterations(cfg) == t
     assert [int(m["iterations"]) for m in metrics] == [2, 3, 3]
     assert [int(m["iterations_run"]) for m in metrics] == [2, 1, 0]
+    assert sum(int(m["iterations_run"]) for m in metrics) == t  # the steps the accountant composes below
     assert [int(m["budget_exhausted"]) for m in metrics] == [0, 1, 1]
-    assert all(int(m["max_iterations"]) == 3 for m in metrics)
+    assert all(int(m["max_iterations"]) == t for m in metrics)
     # past the budget nothing is released: the state no longer changes
     for a, b in zip(jax.tree.leaves(states[2].variables), jax.tree.leaves(states[3].variables)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # but it did change before
     assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 0
                for a, b in zip(jax.tree.leaves(states[1].variables), jax.tree.leaves(states[2].variables)))
-    # the reported epsilon is that of the iterations done, within the budget
+    # the budget figure is the enforcing (CLT) accountant's epsilon and stays within the target,
+    # while the PLD guarantee of the same run exceeds it (the CLT is optimistic), and says so
     m = metrics[-1]
-    assert m["eps_pld_train"] == m["eps_pld_val"] == m["epsilon"] == pytest.approx(e3, rel=1e-9)
-    assert m["epsilon"] <= cfg.target_epsilon
-    assert m["mu_train"] == pytest.approx(privacy.gdp_mu_poisson(sampling_prob=0.5, noise_multiplier=1.0, steps=3))
-    assert m["eps_clt_val"] == pytest.approx(privacy.gdp_epsilon(mu=m["mu_val"], delta=1e-5))
-    assert metrics[0]["eps_pld_train"] == pytest.approx(
-        privacy.pld_epsilon(sampling_prob=0.5, noise_multiplier=1.0, steps=2, delta=1e-5))
+    assert m["budget_epsilon"] == m["epsilon_clt"] == pytest.approx(_clt(p, 1.0, t), rel=1e-12)
+    assert m["budget_epsilon"] <= cfg.target_epsilon < m["epsilon_pld"]
+    assert len(warned) == 1 and f"PLD epsilon = {m['epsilon_pld']:.4g}" in warned[0]
+    assert metrics[0]["budget_epsilon"] == pytest.approx(_clt(p, 1.0, 2), rel=1e-12)
+    # every epsilon is named by its accountant and equals that accountant called with the run's p, sigma, T
+    for mech in ("train", "val"):
+        assert m[f"mu_{mech}"] == pytest.approx(
+            privacy.gdp_mu_poisson(sampling_prob=p, noise_multiplier=1.0, steps=t), rel=1e-12)
+        assert m[f"epsilon_clt_{mech}"] == pytest.approx(_clt(p, 1.0, t), rel=1e-12)
+        assert m[f"epsilon_pld_{mech}"] == pytest.approx(_pld(p, 1.0, t), rel=1e-9)
+    assert m["epsilon_pld"] == pytest.approx(_pld(p, 1.0, t), rel=1e-9)
+    assert metrics[0]["epsilon_pld_train"] == pytest.approx(_pld(p, 1.0, 2), rel=1e-9)
+    assert "epsilon" not in m and not any(k.startswith("epsilon_rdp") for k in m)  # RDP: only when it enforces
     assert 0 <= m["overflow_bound_train"] < 1e-8 and int(m["train_overflow"]) == 0
-    rep = privacy_report(cfg, 3)
-    assert rep.epsilon_pld == pytest.approx(e3, rel=1e-9)
+    rep = privacy_report(cfg, t)
+    assert rep.epsilon_pld == pytest.approx(m["epsilon_pld"], rel=1e-9)
+    assert rep.epsilon_clt == pytest.approx(m["epsilon_clt"], rel=1e-12)
+
+
+def test_budget_epsilon_is_the_enforcing_accountants(data2, s0):
+    """RDP enforcing (host side: the stop itself is the compiled ``cap`` tested above): the
+    budget figure is RDP's, within the target, and building warns of nothing."""
+    p, sigma, tau = 0.5, 1.0, 1.2  # tau > sigma: the budget binds on M^G, epsilon = max over the two
+    target = (_rdp(p, sigma, 3) + _rdp(p, sigma, 4)) / 2
+    cfg = DPFNASConfig(**TINY, sampling_prob=p, noise_multiplier=sigma, arch_noise_multiplier=tau,
+                       target_epsilon=target, accountant="rdp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
+    assert not [w for w in caught if "accountant" in str(w.message)]
+    m = algo.host_metrics(s0.replace(iteration=jnp.int32(3)), data2)  # 3 = max_iterations(cfg)
+    assert m["budget_epsilon"] == m["epsilon_rdp"] == pytest.approx(_rdp(p, sigma, 3), rel=1e-9)
+    assert m["budget_epsilon"] <= target
+    assert m["epsilon_rdp_val"] == pytest.approx(_rdp(p, tau, 3), rel=1e-9)
+    assert m["epsilon_pld_train"] == pytest.approx(_pld(p, sigma, 3), rel=1e-9)
+    assert m["epsilon_clt_train"] == pytest.approx(_clt(p, sigma, 3), rel=1e-12)
 
 
 def _noise_multiplier_sent(x, expected_batch, clip_norm):
@@ -153,7 +205,7 @@ def test_one_compile_per_round_noise_export_and_evaluate(data2, dp_run, count_tr
     out = algo.with_host_metrics(states[-1], data2, algo.evaluate(states[-1], data2))
     assert_accuracy(out["global_test_acc"], data2.server_y.shape[0])
     assert int(out["iterations"]) == 3
-    assert out["epsilon"] == metrics[-1]["epsilon"]
+    assert out["budget_epsilon"] == metrics[-1]["budget_epsilon"]
     g = algo.export(states[-1])
     assert isinstance(g, Genotype) and g.steps == 1
     assert {op for op, _ in g.normal} <= {"skip_connect", "avg_pool_3x3", "sep_conv_3x3"}

@@ -39,6 +39,7 @@ from jaxfednas.privacy.accounting import (
     max_steps,
     overflow_probability,
     pld_epsilon,
+    rdp_epsilon,
 )
 
 __all__ = ["Accountant", "DPFNASReport", "MechanismSpec", "NO_BUDGET", "dpfnas_report", "max_iterations"]
@@ -178,24 +179,42 @@ class Accountant:
         return (("train", c.sampling_prob, c.noise_multiplier), ("val", c.p_val, c.tau))
 
     def report(self, steps: int) -> dict[str, float]:
-        """``mu_<m>`` (CLT), ``eps_clt_<m>``, ``eps_pld_<m>`` for m in train/val, and
-        ``epsilon`` (max PLD over the two: disjoint splits compose in parallel)."""
+        """Every ε named by its accountant, after ``steps`` iterations (T releases of each mechanism).
+
+        * ``mu_<m>`` — Bu et al.'s CLT μ (Theorem 3.1) of mechanism m in {train, val};
+        * ``epsilon_clt_<m>`` (the paper's asymptotic number, usually optimistic),
+          ``epsilon_pld_<m>`` (the guarantee), and ``epsilon_rdp_<m>`` when ``accountant`` is
+          ``"rdp"`` (RDP is looser than PLD, and only computed when it enforces the budget);
+        * ``epsilon_clt``, ``epsilon_pld`` (, ``epsilon_rdp``): the maximum over the two
+          mechanisms (disjoint splits compose in parallel), when both are noised;
+        * ``budget_epsilon``: with a ``target_epsilon``, the ε of ``accountant`` — the number
+          the budget is enforced on, so ``budget_epsilon <= target_epsilon`` always holds;
+          with ``accountant="clt"`` ``epsilon_pld`` may exceed the target.
+        """
         if steps in self._cache:
             return self._cache[steps]
+        c = self.cfg
+        names = ("clt", "pld", "rdp") if c.accountant == "rdp" else ("clt", "pld")
         out: dict[str, float] = {}
         for name, p, noise in self.mechanisms():
             if noise <= 0:
                 continue  # no noise: no finite guarantee, nothing to report
             if steps == 0:
-                out.update({f"mu_{name}": 0.0, f"eps_clt_{name}": 0.0, f"eps_pld_{name}": 0.0})
+                out.update({f"mu_{name}": 0.0, **{f"epsilon_{a}_{name}": 0.0 for a in names}})
                 continue
             mu = gdp_mu_poisson(sampling_prob=p, noise_multiplier=noise, steps=steps)
             out[f"mu_{name}"] = mu
-            out[f"eps_clt_{name}"] = gdp_epsilon(mu=mu, delta=self.cfg.delta)
-            out[f"eps_pld_{name}"] = pld_epsilon(sampling_prob=p, noise_multiplier=noise, steps=steps,
-                                                         delta=self.cfg.delta)
-        if "eps_pld_train" in out and "eps_pld_val" in out:
-            out["epsilon"] = max(out["eps_pld_train"], out["eps_pld_val"])
+            out[f"epsilon_clt_{name}"] = gdp_epsilon(mu=mu, delta=c.delta)
+            out[f"epsilon_pld_{name}"] = pld_epsilon(sampling_prob=p, noise_multiplier=noise, steps=steps,
+                                                     delta=c.delta)
+            if "rdp" in names:
+                out[f"epsilon_rdp_{name}"] = rdp_epsilon(sampling_prob=p, noise_multiplier=noise, steps=steps,
+                                                         delta=c.delta)
+        if "mu_train" in out and "mu_val" in out:
+            for a in names:
+                out[f"epsilon_{a}"] = max(out[f"epsilon_{a}_train"], out[f"epsilon_{a}_val"])
+            if c.target_epsilon > 0:
+                out["budget_epsilon"] = out[f"epsilon_{c.accountant}"]
         self._cache[steps] = out
         return out
 
