@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from search_spaces.models import MODELS
+from search_spaces.models import check_model_name, MODELS
 from jaxfednas import rng
-from jaxfednas.config import Validated, param
+from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
@@ -25,8 +25,9 @@ class SupervisedConfig(Validated):
     """Local training of a fixed network (shared by FedAvg and local-only training)."""
 
     SECTION = "algo"
-    model: str = param("auto", "network (auto: cnn for digits/synthetic, resnet18 for CIFAR; "
-                       "shufflenetv2_<space>: the all-3x3 child of a DFNAS space)", choices=MODELS)
+    model: str = param("auto", f"network, one of {{{', '.join(MODELS)}}} (auto: cnn for digits/synthetic, "
+                       "resnet18 for CIFAR; shufflenetv2_<space>: the all-3x3 child of a DFNAS space; "
+                       "shufflenetv2_<space>:<i_1>,...,<i_B>: the child with candidate i_b in block b)")
     local_epochs: int = param(1, "local epochs E per round", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size B", range=(1, 1_000_000))
     client_lr: float = param(0.05, "client SGD learning rate", range=(0.0, 100.0))
@@ -35,6 +36,12 @@ class SupervisedConfig(Validated):
     grad_clip: float = param(0.0, "global-norm gradient clipping (0: off)", range=(0.0, None))
     augment: str = param("auto", "on-device augmentation (auto: none for digits, crop+flip for CIFAR)", choices=AUGMENTS)
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
+
+    def check(self):
+        try:
+            check_model_name(self.model)
+        except ValueError as e:
+            raise ConfigError(f"algo.model={self.model!r}: {e}") from None
 
 
 def make_augment(name: str, dataset: str) -> Augment:

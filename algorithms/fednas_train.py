@@ -70,6 +70,7 @@ class FedNASTrainConfig(FedAvgConfig):
                                     "(DARTS 0.4; 0: no auxiliary head)", range=(0.0, 10.0))
 
     def check(self):
+        super().check()
         if self.C % 2:
             raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
         resolve_genotype(self.genotype)

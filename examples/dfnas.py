@@ -37,8 +37,13 @@ from jaxfednas.config import parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import run_script, StageRunner
+from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
-from search_spaces.shufflenet import child_cost, ShuffleArch, uniform_arch
+from jaxfednas.rng import random_arch_key
+from jaxfednas.seeds import versus_random
+from search_spaces.models import child_model_name
+from search_spaces.sampling import matched, random_shuffle_arch
+from search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
 
 # Digits scaling (the paper gives no optimiser settings). DFNAS is one-stage: the child is
 # only as good as the steps its units ran as a single path after early fixing froze its
@@ -100,35 +105,81 @@ def run(args) -> None:
     rows = []
     # the IID runs partition differently on purpose; wall times survive --resume
     runner = StageRunner(out, resume=args.resume, describe=_describe, same_test_rows=False)
-    for name, algo, over in plan(args, overrides):
+    runs = plan(args, overrides)
+    for name, algo, over in runs:
         preset = args.preset if algo == "dfnas" and args.preset else None
-        cfg = make_config(algo, preset=preset, overrides=over)
-        d = cfg.data
-        t0 = time.perf_counter()
-        s, wall_s = runner.stage(name, cfg)
-        row = {"run": name, "algorithm": algo, "clients": d.num_clients, "partition": d.partition,
-               "rounds": s["rounds"], "global_test_acc": s["final"].get("global_test_acc"),
-               "client_test_acc": s["final"].get("client_test_acc_mean_unweighted"),
-               "wall_s": round(wall_s, 1), "this_call_s": round(time.perf_counter() - t0, 1)}
-        ds = load_dataset(d.dataset, d.data_dir)
-        if algo == "dfnas":  # the deliverable: the final child, as searched
-            arch = ShuffleArch(s["architecture"]["space"], tuple(s["architecture"]["choices"]))
-            rep = child_report(arch, DataInfo.of(ds, d.num_clients))
-            row.update(architecture=rep["architecture"], params=rep["params"], macs=rep["macs"],
-                       fixed_blocks=s["final"].get("fixed_blocks"),
-                       global_test_acc_running_bn=s["final"].get("global_test_acc_running_bn"))
-        else:
-            model = make_model(cfg.algo.model, ds.num_classes, d.dataset)
-            shapes = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
-            cost = child_cost(uniform_arch(model.space.name, "k3"), ds.num_classes, ds.image_shape)
-            row.update(architecture=f"ShuffleNetV2 (k3 in every block of {model.space.name})",
-                       params=count_params(shapes["params"]), macs=cost["macs"])
-        rows.append(row)
-    table = results_table(rows)
+        rows.append(_stage(runner, name, algo, make_config(algo, preset=preset, overrides=over)))
+    versus = ""
+    if args.random:
+        versus = random_control(args, runner, rows, runs)
+    table = results_table(rows) + versus
     print("\n" + table)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(rows, indent=2) + "\n")
     print(f"results: {out / 'results.md'}")
+
+
+def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
+    """Run (or resume) one run; its row of the results table."""
+    d = cfg.data
+    t0 = time.perf_counter()
+    s, wall_s = runner.stage(name, cfg)
+    row = {"run": name, "algorithm": algo, "clients": d.num_clients, "partition": d.partition,
+           "rounds": s["rounds"], "global_test_acc": s["final"].get("global_test_acc"),
+           "client_test_acc": s["final"].get("client_test_acc_mean_unweighted"),
+           "wall_s": round(wall_s, 1), "this_call_s": round(time.perf_counter() - t0, 1)}
+    ds = load_dataset(d.dataset, d.data_dir)
+    if algo == "dfnas":  # the deliverable: the final child, as searched
+        arch = ShuffleArch(s["architecture"]["space"], tuple(s["architecture"]["choices"]))
+        rep = child_report(arch, DataInfo.of(ds, d.num_clients))
+        row.update(architecture=rep["architecture"], params=rep["params"], macs=rep["macs"],
+                   space=arch.space, choices=list(arch.choices), fixed_blocks=s["final"].get("fixed_blocks"),
+                   global_test_acc_running_bn=s["final"].get("global_test_acc_running_bn"))
+    else:
+        model = make_model(cfg.algo.model, ds.num_classes, d.dataset)
+        shapes = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
+        if ":" in cfg.algo.model:  # a searched or random child
+            arch = ShuffleArch(model.space.name, tuple(int(c) for c in cfg.algo.model.split(":")[1].split(",")))
+            label = str(arch)
+        else:
+            arch = uniform_arch(model.space.name, "k3")
+            label = f"ShuffleNetV2 (k3 in every block of {model.space.name})"
+        cost = child_cost(arch, ds.num_classes, ds.image_shape)
+        row.update(architecture=label, params=count_params(shapes["params"]), macs=cost["macs"])
+    return row
+
+
+def random_control(args, runner: StageRunner, rows: list[dict], runs: list) -> str:
+    """The searched child of the first DFNAS run, and ``args.random`` random children of the
+    same space with multiply-adds within ±10 % of its (:func:`search_spaces.sampling.matched`),
+    each trained from scratch with the FedAvg baseline's recipe on the same clients. Appends
+    their rows; returns the comparison's table."""
+    first = next(r for r in rows if r["algorithm"] == "dfnas")
+    baseline = next(over for _, algo, over in runs if algo == "fedavg")
+    cfg0 = make_config("fedavg", overrides=baseline)
+    ds = load_dataset(cfg0.data.dataset, cfg0.data.data_dir)
+    space = first["space"]
+    searched = ShuffleArch(space, tuple(first["choices"]))
+    table = macs_table(space, ds.num_classes, tuple(ds.image_shape))
+    chosen = [("searched-fedavg", searched)]
+    for i in range(args.random):
+        arch, _ = matched(random_arch_key(cfg0.run.seed, i), lambda k: random_shuffle_arch(k, space),
+                          lambda a: table.of(a.choices), table.of(searched.choices))
+        chosen.append((f"random-{i}-fedavg", arch))
+    trained = [_stage(runner, name, "fedavg", make_config("fedavg", overrides={**baseline, "algo.model": child_model_name(a)}))
+               for name, a in chosen]
+    rows += trained
+    vs = versus_random(trained[0]["global_test_acc"], [r["global_test_acc"] for r in trained[1:]])
+    plot_searched_vs_random(
+        {cfg0.run.seed: {"searched": (trained[0]["params"], vs["searched"]),
+                         "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}},
+        Path(args.out) / "plots" / "searched_vs_random.png", metric="global test accuracy (FedAvg from scratch)",
+        title=f"DFNAS: the searched child vs {args.random} random children of matched multiply-adds")
+    return (f"\n\nSearched vs random, trained alike (FedAvg from scratch, {first['run']}'s clients): the searched "
+            f"child {vs['searched']:.4f}; {args.random} random children within ±10 % of its multiply-adds "
+            f"{vs['random_mean']:.4f} ± {vs['random_std']:.4f}; difference {vs['searched_minus_random']:+.4f}; "
+            f"the searched child beats {vs['beats']} of {args.random} (ties {vs['ties']}). "
+            "Plot: plots/searched_vs_random.png.")
 
 
 def _f(x, fmt="{:.4f}") -> str:
@@ -152,11 +203,16 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", help="prepared CIFAR-10 (tfds data_dir) or CINIC-10 root, for the presets")
     p.add_argument("--rounds", type=int, help="rounds of every run (default: 20 on digits, the preset's otherwise)")
     p.add_argument("--iid-clients", type=int, nargs="*", default=[2, 4, 8], help="IID runs (digits only)")
+    p.add_argument("--random", type=int, default=3, metavar="N",
+                   help="the control: the searched child and N random children of matched multiply-adds, each "
+                        "trained from scratch with the FedAvg baseline's recipe (default 3; 0: none)")
     p.add_argument("--out", default="runs/example-dfnas")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field of the DFNAS runs (data./run. fields also of FedAvg)")
     args = p.parse_args(argv)
+    if args.random < 0:
+        p.error(f"--random {args.random}: must be >= 0")
     return run_script("examples/dfnas.py", lambda: run(args))
 
 

@@ -88,9 +88,45 @@ def shufflenetv2(num_classes: int, dataset: str, space: str | None = None) -> nn
     return build(uniform_arch(space, "k3"), num_classes, dw_impl=impl)
 
 
+def child_model_name(arch) -> str:
+    """The model name of a ShuffleNetV2 child (a :class:`search_spaces.shufflenet.ShuffleArch`):
+    ``shufflenetv2_<space>:<c_1>,<c_2>,...``, one candidate index per block."""
+    return f"shufflenetv2_{arch.space}:{','.join(str(c) for c in arch.choices)}"
+
+
+def _child_of(name: str):
+    """The ShuffleArch a ``shufflenetv2_<space>:<indices>`` name denotes; ValueError if malformed."""
+    from search_spaces.shufflenet import ShuffleArch  # noqa: PLC0415
+
+    head, _, tail = name.partition(":")
+    space = head.removeprefix("shufflenetv2_")
+    if not head.startswith("shufflenetv2_") or space not in SHUFFLENET_SPACES:
+        raise ValueError(f"a child model is shufflenetv2_<space>:<indices> with a space of {SHUFFLENET_SPACES}, "
+                         f"got {name!r}")
+    try:
+        choices = tuple(int(c) for c in tail.split(","))
+    except ValueError:
+        raise ValueError(f"{name!r}: the indices after ':' must be comma-separated integers") from None
+    return ShuffleArch(space, choices)
+
+
+def check_model_name(name: str) -> None:
+    """``ValueError`` (one line) unless ``name`` is one of :data:`MODELS` or a child name."""
+    if name not in MODELS:
+        if ":" not in name:
+            raise ValueError(f"model must be one of {MODELS} or shufflenetv2_<space>:<indices>, got {name!r}")
+        _child_of(name)
+
+
 def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
     """``auto`` picks the CNN for digits/synthetic and ResNet-18 for CIFAR-like data.
-    ``resnet_tiny`` (one block per stage, width 8) is for tests."""
+    ``resnet_tiny`` (one block per stage, width 8) is for tests. ``shufflenetv2_<space>:<c_1>,...``
+    is any child of a DFNAS space (:func:`child_model_name`): a searched or a random one."""
+    if ":" in name:
+        from search_spaces.shufflenet import auto_depthwise_impl, build  # noqa: PLC0415
+
+        return build(_child_of(name), num_classes,
+                     dw_impl=auto_depthwise_impl(8 if dataset in ("digits", "synthetic") else 32))
     if name == "auto":
         name = "cnn" if dataset in ("digits", "synthetic") else "resnet18"
     if name == "cnn":

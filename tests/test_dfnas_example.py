@@ -27,9 +27,21 @@ def _example():
 
 def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     out = tmp_path / "d"
-    assert _example().main(TINY + ["--out", str(out)]) == 0
+    assert _example().main(TINY + ["--random", "1", "--out", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())
-    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8"]
+    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8", "searched-fedavg", "random-0-fedavg"]
+    # the control: the searched child and a random child of matched multiply-adds, trained with FedAvg's recipe
+    cfgs = {r["run"]: json.loads((out / r["run"] / "config.json").read_text()) for r in rows[1:]}
+    for name in ("searched-fedavg", "random-0-fedavg"):
+        assert {k: v for k, v in cfgs[name]["algo"].items() if k != "model"} == \
+            {k: v for k, v in cfgs["fedavg-noniid-8"]["algo"].items() if k != "model"}
+        assert cfgs[name]["data"] == cfgs["fedavg-noniid-8"]["data"]
+    assert cfgs["searched-fedavg"]["algo"]["model"] == "shufflenetv2_tiny:" + ",".join(map(str, rows[0]["choices"]))
+    assert abs(rows[3]["macs"] - rows[0]["macs"]) <= 0.1 * rows[0]["macs"]
+    assert rows[2]["architecture"] == rows[0]["architecture"] and rows[2]["macs"] == rows[0]["macs"]
+    text = (out / "results.md").read_text()
+    d = rows[2]["global_test_acc"] - rows[3]["global_test_acc"]
+    assert f"the searched child {rows[2]['global_test_acc']:.4f}" in text and f"difference {d:+.4f}" in text
     for r in rows:  # each row is its run's final evaluation, whole numbers of test examples
         final = json.loads((out / r["run"] / "summary.json").read_text())["final"]
         assert r["global_test_acc"] == final["global_test_acc"] and r["params"] > 0 and r["macs"] > 0
@@ -49,8 +61,8 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert m1["clients"] == m2["clients"]
     assert "| noniid-8 | dfnas |" in (out / "results.md").read_text()
     # finished runs: without --resume the example refuses to overwrite, with it it is done at once
-    assert _example().main(TINY + ["--out", str(out)]) != 0
-    assert _example().main(TINY + ["--out", str(out), "--resume"]) == 0
+    assert _example().main(TINY + ["--random", "1", "--out", str(out)]) != 0
+    assert _example().main(TINY + ["--random", "1", "--out", str(out), "--resume"]) == 0
     assert "global test acc" in capsys.readouterr().out
     # a finished run keeps the wall time it took, not the resumed call's
     again = json.loads((out / "results.json").read_text())

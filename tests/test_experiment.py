@@ -124,6 +124,8 @@ def test_cli_run_and_partition(tmp_path, capsys):
     (["--dataset", "cifar10"], "jaxfednas\\[tfds\\]"),
     (["--set", "nope"], "SECTION.FIELD=VALUE"),
     (["--resume"], "--resume"),
+    (["--set", "algo.model=shufflenetv2_small:0,1"], "algo.model='shufflenetv2_small:0,1': .*needs 7 indices"),
+    (["--set", "algo.model=vgg"], "algo.model='vgg': model must be one of"),
 ])
 def test_cli_bad_arguments(tmp_path, capsys, argv, message):
     rc = cli.main(["run", "fedavg", "--out", str(tmp_path / "bad"), *argv])
