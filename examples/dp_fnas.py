@@ -14,9 +14,12 @@ Table 1 (every row is a run directory under ``--out``):
      whole training pool (one party, non-private, as the paper's augmentation stage,
      ``algorithms/fednas_train.py``) and tested on the held-out test set; one run per
      distinct genotype;
-  3. ``results.md`` / ``results.json`` — accuracy of the searched supernet and of the
+  3. the control (``--random N``, default 3): N cells drawn uniformly from the searched
+     space (``random-<i>/``), each through the same augmentation stage;
+  4. ``results.md`` / ``results.json`` — accuracy of the searched supernet and of the
      augmented network, and per DP row μ (CLT, the paper's Theorem 3.1) and ε (PLD,
-     the guarantee) at δ = 1e-5 for the two mechanisms.
+     the guarantee) at δ = 1e-5 for the two mechanisms; each row's augmented accuracy
+     against the random cells' (mean ± std, how many it beats).
 
 Table 2 (``--sweep-noise``): DP-FNAS with 4 parties and noise multipliers 0.5, 1, 2, 5,
 8, 10 on both mechanisms; the supernet's accuracy on the parties' search-val splits (the
@@ -50,6 +53,10 @@ from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.experiment import make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
+from jaxfednas.rng import random_arch_key
+from jaxfednas.seeds import mean_std, versus_random
+from search_spaces.darts import PRIMITIVE_SETS
+from search_spaces.sampling import random_genotype
 
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
 DIGITS_SEARCH = {
@@ -97,8 +104,9 @@ def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_
     return cfg
 
 
-def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict) -> dict:
-    """Train the genotype from scratch on the whole training pool (one party, no DP)."""
+def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name: str | None = None) -> dict:
+    """Train the genotype from scratch on the whole training pool (one party, no DP), into
+    ``out/name`` (default: ``augment-<hash of the genotype>``)."""
     text = json.dumps(genotype, sort_keys=True)
     d = search_cfg.data
     over = {"data.dataset": d.dataset, "data.data_dir": d.data_dir, "data.num_clients": 1, "data.partition": "iid",
@@ -111,7 +119,7 @@ def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict) -> di
     cfg = make_config("fednas_train", preset=args.preset, overrides={
         k.replace("augment.", "algo.", 1): v for k, v in over.items()})
     tag = hashlib.sha256(text.encode()).hexdigest()[:10]
-    return _stage(cfg, out / f"augment-{tag}", args.resume)
+    return _stage(cfg, out / (name or f"augment-{tag}"), args.resume)
 
 
 def _row_name(method: str, parties: int, noise: float) -> str:
@@ -153,12 +161,39 @@ def table1(args, overrides: dict) -> None:
                         "epsilon_pld": s["final"].get("epsilon_pld"), "mu_train": s["final"].get("mu_train"),
                         "mu_val": s["final"].get("mu_val"), "architecture": s["architecture"],
                         "search_wall_s": s["timing"]["wall_time_s"]})
-    table = "\n".join(lines) + "\n"
+    table = "\n".join(lines) + "\n" + _random_control(cfg, results, out, args, overrides)
     atomic_write_text(out / "results.md", f"# DP-FNAS Table 1 analogue ({cfg.data.dataset}, "
                       f"{results[0]['iterations']} iterations)\n\n{table}")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
     print("\n" + table)
     print(f"results: {out / 'results.md'}; cell diagrams in each search run's plots/")
+
+
+def _random_control(search_cfg, results: list[dict], out: Path, args, overrides: dict) -> str:
+    """``args.random`` cells drawn uniformly from the searched space (keys
+    ``rng.random_arch_key(seed, i)``), each through the same augmentation stage into
+    ``random-<i>/``; every searched row's augmented accuracy against theirs."""
+    if not args.random:
+        return ""
+    prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
+    accs = []
+    for i in range(args.random):
+        g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.steps)
+        print(f"== random cell {i + 1}/{args.random} -> {out / f'random-{i}'}", flush=True)
+        accs.append(_augment(search_cfg, g.to_dict(), out, args, overrides, name=f"random-{i}")["final"]["global_test_acc"])
+    lines = [f"\nSearched vs random cells, trained alike (the augmentation stage): {args.random} random cells of the "
+             f"same space reach {mean_std(accs)[0]:.4f} ± {mean_std(accs)[1]:.4f} "
+             f"({', '.join(f'{a:.4f}' for a in accs)}).\n",
+             "| method | parties | ε (PLD) | augmented test acc | − random mean | random cells beaten (ties) |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        vs = versus_random(r["augmented_test_acc"], accs)
+        r["versus_random"] = vs
+        eps = "∞" if r["epsilon_pld"] is None else f"{r['epsilon_pld']:.2f}"
+        lines.append(f"| {r['method']} | {r['parties']} | {eps} | {vs['searched']:.4f} | "
+                     f"{vs['searched_minus_random']:+.4f} | {vs['beats']} of {len(accs)} ({vs['ties']}) |")
+    results.append({"method": "random cells", "augmented_test_acc": accs})
+    return "\n".join(lines) + "\n"
 
 
 def sweep_noise(args, overrides: dict) -> None:
@@ -197,12 +232,16 @@ def main(argv=None) -> int:
     p.add_argument("--noise", type=float, default=1.0, help="noise multiplier of the DP-FNAS rows of Table 1")
     p.add_argument("--arch-gradient", choices=("first", "second_fd", "second_hvp"),
                    help="architecture gradient (digits default: first)")
+    p.add_argument("--random", type=int, default=3, metavar="N",
+                   help="Table 1: also augment N random cells of the searched space, the control (default 3; 0: none)")
     p.add_argument("--seed", type=int)
     p.add_argument("--out", default=None, help="output directory (default runs/dp_fnas[-noise])")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a search setting (augment.FIELD for the augmentation stage); repeatable")
     args = p.parse_args(argv)
+    if args.random < 0:
+        p.error(f"--random {args.random}: must be >= 0")
     args.out = args.out or ("runs/dp_fnas-noise" if args.sweep_noise else "runs/dp_fnas")
     try:
         overrides = parse_set(args.set)

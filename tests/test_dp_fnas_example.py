@@ -9,6 +9,9 @@ import pytest
 
 from conftest import assert_accuracy
 from jaxfednas import privacy
+from jaxfednas.rng import random_arch_key
+from search_spaces.darts import Genotype, PRIMITIVE_SETS
+from search_spaces.sampling import random_genotype
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_TEST = 360  # scikit-learn's digits: 1437 training and 360 test images
@@ -27,8 +30,8 @@ def test_table1_row_and_noise_sweep(tmp_path, capsys):
     ex = _example()
     ex.TABLE1 = [("DP-FNAS", 2, 1.0)]
     out = tmp_path / "t1"
-    assert ex.main(SMOKE + ["--out", str(out)]) == 0
-    (row,) = json.loads((out / "results.json").read_text())
+    assert ex.main(SMOKE + ["--random", "1", "--out", str(out)]) == 0
+    row, rand = json.loads((out / "results.json").read_text())
     assert row["method"] == "DP-FNAS" and row["parties"] == 2 and row["iterations"] == 2
     # both networks are tested on digits' 360 held-out test images (the server's test set),
     # each the final accuracy of its own run
@@ -48,6 +51,16 @@ def test_table1_row_and_noise_sweep(tmp_path, capsys):
     n_tr = [len(c["train"]) for c in manifest["clients"]]
     assert cfg["sampling_prob"] * sum(n_tr) / 2 == pytest.approx(16)  # expected batch 16 per party
     assert "| DP-FNAS | 2 |" in (out / "results.md").read_text()
+    # the control: random cell 0 of the space searched, through the same augmentation stage
+    rand_cfg = json.loads((out / "random-0" / "config.json").read_text())
+    aug_cfg = json.loads((out / aug_dir.name / "config.json").read_text())
+    want = random_genotype(random_arch_key(0, 0), PRIMITIVE_SETS[cfg["primitives"]], cfg["steps"])
+    assert Genotype.from_json(rand_cfg["algo"]["genotype"]) == want
+    assert {k: v for k, v in rand_cfg["algo"].items() if k != "genotype"} == \
+        {k: v for k, v in aug_cfg["algo"].items() if k != "genotype"} and rand_cfg["data"] == aug_cfg["data"]
+    r_acc = json.loads((out / "random-0" / "summary.json").read_text())["final"]["global_test_acc"]
+    assert rand == {"method": "random cells", "augmented_test_acc": [r_acc]}
+    assert row["versus_random"]["searched_minus_random"] == pytest.approx(row["augmented_test_acc"] - r_acc)
 
     ex.NOISES = (1.0,)
     out2 = tmp_path / "t2"
