@@ -12,7 +12,7 @@ Round t (Algorithm 1):
   line 6     v_i^d ~ softmax(α_i^d) for every dimension d (Eq. 4): client i's subnet w_i
   line 8-10  client i trains w_i alone for E local epochs (SGD, the round's cosine lr) and
              uploads it with its local test accuracy Acc_i
-  line 13    r_i = Acc_i − mean Acc − λ_time (RT_i − min RT)                        (Eq. 8)
+  line 13    r_i = Acc_i − mean Acc − λ_time (RT_i − min RT) [/ min RT, below]      (Eq. 8)
              [− φ_i under a memory budget (Eq. 9): φ_i is the memory utilisation
              min(memory_i / budget_i, 1); a subnet that does not fit scores Acc_i = 0,
              φ_i = 1, RT_i = the round's largest RT]
@@ -26,8 +26,8 @@ accuracy; after this round's clients are written into it, its mean over every cl
 seen so far.
 
 λ_time "regulates accuracy and round time to the same scale" (the paper). Simulated
-seconds have no fixed scale here (digits subnets take a fraction of a second, the
-elastic CIFAR preset tens of seconds), so by default the time term is unitless:
+seconds have no common scale here (a digits round takes a fraction of a second, an
+elastic CIFAR round minutes), so by default the time term is unitless:
 ``time_term="relative"``: λ_time (RT_i − min RT) / min RT, the extra round time as a
 fraction of the round's fastest client's; ``time_term="seconds"`` is the paper's and
 code's absolute form (the code's λ_time = 0.001 per second). The round's metrics report
@@ -50,9 +50,11 @@ and only zeroes the accuracy; the binary φ is that plus the paper's penalty). W
 ``aggregate_bn=False`` the server's BatchNorm statistics never leave their init, so
 :func:`evaluate` and :func:`adapt_new_clients` first measure each evaluated subnet's
 statistics on the client's training split (:func:`recalibrated`), as the code's clients
-re-estimate them in local training. The reward's accuracy is the local *test* accuracy, as in the paper and
-the code (the architecture is then selected on test data); ``reward_split="val"`` uses
-the client's validation split instead.
+re-estimate them in local training. The reward's accuracy is the local *test* accuracy,
+as in the paper and the code (the architecture is then selected on test data);
+``reward_split="val"`` uses the client's validation split instead. Every space trains
+with the DARTS code's SGD settings (the code: MobileNetV3 SGD lr 0.35, weight decay 5e-6;
+NASViT AdamW 5e-4 with label smoothing; not offered).
 
 Evaluation: ``evaluate`` tests each client's final architecture (the argmax of α_i,
 :func:`policy_argmax`) with the supernet's weights as they are; ``personalize`` first

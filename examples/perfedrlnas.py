@@ -14,7 +14,8 @@ Methods, each a run directory of its own under ``--out`` (default ``runs/perfedr
 
   * ``perfedrlnas/``          — PerFedRLNAS (Algorithm 1) with the memory-budget reward
     (Eq. 9, ``algo.memory_budget=true``): every client has a simulated memory budget, a
-    sampled subnet that does not fit scores accuracy 0 and φ = 1;
+    sampled subnet that does not fit scores accuracy 0 and φ = 1, one that fits pays its
+    memory utilisation φ = memory / budget;
   * ``perfedrlnas_nobudget/`` — the same without budgets (Eq. 8); not in the default set
     (about 1.5 minutes more), ``--only`` adds it;
   * ``local_adaptation/``     — FedAvg, then every client fine-tunes the global model on its
@@ -263,6 +264,7 @@ def run(args) -> None:
                              reported_acc_mean=f["reported_acc_mean"],
                              best_reported_acc_mean=f["best_reported_acc_mean"],
                              round_time_s=float(np.mean([m["round_time_s"] for m in metrics])),
+                             reward_time_share=float(np.mean([m["reward_time_share"] for m in metrics])),
                              policy_entropy=[entropy[0], entropy[-1]],
                              over_budget=[int(m["over_budget"]) for m in metrics],
                              sampled_subnets=len(metrics) * resolve_clients_per_round(
@@ -341,7 +343,7 @@ def report(result: dict, cfg: ExperimentConfig) -> str:
     lines = [f"# PerFedRLNAS vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']}, "
              f"{result['clients_per_round']} per round)", "",
              f"{result['rounds']} rounds of {a.local_epochs} local epochs; PerFedRLNAS: {space}, lr {a.lr} → "
-             f"{a.lr_min}, policy Adam lr {a.policy_lr}, λ_time {a.lambda_time}; FedNAS: "
+             f"{a.lr_min}, policy Adam lr {a.policy_lr}, λ_time {a.lambda_time} ({a.time_term}), φ {a.phi}; FedNAS: "
              f"{result['fednas_search_rounds']} search rounds. Identical local test splits "
              f"({d.split[2]:.2g} of each client's data) in every run (checked on the partition manifests).", "",
              "| method | params | local test acc (mean ± std over clients) | min | max | sim. round time (s) "
@@ -361,12 +363,13 @@ def report(result: dict, cfg: ExperimentConfig) -> str:
     pfr = [r for r in result["rows"] if r["method"] in PERFEDRLNAS]
     if pfr:
         lines += ["", "| PerFedRLNAS run | reported acc (latest, mean) | best reported (code's number) | "
-                  "policy entropy first → last round | sampled subnets over budget (all rounds) | argmax subnets "
-                  "within budget |", "|---|---|---|---|---|---|"]
+                  "policy entropy first → last round | time term's share of \\|r\\| (mean over rounds) | sampled "
+                  "subnets over budget (all rounds) | argmax subnets within budget |", "|---|---|---|---|---|---|---|"]
         for r in pfr:
             e = r["policy_entropy"]
             lines.append(f"| {r['label']} | {r['reported_acc_mean']:.4f} | {r['best_reported_acc_mean']:.4f} | "
-                         f"{e[0]:.3f} → {e[1]:.3f} | {sum(r['over_budget'])}/{r['sampled_subnets']} | "
+                         f"{e[0]:.3f} → {e[1]:.3f} | {r['reward_time_share']:.3f} | "
+                         f"{sum(r['over_budget'])}/{r['sampled_subnets']} | "
                          f"{r['fits']}/{result['clients']} |")
     other = [r for r in result["rows"] if r.get("global_model_acc") is not None or "global_supernet_acc" in r]
     if other:

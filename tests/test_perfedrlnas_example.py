@@ -57,6 +57,9 @@ def _check_perfedrlnas(out: Path, method: str, row: dict, budget: bool) -> None:
     assert row["memory_budget"] is budget and row["round_time_s"] > 0
     assert len(row["over_budget"]) == 2 and row["sampled_subnets"] == 6
     assert budget or sum(row["over_budget"]) == 0
+    rounds = [json.loads(line) for line in (out / method / "metrics.jsonl").read_text().splitlines()]
+    share = [m["reward_time_share"] for m in rounds if "reward_time_share" in m]
+    assert len(share) == 2 and row["reward_time_share"] == pytest.approx(np.mean(share), rel=1e-6)
     local = row["local_training"]
     assert len(local["client_test_acc"]) == K and local["epochs"] == 1
     archs = json.loads((out / method / "personal_architectures.json").read_text())
