@@ -132,7 +132,8 @@ class PerFedRLNASConfig(Validated):
     reduce_probs: str = param("own", "DARTS: the reduce cell's policy gradient uses its own probabilities or the "
                               "normal cell's (the code's bug)", choices=("own", "normal"))
     reward_split: str = param("test", "split whose accuracy is the reward (paper/code: test)", choices=("test", "val"))
-    memory_budget: bool = param(False, "Eq. 9: reward − φ_i; subnets over a client's memory budget score 0 and φ = 1")
+    memory_budget: bool = param(False, "Eq. 9: reward − φ_i; subnets over a client's memory budget score 0, "
+                                "φ = 1")
     phi: str = param("utilization", "Eq. 9's φ_i: utilization = min(memory_i / budget_i, 1) (paper: memory "
                      "utilisation) or binary = 1 over budget, else 0", choices=("utilization", "binary"))
     budget_range: tuple[float, float] = param((0.25, 1.0), "memory budget = m_min + U[lo, hi] (m_max − m_min), "
@@ -527,7 +528,8 @@ def perfedrlnas(
         trained = fits.astype(jnp.float32)  # over budget: the device could not train, nothing to report
         n = jnp.maximum((metrics["examples"] * trained).sum(), 1)
         return state, {
-            "train_loss": (metrics["loss_sum"] * trained).sum() / n, "train_acc": (metrics["correct"] * trained).sum() / n,
+            "train_loss": (metrics["loss_sum"] * trained).sum() / n,
+            "train_acc": (metrics["correct"] * trained).sum() / n,
             "train_examples": (metrics["examples"] * trained).sum(),
             "reward_time_share": jnp.abs(time * reported).sum() / jnp.maximum(jnp.abs(r * reported).sum(), 1e-12),
             "reward_acc": (acc * reported).sum() / jnp.maximum(
