@@ -301,9 +301,10 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
 
 def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny_data):
     """``aggregate_bn=false`` leaves the server's BatchNorm statistics at init, so evaluation
-    gives each client's argmax subnet the statistics of its own training split: by hand, the
-    subnet in training mode over the whole split (one batch) from zero statistics, divided by
-    1 − 0.9. With the init statistics the accuracies would differ."""
+    (and new-client adaptation) gives each client's argmax (sampled) subnet the statistics
+    of its own training split: by hand, the subnet in training mode over the whole split
+    (one batch) from zero statistics, divided by 1 − 0.9. With the init statistics the
+    accuracies would differ."""
     cfg = _cfg(aggregate_bn=False)
     algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
     s0 = algo.init(init_key(0))
@@ -326,6 +327,15 @@ def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny
     got = [hand(best[k], *jax.tree.map(lambda a: a[k], (train, test))) for k in range(4)]
     np.testing.assert_allclose(out, [float(a) for a, _ in got], atol=1e-6)
     assert any(abs(float(a) - float(b)) > 1e-3 for a, b in got)
+    # adapt_new_clients scores its sampled subnets the same way
+    _, curve = pf.adapt_new_clients(cfg.algo, tiny_data.info, s0, tiny_data, [0, 1, 2, 3], rounds=1,
+                                    key=jax.random.key(5))
+    valid = choice_mask(space.dims)
+    choices = jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
+        jax.random.split(jax.random.fold_in(jax.random.key(5), 0), 4), s0.policy)
+    got = [hand(choices[k], *jax.tree.map(lambda a: a[k], (train, test))) for k in range(4)]
+    assert curve[0] == pytest.approx(np.mean([float(a) for a, _ in got]), abs=1e-6)
+    assert abs(np.mean([float(a) for a, _ in got]) - np.mean([float(b) for _, b in got])) > 1e-3
 
 
 def test_resource_model_is_seeded_and_in_range(built, tiny_data):
