@@ -456,6 +456,9 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
     ({"algo.budget_range": (0.5, 0.1)}, "budget_range"),
     ({"algo.C": 5}, "algo.C"),
     ({"algo.baseline": "mean"}, "algo.baseline"),
+    ({"algo.phi": "linear"}, "algo.phi"),
+    ({"algo.time_term": "median"}, "algo.time_term"),
+    ({"algo.bn_recalibration_batches": 0}, "algo.bn_recalibration_batches"),
 ])
 def test_bad_settings_fail_with_one_line_naming_them(over, match):
     with pytest.raises(ConfigError, match=match) as e:
