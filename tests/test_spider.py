@@ -140,40 +140,56 @@ def test_op_choice_keeps_the_op_whose_removal_hurts_most_or_the_printed_rule():
     assert int(sp.op_choice(jnp.array([0.5, 0.5, 0.5]), jnp.ones(3, bool), "removal_hurts_most")) == 0
 
 
-@pytest.mark.parametrize("criterion,search_batch", [("removal_hurts_most", 0), ("paper_text", 4)])
-def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion, search_batch):
-    """One trigger: on the edge it picked, the kept op is the argmin (argmax) of the validation
-    accuracy with each op removed, computed here independently: over the whole split, or in
-    batches of ``search_batch_size`` with BatchNorm on each batch's statistics."""
-    cfg = _cfg(criterion=criterion, search_batch_size=search_batch, **ONE_CELL)
+def _searcher_setup(tiny_data, **over):
+    """The searcher's inputs on TINY (one reduction cell, 2 nodes): config, network, supernet
+    weights, a client's labelled split. The same weights in every test: the persistent
+    compilation cache serves the programs the tests share."""
+    cfg = _cfg(**over)
     info = tiny_data.info
     net = supernet_of(cfg, info.num_classes)
     full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
     v = jax.jit(sp._init_variables, static_argnums=0)(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
-    mask = sp.stack_cells(full)
-    edge_done = jnp.zeros((2, mask.shape[1]), bool)
-    node_done = jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
-    val = _client(tiny_data, "test", 1)  # any labelled split of one client
-    new_mask, new_edges, _ = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
-                                                                         jax.random.key(4))
-    assert np.asarray(new_edges).sum() == 2, "one edge per cell type"
+    return cfg, info, net, sp.stack_cells(full), v, _client(tiny_data, "test", 1)
+
+
+def _hand_accuracy(info, net, v, val, b=0):
+    """``acc(mask)``: the accuracy on all of ``val``, computed here in batches of ``b`` rows
+    (0: one batch) with BatchNorm on each batch's statistics."""
     n = int(val.count)
-    b = search_batch or n
-    assert search_batch == 0 or n % b, "batches with a last partial one"
+    b = b or n
     rows = -(-n // b) * b
     x = info.normalize(jnp.concatenate([val.x[:n], jnp.zeros((rows - n,) + val.x.shape[1:], val.x.dtype)]))
     valid, y = np.arange(rows) < n, np.asarray(val.y[:n])
-    c = 1  # the network's one cell is a reduction cell, decided after the normal cell's edge
-    e = int(np.flatnonzero(np.asarray(new_edges[c]))[0])
-    base = mask.at[0].set(new_mask[0])
     # one compiled forward for every mask and batch (eagerly its ops compile ~80 small programs)
     forward = jax.jit(lambda m, xb, vb: sp.Subnet(net, sp.unstack_cells(m)).apply(
         v, xb, train=True, mask=vb, mutable=["batch_stats"])[0])
-    cands = [base.at[c, e, j].set(0.0) for j in range(mask.shape[2])]
-    accs = []
-    for m in cands:
+
+    def acc(m):
         logits = np.concatenate([forward(m, x[i:i + b], valid[i:i + b]) for i in range(0, rows, b)])[:n]
-        accs.append(float((np.argmax(logits, -1) == y).sum()) / n)
+        return float((np.argmax(logits, -1) == y).sum()) / n
+
+    return acc
+
+
+@pytest.mark.parametrize("criterion,search_batch", [("removal_hurts_most", 0), ("paper_text", 8)])
+def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion, search_batch):
+    """One trigger: on the edge it picked, the kept op is the argmin (argmax) of the validation
+    accuracy with each op removed, computed here independently: over the whole split, or in
+    batches of ``search_batch_size`` with BatchNorm on each batch's statistics."""
+    cfg, info, net, mask, v, val = _searcher_setup(tiny_data, criterion=criterion, search_batch_size=search_batch)
+    edge_done = jnp.zeros((2, mask.shape[1]), bool)
+    node_done = jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
+    new_mask, new_edges, new_nodes = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
+                                                                                jax.random.key(4))
+    assert np.asarray(new_edges).sum() == 2, "one edge per cell type"
+    np.testing.assert_array_equal(new_nodes, node_done)  # no projection before every op is chosen
+    assert search_batch == 0 or int(val.count) % search_batch, "batches with a last partial one"
+    acc = _hand_accuracy(info, net, v, val, search_batch)
+    c = 1  # the network's one cell is a reduction cell, decided after the normal cell's edge
+    e = int(np.flatnonzero(np.asarray(new_edges[c]))[0])
+    base = mask.at[0].set(new_mask[0])
+    cands = [base.at[c, e, j].set(0.0) for j in range(mask.shape[2])]
+    accs = [acc(m) for m in cands]
     assert len(set(accs)) > 1, accs  # the removals make a difference here
     got = jax.jit(sp.make_val_accuracies(cfg, info, net))(v, jnp.stack(cands), val)
     np.testing.assert_allclose(got, accs, atol=1e-6)  # the searcher's evaluator
@@ -237,31 +253,21 @@ def test_searcher_projection_matches_a_brute_force_evaluation(tiny_data):
     removal gives the highest validation accuracy, computed here independently; the normal
     cell is not in the one-cell network, so there its three removals tie and the first edge
     goes. (The default rule; the table test above covers both rules' order and ties.)"""
-    projection = "greedy"
-    cfg = _cfg(projection=projection)
-    info = tiny_data.info
-    net = supernet_of(cfg, info.num_classes)
-    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
-    v = jax.jit(sp._init_variables, static_argnums=0)(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
+    cfg, info, net, _, v, val = _searcher_setup(tiny_data)  # the op-choice test's programs
+    assert cfg.projection == "greedy"
     mask, edge_done, node_done = _decided(cfg, 3, [2, 2, 2, 0, 2])
-    val = _client(tiny_data, "test", 1)
     new_mask, _, new_nodes = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
                                                                         jax.random.key(4))
     assert np.asarray(new_nodes).all()
-    x, y, n = info.normalize(val.x[: int(val.count)]), np.asarray(val.y[: int(val.count)]), int(val.count)
-    forward = jax.jit(lambda m: sp.Subnet(net, sp.unstack_cells(m)).apply(v, x, train=True, mutable=["batch_stats"]))
+    acc = _hand_accuracy(info, net, v, val)
     dropped = {}
     for c in range(2):
-        accs = []
-        for e in (2, 3, 4):
-            logits, _ = forward(mask.at[c, e].set(0.0))
-            accs.append(float((np.argmax(logits, -1) == y).sum()) / n)
-        best = [i for i, a in enumerate(accs) if a == max(accs)]
-        want = 2 + (best[0] if projection == "greedy" else best[-1])
+        accs = [acc(mask.at[c, e].set(0.0)) for e in (2, 3, 4)]
+        want = 2 + accs.index(max(accs))  # the first among ties
         gone = [e for e in (2, 3, 4) if np.asarray(new_mask[c, e]).sum() == 0]
         assert gone == [want], (c, accs, gone)
         dropped[c] = (accs, want)
-    assert len(set(dropped[0][0])) == 1 and dropped[0][1] == (2 if projection == "greedy" else 4)
+    assert len(set(dropped[0][0])) == 1 and dropped[0][1] == 2
     accs = dropped[1][0]
     assert accs.count(max(accs)) == 1 and min(accs) < max(accs), dropped  # the reduction cell: one best removal
 
