@@ -87,6 +87,7 @@ from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_
                                reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
                                scatter_rows)
 from search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
+from search_spaces.sampling import random_choice
 
 BN_MOMENTUM = 0.9  # every space's BatchNorm (Flax convention: running = 0.9 running + 0.1 batch)
 DESCRIPTION = "PerFedRLNAS (Yao & Li): per-client REINFORCE policies over one supernet, subnets trained by clients"
@@ -270,6 +271,34 @@ def policy_argmax(policy: jax.Array, valid: np.ndarray) -> jax.Array:
     u = jax.random.uniform(jax.random.key(0x71E), policy.shape[-2:])
     tie = 1e-6 * jnp.maximum(jnp.abs(policy), 1.0) * u
     return jnp.argmax(masked_logits(policy + tie, valid), -1).astype(jnp.int32)
+
+
+def policies_for(choices: jax.Array, max_choices: int) -> jax.Array:
+    """Policies α ``[K, D, max_choices]`` whose argmax is exactly ``choices [K, D]``: to test
+    given subnets (random ones: the control of :func:`random_subnets`) through ``evaluate``
+    and ``personalize``, the very code that tests the learned policies' argmax subnets."""
+    return 10.0 * jax.nn.one_hot(choices, max_choices)
+
+
+def random_subnets(key: jax.Array, space, budgets: np.ndarray | None = None, *, num_clients: int = 1,
+                   batch_size: int = 32, max_tries: int = 10_000) -> np.ndarray:
+    """One uniformly random subnet per client ``[K, D]`` (:func:`search_spaces.sampling.random_choice`;
+    client k's draws from ``fold_in(key, k)``). With ``budgets`` [K] (bytes) the same filter
+    the learned subnets face (Eq. 9): client k's subnet is uniform among those whose training
+    memory (:meth:`SubnetCost.memory_bytes` at ``batch_size``) fits its budget; without,
+    ``num_clients`` unconstrained draws."""
+    budgets = np.full(num_clients, np.inf) if budgets is None else np.asarray(budgets, np.float64)
+    rows = []
+    for k, budget in enumerate(budgets):
+        for t in range(max_tries):
+            choice = random_choice(jax.random.fold_in(jax.random.fold_in(key, k), t), space)
+            if space.cost(choice).memory_bytes(batch_size) <= budget:
+                break
+        else:
+            raise ValueError(f"client {k}: no random subnet within its memory budget of {budget / 2**20:.1f} MiB "
+                             f"in {max_tries} draws")
+        rows.append(choice)
+    return np.stack(rows).astype(np.int32)
 
 
 def policy_gradient(policy: jax.Array, choice: jax.Array, reward: jax.Array, valid: np.ndarray,

@@ -37,6 +37,11 @@ number), the simulated round time (mean over rounds of ``round_time_s``: the slo
 sampled client's compute on its simulated device plus weights down and up at 100 Mbit/s)
 and the policies' entropy.
 
+The control (``--random N``, default 3): N draws of one random subnet per client, uniform
+among the subnets within the client's memory budget when the run has budgets (the filter the
+learned subnets face), tested by the same ``evaluate`` and ``personalize`` as the learned
+argmax subnets: does the learned policy beat a random subnet trained the same way?
+
 Every method is tested on IDENTICAL local test splits: PerFedRLNAS, FedAvg + fine-tuning
 and local-only split each client's data 80/20 train / test (PerFedRLNAS's default), the
 FedNAS search 60/20/20 (its α needs a validation split; train + validation are the same
@@ -100,6 +105,7 @@ from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round
+from jaxfednas.seeds import versus_random
 
 METHODS = ("perfedrlnas", "perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas")
 DEFAULT_METHODS = ("perfedrlnas", "local_adaptation", "local_only", "fednas")  # + perfedrlnas_nobudget: ~1.5 min more
@@ -222,6 +228,41 @@ def local_train_argmax(run_dir: Path) -> dict:
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def random_control(run_dir: Path, n: int) -> dict:
+    """The control of a finished PerFedRLNAS run: ``n`` draws of one random subnet per client
+    (``pf.random_subnets``, keys ``rng.random_arch_key(seed, i)``; with ``algo.memory_budget``
+    only subnets within the client's budget, the filter the learned ones face), tested by the
+    same ``evaluate`` (supernet weights) and ``personalize`` (E local epochs) as the learned
+    policies' argmax subnets."""
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    cfg, algo, state = run.config, run.algorithm, run.state
+    space = pf.make_space(cfg.algo, run.data.info)
+    budgets = np.asarray(jax.device_get(state.resources.memory_budget)) if cfg.algo.memory_budget else None
+    k, width = state.policy.shape[0], state.policy.shape[-1]
+    draws = []
+    for i in range(n):
+        choices = pf.random_subnets(rng.random_arch_key(cfg.run.seed, i), space, budgets, num_clients=k,
+                                    batch_size=cfg.algo.batch_size)
+        st = state.replace(policy=pf.policies_for(jax.numpy.asarray(choices), width))
+        ev = jax.device_get(algo.evaluate(st, run.data))
+        _, pers = algo.personalize(st, run.data, rng.personalize_key(cfg.run.seed))
+        draws.append({"choices": choices.tolist(),
+                      "supernet_weights": np.asarray(ev["client_test_acc"], np.float64).round(6).tolist(),
+                      "local_epochs": np.asarray(jax.device_get(pers["client_test_acc"]), np.float64).round(6).tolist(),
+                      "params_mean": float(np.mean([space.cost(c).params for c in choices]))})
+    return {"draws": draws, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _versus_random(searched: np.ndarray, draws: list[np.ndarray]) -> dict:
+    """Learned argmax subnets vs random ones: the client means of every random draw (mean ±
+    std over draws) and the share of clients whose learned subnet beats its random draws' mean."""
+    searched, rand = np.asarray(searched, np.float64), np.asarray(draws, np.float64)  # [K], [n, K]
+    vs = versus_random(float(np.nanmean(searched)), [float(np.nanmean(r)) for r in rand])
+    vs["clients_beating_random"] = float(np.mean(searched > np.nanmean(rand, 0)))
+    return vs
+
+
 def fednas_personalized(run_dir: Path) -> dict:
     """Personalized FedNAS (§2.5): every client adapts the searched supernet's w and α on its
     own train / validation split, tested on its local test split (examples/fednas.py)."""
@@ -258,6 +299,16 @@ def run(args) -> None:
             local = _cached(out / f"{method}_local_training.json", {"rounds": rounds}, args.resume,
                             lambda m=method: local_train_argmax(out / m))
             archs = pf.PersonalArchitectures.from_json((out / method / pf.PersonalArchitectures.FILENAME).read_text())
+            control = {}
+            if args.random:
+                rand = _cached(out / f"{method}_random_subnets.json", {"rounds": rounds, "draws": args.random},
+                               args.resume, lambda m=method: random_control(out / m, args.random))
+                control = {"random_control": {
+                    "draws": args.random, "params_mean": float(np.mean([d["params_mean"] for d in rand["draws"]])),
+                    "supernet_weights": _versus_random(_client_acc(out / method),
+                                                       [d["supernet_weights"] for d in rand["draws"]]),
+                    "local_epochs": _versus_random(local["client_test_acc"],
+                                                   [d["local_epochs"] for d in rand["draws"]])}}
             entropy = [m["policy_entropy"] for m in metrics]
             rows.append(_row(method, [method], _client_acc(out / method), wall, f["personal_params_mean"],
                              memory_budget=cfgs[method].algo.memory_budget, local_training=local,
@@ -269,7 +320,7 @@ def run(args) -> None:
                              over_budget=[int(m["over_budget"]) for m in metrics],
                              sampled_subnets=len(metrics) * resolve_clients_per_round(
                                  cfgs[method].run.clients_per_round, info.num_clients),
-                             fits=sum(c["fits"] for c in archs.clients.values())))
+                             fits=sum(c["fits"] for c in archs.clients.values()), **control))
         elif method == "fednas":
             s, w_search = runner.stage("fednas", cfgs["fednas"])
             pers = _cached(out / "fednas_personalized.json", {"rounds": s["rounds"]}, args.resume,
@@ -371,6 +422,23 @@ def report(result: dict, cfg: ExperimentConfig) -> str:
                          f"{e[0]:.3f} → {e[1]:.3f} | {r['reward_time_share']:.3f} | "
                          f"{sum(r['over_budget'])}/{r['sampled_subnets']} | "
                          f"{r['fits']}/{result['clients']} |")
+    controlled = [r for r in pfr if "random_control" in r] if pfr else []
+    if controlled:
+        lines += ["", "Learned vs random subnets (the control: one random subnet per client per draw, within the "
+                  "client's memory budget when the run has one, tested by the same code):", "",
+                  "| PerFedRLNAS run | tested | learned (argmax) | random (mean ± std over draws) | learned − random | "
+                  "draws the learned beat | clients whose learned subnet beats their random mean |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in controlled:
+            c = r["random_control"]
+            for label, key in (("supernet weights", "supernet_weights"), ("+ E local epochs", "local_epochs")):
+                v = c[key]
+                lines.append(f"| {r['label']} | {label} | {v['searched']:.4f} | {v['random_mean']:.4f} ± "
+                             f"{v['random_std']:.4f} | {v['searched_minus_random']:+.4f} | {v['beats']} of "
+                             f"{c['draws']} | {v['clients_beating_random']:.2f} |")
+        lines += ["", "Random subnets' mean parameters: " + "; ".join(
+            f"{r['label']}: {r['random_control']['params_mean']:,.0f} (learned {r['params']:,.0f})" for r in controlled)
+            + "."]
     other = [r for r in result["rows"] if r.get("global_model_acc") is not None or "global_supernet_acc" in r]
     if other:
         lines += ["", "Shared model before personalization, mean over clients: " + "; ".join(
@@ -397,12 +465,17 @@ def main(argv=None) -> int:
     p.add_argument("--fednas-rounds", type=int, help="FedNAS's search rounds (default 10 on digits, 50 paper)")
     p.add_argument("--only", type=_methods, default=DEFAULT_METHODS, metavar="METHOD[,METHOD]",
                    help=f"the methods to run, of {', '.join(METHODS)} (default: all but perfedrlnas_nobudget)")
+    p.add_argument("--random", type=int, default=3, metavar="N",
+                   help="the control: N draws of a random subnet per client (within its memory budget), tested "
+                        "like the learned argmax subnets (default 3; 0: none)")
     p.add_argument("--out", default="runs/perfedrlnas")
     p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a PerFedRLNAS setting (see `jaxfednas run perfedrlnas --help`); data./run. fields "
                    "apply to every method; repeatable")
     args = p.parse_args(argv)
+    if args.random < 0:
+        p.error(f"--random {args.random}: must be >= 0")
     try:
         parse_set(args.set)
     except ConfigError as e:

@@ -355,6 +355,29 @@ def test_resource_model_is_seeded_and_in_range(built, tiny_data):
     np.testing.assert_allclose(state0.resources.up_bps, 100e6)
 
 
+def test_random_subnets_fit_each_clients_budget_and_policies_for_selects_them(built, tiny_data):
+    """The control: random subnets within each client's memory budget (uniform among those that
+    fit), a function of the key; policies_for turns them into policies whose argmax is them."""
+    cfg, _, state0, _, _ = built
+    space = pf.make_space(cfg.algo, tiny_data.info)
+    valid = choice_mask(space.dims)
+    budgets = np.asarray(state0.resources.memory_budget, np.float64)
+    mem = lambda c: space.cost(c).memory_bytes(cfg.algo.batch_size)  # noqa: E731
+    tight = np.full(4, np.median([mem(np.full(len(space.dims), j)) for j in range(3)]))  # some subnets do not fit
+    draws = np.stack([pf.random_subnets(jax.random.key(i), space, tight, batch_size=cfg.algo.batch_size)
+                      for i in range(60)])  # [60, K, D]
+    assert all(mem(c) <= tight[0] for c in draws.reshape(-1, len(space.dims)))
+    assert any(mem(c) > tight[0] for c in pf.random_subnets(jax.random.key(1), space, num_clients=100))  # it filters
+    assert len({tuple(c) for c in draws.reshape(-1, len(space.dims))}) > 3
+    np.testing.assert_array_equal(pf.random_subnets(jax.random.key(3), space, budgets),
+                                  pf.random_subnets(jax.random.key(3), space, budgets))
+    free = pf.random_subnets(jax.random.key(0), space, num_clients=4)
+    assert free.shape == (4, len(space.dims)) and free.dtype == np.int32
+    np.testing.assert_array_equal(pf.policy_argmax(pf.policies_for(jnp.asarray(free), valid.shape[-1]), valid), free)
+    with pytest.raises(ValueError, match="client 0: no random subnet within its memory budget"):
+        pf.random_subnets(jax.random.key(0), space, np.zeros(1), max_tries=5)
+
+
 def test_darts_subnet_and_costs_equal_the_single_op_network(tiny_data):
     """A subnet with op j on every edge is the supernet built with primitives (op_j,): same
     logits from the same weights, and costs = count_params / count_macs of that network."""

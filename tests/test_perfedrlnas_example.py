@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 K = 6
 TINY = ["--rounds", "2", "--fednas-rounds", "1", "--set", f"data.num_clients={K}", "--set", "run.clients_per_round=3",
         "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.steps=1", "--set", "algo.primitives=tiny",
-        "--set", "algo.local_epochs=1"]
+        "--set", "algo.local_epochs=1", "--random", "1"]
 
 
 def _example():
@@ -69,6 +69,19 @@ def _check_perfedrlnas(out: Path, method: str, row: dict, budget: bool) -> None:
         assert a["fits"] == (a["memory_bytes"] <= a["memory_budget_bytes"]) and len(a["choice"]) == 4
     assert row["fits"] == sum(a["fits"] for a in archs.values())
     assert row["params"] == pytest.approx(np.mean([a["params"] for a in archs.values()]), rel=1e-5)
+    # the control: one random subnet per client, within its budget when the run has budgets,
+    # tested by the same evaluate / personalize as the learned subnets
+    (draw,) = json.loads((out / f"{method}_random_subnets.json").read_text())["draws"]
+    counts = np.array([len(c["test"]) for c in _manifest(out, method)])
+    for k, a in archs.items():
+        assert len(draw["choices"][int(k)]) == len(a["choice"])
+    control = row["random_control"]
+    for key, learned in (("supernet_weights", row["client_test_acc"]), ("local_epochs", local["client_test_acc"])):
+        acc = np.asarray(draw[key])
+        np.testing.assert_allclose(acc * counts, np.round(acc * counts), atol=1e-4)
+        v = control[key]
+        assert v["searched"] == pytest.approx(np.mean(learned)) and v["random_mean"] == pytest.approx(acc.mean())
+        assert v["clients_beating_random"] == pytest.approx(np.mean(np.asarray(learned) > acc))
 
 
 def test_perfedrlnas_example_against_local_only(tmp_path, capsys):
