@@ -41,7 +41,7 @@ from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import versus_random
-from search_spaces.models import child_model_name
+from search_spaces.models import child_model_name, child_of_model_name
 from search_spaces.sampling import matched, random_shuffle_arch
 from search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
 
@@ -139,7 +139,7 @@ def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
         model = make_model(cfg.algo.model, ds.num_classes, d.dataset)
         shapes = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
         if ":" in cfg.algo.model:  # a searched or random child
-            arch = ShuffleArch(model.space.name, tuple(int(c) for c in cfg.algo.model.split(":")[1].split(",")))
+            arch = child_of_model_name(cfg.algo.model)
             label = str(arch)
         else:
             arch = uniform_arch(model.space.name, "k3")

@@ -132,8 +132,8 @@ def global_search(args, overrides: dict) -> None:
     for seed in parse_seeds(args.seeds):
         print(f"==== seed {seed}", flush=True)
         per_seed[seed] = search_and_evaluate(args, {**overrides, "run.seed": seed}, out / seed_dir_name(seed))
-    rows = {seed: {k: v for k, v in r["numbers"].items()} for seed, r in per_seed.items()}
-    table = seed_table(rows, list(next(iter(rows.values()))))
+    rows = {seed: r["numbers"] for seed, r in per_seed.items()}
+    table = seed_table(rows)
     plot_searched_vs_random({seed: r["points"] for seed, r in per_seed.items()}, out / "plots" / "searched_vs_random.png",
                             metric="evaluation-stage global test accuracy", title="FedNAS: searched cell vs random cells")
     text = (f"# FedNAS global search over seeds {args.seeds}: searched vs random cells\n\n{table}\n"
@@ -181,12 +181,13 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     prims, steps = PRIMITIVE_SETS[search_cfg.algo.primitives], search_cfg.algo.steps
     size = dict(C=train_cfg.algo.C, num_classes=ds.num_classes, layers=train_cfg.algo.layers,
                 image_shape=tuple(ds.image_shape))
+    target = network_params(resolve_genotype(genotype), **size) if args.match_size else None
     randoms = []
     for i in range(args.random):
         key = random_arch_key(search_cfg.run.seed, i)
         if args.match_size:
             g, _ = matched(key, lambda k: random_genotype(k, prims, steps), lambda g: network_params(g, **size),
-                           network_params(resolve_genotype(genotype), **size))
+                           target)
         else:
             g = random_genotype(key, prims, steps)
         cfg = make_config("fednas_train", preset=preset, overrides={**train_over, "algo.genotype": g.to_json()})

@@ -94,7 +94,7 @@ def child_model_name(arch) -> str:
     return f"shufflenetv2_{arch.space}:{','.join(str(c) for c in arch.choices)}"
 
 
-def _child_of(name: str):
+def child_of_model_name(name: str):
     """The ShuffleArch a ``shufflenetv2_<space>:<indices>`` name denotes; ValueError if malformed."""
     from search_spaces.shufflenet import ShuffleArch  # noqa: PLC0415
 
@@ -115,7 +115,7 @@ def check_model_name(name: str) -> None:
     if name not in MODELS:
         if ":" not in name:
             raise ValueError(f"model must be one of {MODELS} or shufflenetv2_<space>:<indices>, got {name!r}")
-        _child_of(name)
+        child_of_model_name(name)
 
 
 def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
@@ -125,7 +125,7 @@ def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
     if ":" in name:
         from search_spaces.shufflenet import auto_depthwise_impl, build  # noqa: PLC0415
 
-        return build(_child_of(name), num_classes,
+        return build(child_of_model_name(name), num_classes,
                      dw_impl=auto_depthwise_impl(8 if dataset in ("digits", "synthetic") else 32))
     if name == "auto":
         name = "cnn" if dataset in ("digits", "synthetic") else "resnet18"
