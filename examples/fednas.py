@@ -70,7 +70,7 @@ from jaxfednas.experiment import load_run, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
-from jaxfednas.seeds import parse_seeds, seed_dir_name, seed_table, versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
 from search_spaces.darts import network_params, PRIMITIVE_SETS
 from search_spaces.sampling import matched, random_genotype
 
@@ -128,21 +128,12 @@ def global_search(args, overrides: dict) -> None:
     if args.seeds is None:
         search_and_evaluate(args, overrides, Path(args.out))
         return
-    out, per_seed = Path(args.out), {}
-    for seed in parse_seeds(args.seeds):
-        print(f"==== seed {seed}", flush=True)
-        per_seed[seed] = search_and_evaluate(args, {**overrides, "run.seed": seed}, out / seed_dir_name(seed))
-    rows = {seed: r["numbers"] for seed, r in per_seed.items()}
-    table = seed_table(rows)
-    plot_searched_vs_random({seed: r["points"] for seed, r in per_seed.items()}, out / "plots" / "searched_vs_random.png",
-                            metric="evaluation-stage global test accuracy", title="FedNAS: searched cell vs random cells")
-    text = (f"# FedNAS global search over seeds {args.seeds}: searched vs random cells\n\n{table}\n"
-            f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
-            f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`); "
-            f"plot: `plots/searched_vs_random.png`.\n")
-    atomic_write_text(out / "results.md", text)
-    atomic_write_text(out / "results.json", json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
-    print("\n" + table)
+    over_seeds(parse_seeds(args.seeds), lambda seed, out: search_and_evaluate(args, {**overrides, "run.seed": seed}, out),
+               args.out, title="FedNAS global search: searched vs random cells",
+               metric="evaluation-stage global test accuracy",
+               note=(f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
+                     f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`); "
+                     f"plot: `plots/searched_vs_random.png`."))
 
 
 def search_and_evaluate(args, overrides: dict, out: Path) -> dict:

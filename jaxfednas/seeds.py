@@ -79,3 +79,37 @@ def versus_random(searched: float, random: Sequence[float]) -> dict:
     return {"searched": float(searched), "random_mean": mean, "random_std": std, "random_n": len(random),
             "searched_minus_random": float(searched) - mean,
             "beats": sum(float(searched) > r for r in random), "ties": sum(float(searched) == r for r in random)}
+
+
+def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "", metric: str = "test accuracy",
+               plot_title: str = "") -> dict:
+    """Run ``one_seed(seed, out / "seed_<s>")`` for every seed and write the table over seeds.
+
+    ``one_seed`` returns ``{"numbers": {name: value}, "points": {...}}`` (``points`` as
+    :func:`jaxfednas.plots.plot_searched_vs_random` takes for one seed, or absent). Writes
+    ``out/results.md`` (``title``, the mean ± std table, ``note``), ``out/results.json``
+    (each seed's numbers) and ``out/plots/searched_vs_random.png``; returns seed -> result.
+    Each seed's run is resumable on its own, so a rerun with ``--resume`` skips finished work.
+    """
+    import json
+    from pathlib import Path
+
+    from jaxfednas.checkpoint import atomic_write_text
+    from jaxfednas.plots import plot_searched_vs_random
+
+    out = Path(out)
+    per_seed = {}
+    for seed in seeds:
+        print(f"==== seed {seed}", flush=True)
+        per_seed[seed] = one_seed(seed, out / seed_dir_name(seed))
+    rows = {seed: r["numbers"] for seed, r in per_seed.items()}
+    table = seed_table(rows)
+    points = {seed: r["points"] for seed, r in per_seed.items() if r.get("points")}
+    if points:
+        plot_searched_vs_random(points, out / "plots" / "searched_vs_random.png", metric=metric,
+                                title=plot_title or title)
+    seeds_text = ",".join(str(s) for s in seeds)
+    atomic_write_text(out / "results.md", f"# {title} (seeds {seeds_text})\n\n{table}\n{note}\n")
+    atomic_write_text(out / "results.json", json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
+    print("\n" + table)
+    return per_seed
