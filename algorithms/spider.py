@@ -80,7 +80,7 @@ from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
 from search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
-                                 plot_genotype, primitives_param, supernet_of)
+                                 plot_genotype, PRIMITIVE_SETS, primitives_param, supernet_of)
 from search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
 DESCRIPTION = "SPIDER (Mushtaq et al.): FedAvg'd supernet + personal subnets pulled to it, perturbation search"
@@ -529,20 +529,34 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
                 epochs: int | None = None, placement: Placement = Placement()) -> np.ndarray:
     """The matrix P of §5.2.2: ``p[i, j]`` = client i's local test accuracy of client j's
     final architecture A_j, fine-tuned on client i's train + validation data for ``epochs``
-    (default ``cfg.gain_epochs``) epochs of SGD (``local_lr``, momentum, weight decay,
-    ``local_grad_clip``; no λ term) from the global supernet's weights, so a row compares
-    architectures from the same weights on the same data. The paper reports the best
-    accuracy over the fine-tuning epochs (test-set selection); this reports the last.
-    Every client's search must be final."""
+    (default ``cfg.gain_epochs``) epochs from the global supernet's weights
+    (:func:`fine_tuned_accuracy`), so a row compares architectures from the same weights on
+    the same data. The paper reports the best accuracy over the fine-tuning epochs
+    (test-set selection); this reports the last. Every client's search must be final."""
     final = np.asarray(jax.device_get(_final(state)))
     if not final.all():
         raise ValueError(f"clients {np.flatnonzero(~final).tolist()} have not finished their search: "
                          "run more rounds (or a shorter algo.warmup_rounds / algo.recovery_rounds)")
+    k = info.num_clients
+    every = {c: jnp.broadcast_to(a[None], (k,) + a.shape) for c, a in state.arch.items()}  # row i: A_1 .. A_K
+    return fine_tuned_accuracy(cfg, info, state.variables, every, data, epochs=epochs, placement=placement)
+
+
+def fine_tuned_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, masks: dict, data: FederatedData, *,
+                        epochs: int | None = None, placement: Placement = Placement()) -> np.ndarray:
+    """``acc[i, j]``: client i's local test accuracy of the architecture ``masks[c][i, j]``
+    (0/1 masks ``{"normal": [K, n, E, |O|], "reduce": ...}``: n candidates for each client),
+    fine-tuned on client i's train + validation data for ``epochs`` (default
+    ``cfg.gain_epochs``) epochs of SGD (``local_lr``, momentum, weight decay,
+    ``local_grad_clip``; no λ term) from ``variables`` (the global supernet's weights; only
+    the variables a mask keeps move). Every candidate of client i sees the same minibatches,
+    so a row differs only in the architecture: the personalization gain's recipe
+    (:func:`gain_matrix`), and the one a random architecture is trained with when it is
+    compared with a searched one."""
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
     tx = sgd(cfg.local_grad_clip, cfg)
-    masks = stack_cells(state.arch).swapaxes(0, 1)  # [K, 2, E, |O|]
-    w = state.variables
+    w = variables
     epochs = epochs or cfg.gain_epochs
 
     def fine_tune(mask, client: ClientData, test: ClientData, key):
@@ -565,17 +579,27 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
         return r["correct"] / jnp.maximum(r["count"], 1)
 
     @jit
-    def row(client: ClientData, test: ClientData, key):  # p[i, :] for one client i
-        return map_clients(lambda mask, _: fine_tune(mask, client, test, key), masks, placement=placement)
+    def row(row_masks, client: ClientData, test: ClientData, key):  # acc[i, :] for one client i
+        return map_clients(lambda mask, _: fine_tune(mask, client, test, key), row_masks, placement=placement)
 
     def one(split: str, i: int) -> ClientData:
         return jax.tree.map(lambda a: a[0], data.clients(split, jnp.asarray([i])))
 
+    stacked = jnp.stack([jnp.asarray(masks[c], jnp.float32) for c in CELLS], axis=2)  # [K, n, 2, E, |O|]
+    if stacked.ndim != 5 or stacked.shape[0] != info.num_clients:
+        raise ValueError(f"masks must be [K={info.num_clients}, n, E, |O|] per cell, got {masks[CELLS[0]].shape}")
     keys = rng.adaptation_keys(jnp.arange(info.num_clients))
     return np.stack([
-        np.asarray(row(combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i), keys[i]))
+        np.asarray(row(stacked[i], combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i),
+                       keys[i]))
         for i in range(info.num_clients)
     ])
+
+
+def kept_parameters(cfg: SpiderConfig, params: dict, mask: dict) -> int:
+    """Weights of the supernet ``params`` that one architecture's 0/1 ``mask`` keeps (a
+    personal subnet's size, as ``personal_params_mean`` counts it)."""
+    return int(_kept_parameters(mask, params, PRIMITIVE_SETS[cfg.primitives], cfg))
 
 
 def search_due(cfg: SpiderConfig, t, finished):

@@ -7,6 +7,7 @@ personalized baselines on the same clients (the paper's §5.1, Table 1, App. D.1
     python examples/spider.py --only spider,ditto           # a subset of the methods
     python examples/spider.py --preset paper --data-dir DIR # CIFAR-100, the paper's settings (a GPU)
     python examples/spider.py --out runs/spider --resume    # continue an interrupted run
+    python examples/spider.py --only spider --seeds 0,1,2   # searched vs random masks over 3 seeds
 
 Methods, each a run directory of its own under ``--out`` (default ``runs/spider``):
 
@@ -39,6 +40,17 @@ local test accuracy of client j's architecture fine-tuned on client i's train +
 validation data from the global supernet's weights, ``--gain-epochs`` epochs; the paper:
 30 and the best epoch, here the last) with g_i and their mean (Eq. 6), as
 ``plots/gain_matrix.png``.
+
+The random control (``--random N``, default 3; needs ``spider`` in ``--only``): for each
+of N draws every client k gets a mask drawn uniformly from the same space
+(``search_spaces.sampling.random_mask``, key ``fold_in(rng.random_arch_key(seed, i), k)``),
+fine-tuned with exactly the gain matrix's recipe (same epochs, same minibatches, from the
+global supernet's weights; ``algorithms.spider.fine_tuned_accuracy``), so each client's
+searched mask (``p[k, k]``) is compared with random masks trained the same way: per
+client and mean over clients, searched − random and how many random masks the searched
+one beats (``results.md``), and ``plots/searched_vs_random.png`` (x: kept parameters).
+``--seeds 0,1,2`` runs the whole comparison once per seed (``run.seed``, which also draws
+the partition) into ``seed_<s>/`` and writes mean ± std over seeds of every number.
 
 Digits settings (the embedded data set is ~40x smaller than CIFAR-100 and 8x8 pixels):
 a supernet with C=8, 3 cells and 3 intermediate nodes (9 edges per cell: 9 op choices
@@ -78,7 +90,13 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
+from jaxfednas.plots import plot_searched_vs_random
+from jaxfednas.rng import random_arch_key
 from jaxfednas.runtime import Placement
+from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
+from search_spaces.darts import PRIMITIVE_SETS
+from search_spaces.darts.masks import CELLS
+from search_spaces.sampling import random_mask
 
 METHODS = ("spider", "local_nas", "fednas", "ditto", "perfedavg", "local_adaptation")
 LABELS = {"spider": "SPIDER", "local_nas": "local-only NAS (SPIDER λ=0, App. D.2)",
@@ -175,12 +193,29 @@ def _row(method: str, runs: list[str], acc: np.ndarray, wall: float, params: flo
 
 
 def run(args) -> None:
-    out = Path(args.out)
-    t_call = time.perf_counter()
+    """The comparison once (into ``--out``), or once per seed of ``--seeds`` (into
+    ``--out/seed_<s>``) with the table of mean ± std over seeds in ``--out/results.md``."""
     overrides = parse_set(args.set)
     for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir)):
         if value is not None:
             overrides[key] = value
+    if args.seeds is None:
+        one_seed(args, overrides, Path(args.out))
+        return
+    over_seeds(parse_seeds(args.seeds), lambda seed, out: one_seed(args, {**overrides, "run.seed": seed}, out),
+               args.out, title=f"SPIDER ({', '.join(args.only)}): searched vs random personal architectures",
+               metric="client test acc after fine-tuning (mean over clients)",
+               note=("Each seed: its own partition, runs, personalization gain and random control "
+                     f"(`seed_<s>/results.md`): every client's searched mask and {args.random} random masks of the "
+                     "same space per client, each fine-tuned with the gain matrix's recipe (same epochs, same "
+                     "minibatches, from the global supernet's weights) and tested on the client's local test "
+                     "split. Plot: `plots/searched_vs_random.png` (means over clients; x: kept parameters)."))
+
+
+def one_seed(args, overrides: dict, out: Path) -> dict:
+    """One seed: every method of ``--only``, the gain matrix and the random control;
+    results.md / results.json in ``out``; returns the numbers for the table over seeds."""
+    t_call = time.perf_counter()
     mode = "paper" if args.preset else "digits"
     cfgs, train_over = configs(args, overrides)
     spider_cfg = cfgs["spider"]
@@ -217,10 +252,19 @@ def run(args) -> None:
         genotypes = archs.genotypes()
         result["genotypes"] = {str(k): g.to_dict() for k, g in genotypes.items()}
         epochs = args.gain_epochs or GAIN_EPOCHS[mode]
-        result["gain"] = gain(out, epochs, args.resume) if len(genotypes) == spider_cfg.data.num_clients else None
+        result["gain"] = gain(out, epochs, args.resume, args.random) \
+            if len(genotypes) == spider_cfg.data.num_clients else None
         if result["gain"] is None:
             print(f"note: {spider_cfg.data.num_clients - len(genotypes)} clients have not finished their search; "
-                  "no personalization gain (run more rounds or shorten algo.warmup_rounds / algo.recovery_rounds)")
+                  "no personalization gain and no random control (run more rounds or shorten "
+                  "algo.warmup_rounds / algo.recovery_rounds)")
+        elif args.random:
+            result["versus"] = versus(result["gain"])
+            plot_searched_vs_random({spider_cfg.run.seed: result["versus"]["points"]},
+                                    out / "plots" / "searched_vs_random.png",
+                                    metric="client test acc after fine-tuning (mean over clients)",
+                                    title=f"SPIDER ({spider_cfg.data.dataset}, seed {spider_cfg.run.seed}): searched "
+                                    f"vs random masks, {epochs} fine-tuning epochs")
     result["this_call_s"] = round(time.perf_counter() - t_call, 1)
     text = report(result, spider_cfg, genotypes)
     atomic_write_text(out / "results.md", text)
@@ -228,29 +272,83 @@ def run(args) -> None:
     print("\n" + text)
     print(f"results: {out / 'results.md'}; cell diagrams: {out / 'spider' / 'plots'}/client_<k>_normal.png, "
           f"_reduce.png; this call {result['this_call_s']:.0f} s")
+    numbers = {f"{r['method']}: client test acc (mean over clients)": r["mean"] for r in rows}
+    if result.get("gain"):
+        numbers["mean personalization gain"] = result["gain"]["mean_gain"]
+    if result.get("versus"):
+        v = result["versus"]["mean"]
+        numbers.update({"searched masks fine-tuned (mean over clients)": v["searched"],
+                        "random masks fine-tuned (mean over clients and draws)": v["random_mean"],
+                        "searched − random": v["searched_minus_random"],
+                        "client × draw pairs where searched beats random (fraction)":
+                            result["versus"]["pairs_beaten"] / result["versus"]["pairs"],
+                        "searched masks: parameters (mean over clients)": result["versus"]["points"]["searched"][0],
+                        "random masks: parameters (mean)": float(np.mean(result["gain"]["random"]["params"]))})
+    return {"numbers": numbers, "points": result["versus"]["points"] if result.get("versus") else None}
 
 
-def gain(out: Path, epochs: int, resume: bool) -> dict:
-    """The personalization-gain matrix of SPIDER's final state (§5.2.2, Eq. 6), reused on
-    ``--resume`` when it was computed for the same rounds and epochs."""
+def random_masks(cfg: sp.SpiderConfig, seed: int, num_clients: int, draws: int) -> dict:
+    """The random control's architectures: draw i gives client k the SPIDER mask of a DARTS
+    cell pair drawn uniformly from the space (``sampling.random_mask``, key
+    ``fold_in(random_arch_key(seed, i), k)``), as ``{"normal": [K, draws, E, |O|], ...}``."""
+    prims = PRIMITIVE_SETS[cfg.primitives]
+    m = [[random_mask(jax.random.fold_in(random_arch_key(seed, i), k), prims, cfg.steps) for i in range(draws)]
+         for k in range(num_clients)]
+    return {c: np.asarray([[d[c] for d in row] for row in m], np.float32).reshape(
+        (num_clients, draws) + sp.initial_mask(prims, cfg.steps)[c].shape) for c in CELLS}
+
+
+def gain(out: Path, epochs: int, resume: bool, draws: int = 0) -> dict:
+    """The personalization-gain matrix of SPIDER's final state (§5.2.2, Eq. 6) and, with
+    ``draws``, the random control: every client's ``draws`` random masks fine-tuned with
+    the same recipe (``sp.fine_tuned_accuracy``: the gain's epochs, minibatches and
+    starting weights) in the same call. Reused on ``--resume`` when it was computed for the
+    same rounds, epochs and draws."""
     path = out / "gain.json"
     rounds = json.loads((out / "spider" / "summary.json").read_text())["rounds"]
     if resume and path.exists():
         g = json.loads(path.read_text())
-        if g["epochs"] == epochs and g["spider_rounds"] == rounds:
+        if g["epochs"] == epochs and g["spider_rounds"] == rounds and g.get("random", {}).get("draws", 0) == draws:
             return g
-    print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client",
-          flush=True)
+    print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client"
+          + (f", and {draws} random masks per client" if draws else ""), flush=True)
     t0 = time.perf_counter()
     run = load_run(out / "spider")
-    p = sp.gain_matrix(run.config.algo, run.data.info, run.state, run.data, epochs=epochs,
-                       placement=Placement.from_run(run.config.run))
-    g = sp.personalization_gain(p)
+    cfg, info, state = run.config.algo, run.data.info, run.state
+    k = info.num_clients
+    arch = {c: np.asarray(a) for c, a in state.arch.items()}
+    rand = random_masks(cfg, run.config.run.seed, k, draws)
+    # row i: A_1 .. A_K (sp.gain_matrix's candidates), then client i's random masks
+    masks = {c: np.concatenate([np.broadcast_to(arch[c][None], (k,) + arch[c].shape), rand[c]], axis=1)
+             for c in CELLS}
+    acc = sp.fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=epochs,
+                                 placement=Placement.from_run(run.config.run))
+    p, g = acc[:, :k], sp.personalization_gain(acc[:, :k])
+    params = state.variables["params"]
     result = {"epochs": epochs, "spider_rounds": run.rounds, "matrix": p.round(6).tolist(), "gain": g.round(6).tolist(),
-              "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1)}
+              "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1),
+              "random": {"draws": draws, "seed": run.config.run.seed, "acc": acc[:, k:].round(6).tolist(),
+                         "params": [[sp.kept_parameters(cfg, params, {c: rand[c][i, j] for c in CELLS})
+                                     for j in range(draws)] for i in range(k)],
+                         "searched_params": [sp.kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS})
+                                             for i in range(k)]}}
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")
     plot_gain(p, g, out / "plots" / "gain_matrix.png", epochs)
     return result
+
+
+def versus(g: dict) -> dict:
+    """Searched vs random from :func:`gain`'s result: per client, its searched mask
+    (``p[k, k]``) against its random masks; over clients, the mean of the searched against
+    each draw's mean; the plot's points (kept parameters, accuracy), means over clients."""
+    searched = np.diag(np.asarray(g["matrix"]))
+    rand, params = np.asarray(g["random"]["acc"]), np.asarray(g["random"]["params"], float)
+    s_params = np.asarray(g["random"]["searched_params"], float)
+    return {"clients": [versus_random(searched[k], rand[k].tolist()) for k in range(len(searched))],
+            "mean": versus_random(searched.mean(), rand.mean(0).tolist()),
+            "pairs_beaten": int((searched[:, None] > rand).sum()), "pairs": int(rand.size),
+            "points": {"searched": (float(s_params.mean()), float(searched.mean())),
+                       "random": [(float(x), float(y)) for x, y in zip(params.mean(0), rand.mean(0))]}}
 
 
 def plot_gain(p: np.ndarray, g: np.ndarray, path: Path, epochs: int) -> None:
@@ -320,6 +418,28 @@ def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -
                   "| data \\ arch | " + " | ".join(map(str, range(k))) + " | g_i |", "|---" * (k + 2) + "|"]
         lines += [f"| {i} | " + " | ".join(f"{x:.3f}" for x in p[i]) + f" | {g['gain'][i]:+.4f} |" for i in range(k)]
         lines += ["", f"mean personalization gain: {g['mean_gain']:+.4f} ({g['wall_s']:.0f} s)"]
+    v = result.get("versus")
+    if v:
+        r, n = g["random"], g["random"]["draws"]
+        m = v["mean"]
+        lines += ["", f"## Searched vs random architectures ({n} random masks per client, same fine-tuning)", "",
+                  f"Every client's searched mask (p[k, k] above) against {n} masks drawn uniformly from the same space "
+                  "for that client (`sampling.random_mask`, keys `fold_in(random_arch_key(seed, i), k)`), each "
+                  f"fine-tuned as the gain matrix's entries: {g['epochs']} epochs on the client's train + validation "
+                  "data from the global supernet's weights, the same minibatches; local test accuracy. params: the "
+                  "supernet weights the mask keeps. Plot: `plots/searched_vs_random.png`.", "",
+                  "| client | searched params | searched acc | random params (mean) | random acc (mean ± std) | "
+                  "searched − random | random beaten (ties) |", "|---|---|---|---|---|---|---|"]
+        for k, c in enumerate(v["clients"]):
+            lines.append(f"| {k} | {r['searched_params'][k]:,} | {c['searched']:.4f} | {np.mean(r['params'][k]):,.0f} "
+                         f"| {c['random_mean']:.4f} ± {c['random_std']:.4f} | {c['searched_minus_random']:+.4f} | "
+                         f"{c['beats']} of {n} ({c['ties']}) |")
+        lines.append(f"| mean over clients | {v['points']['searched'][0]:,.0f} | {m['searched']:.4f} | "
+                     f"{np.mean(r['params']):,.0f} | {m['random_mean']:.4f} ± {m['random_std']:.4f} | "
+                     f"{m['searched_minus_random']:+.4f} | {m['beats']} of {n} draws ({m['ties']}) |")
+        lines += ["", f"Mean over clients: searched {m['searched']:.4f} vs random {m['random_mean']:.4f} "
+                  f"({m['searched_minus_random']:+.4f}; std over draws of the clients' mean); the searched mask beats "
+                  f"its random mask in {v['pairs_beaten']} of {v['pairs']} client × draw pairs."]
     return "\n".join(lines) + "\n"
 
 
@@ -342,6 +462,11 @@ def main(argv=None) -> int:
                    "matrix (default 3 on digits, 30 with --preset paper)")
     p.add_argument("--only", type=_methods, default=METHODS, metavar="METHOD[,METHOD]",
                    help=f"run a subset of {', '.join(METHODS)}")
+    p.add_argument("--random", type=int, default=3, metavar="N",
+                   help="the control: N random masks of the space per client, fine-tuned with the gain matrix's "
+                   "recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)")
+    p.add_argument("--seeds", metavar="LIST", help="the whole comparison once per seed (e.g. 0,1,2), each into "
+                   "--out/seed_<s>; results.md gives mean ± std over seeds")
     p.add_argument("--out", default="runs/spider")
     p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -349,9 +474,15 @@ def main(argv=None) -> int:
                    "every method; repeatable")
     args = p.parse_args(argv)
     try:
-        parse_set(args.set)
+        overrides = parse_set(args.set)
+        if args.seeds is not None:
+            parse_seeds(args.seeds)
     except ConfigError as e:
         p.error(str(e))
+    if args.random < 0:
+        p.error(f"--random {args.random}: must be >= 0")
+    if args.seeds is not None and "run.seed" in overrides:
+        p.error("--seeds sets run.seed of every run: drop --set run.seed")
     return run_script("examples/spider.py", lambda: run(args))
 
 

@@ -380,6 +380,26 @@ def test_gain_matrix_and_eq6(searched):
         sp.personalization_gain(np.ones((2, 3)))
 
 
+def test_fine_tuned_accuracy_is_the_gain_recipe_for_any_masks_per_client(searched):
+    """Each client's own mask fine-tuned alone gives the gain matrix's diagonal (the same
+    recipe and minibatches), and a row's candidates are the client's own: client i's second
+    candidate is client (i + 1)'s architecture, p[i, i + 1]. kept_parameters is the size
+    personal_params_mean averages."""
+    _, _, summary, _, run = searched
+    cfg, info, state = run.config.algo, run.data.info, run.state
+    p = sp.gain_matrix(cfg, info, state, run.data, epochs=1)
+    nxt = {c: jnp.roll(a, -1, axis=0) for c, a in state.arch.items()}
+    masks = {c: jnp.stack([state.arch[c], nxt[c]], axis=1) for c in CELLS}  # [K, 2, E, |O|]
+    acc = sp.fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=1)
+    assert acc.shape == (4, 2)
+    np.testing.assert_allclose(acc[:, 0], np.diag(p), atol=1e-6)
+    np.testing.assert_allclose(acc[:, 1], [p[i, (i + 1) % 4] for i in range(4)], atol=1e-6)
+    sizes = [sp.kept_parameters(cfg, state.variables["params"], {c: state.arch[c][k] for c in CELLS})
+             for k in range(4)]
+    assert np.mean(sizes) == pytest.approx(summary["final"]["personal_params_mean"])
+    assert len(set(sizes)) > 1 or sizes[0] < summary["final"]["supernet_params"]
+
+
 def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched):
     _, _, _, _, run = searched
     algo, data = run.algorithm, run.data
