@@ -5,6 +5,7 @@ child, against FedAvg on a fixed hand-designed network.
     python examples/dfnas.py --preset cross-silo --data-dir DIR   # CIFAR-10, 8 Dir(0.5) clients, 150 rounds (GPU)
     python examples/dfnas.py --preset cross-device --data-dir DIR # CINIC-10, 16 clients, 250 rounds (GPU)
     python examples/dfnas.py --out runs/dfnas --resume             # continue an interrupted run
+    python examples/dfnas.py --seeds 0,1,2                         # searched vs random over three seeds
 
 Default (digits, the paper's experiments scaled down):
   * ``noniid-8/``  — Table 1 / Fig. 1 analogue: 8 clients, Dirichlet(0.5) partition;
@@ -18,6 +19,15 @@ BatchNorm statistics re-estimated on the clients' training data). ``results.md``
 
 With ``--preset`` only the preset's DFNAS run and its FedAvg baseline run.
 Every run is a run directory of its own; ``--resume`` continues whichever was interrupted.
+
+``--seeds 0,1,2`` asks only the question of the control, once per seed (``run.seed``, which
+also draws the partition and the random children) into ``seed_<s>/``: the first DFNAS run
+(the non-IID one, or the preset's), its child and ``--random`` children of matched
+multiply-adds each trained with FedAvg from scratch. The IID runs and the hand-designed
+FedAvg baseline are left out there (they take most of the time and do not enter the
+comparison). ``results.md`` gives mean ± std over seeds of the child's accuracy as searched,
+the searched and random children's accuracy trained alike, searched − random mean and the
+fraction of random children beaten; ``plots/searched_vs_random.png`` plots them by parameters.
 """
 from __future__ import annotations
 
@@ -33,14 +43,14 @@ from jaxfednas.cost import count_params
 from algorithms.dfnas import child_report
 from search_spaces.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import parse_set
+from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
-from jaxfednas.seeds import versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
 from search_spaces.models import child_model_name, child_of_model_name
 from search_spaces.sampling import matched, random_shuffle_arch
 from search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
@@ -96,27 +106,46 @@ def plan(args, overrides: dict) -> list[tuple[str, str, dict]]:
 
 
 def run(args) -> None:
-    out = Path(args.out)
     overrides = parse_set(args.set)
     if args.rounds:
         overrides["run.rounds"] = args.rounds
     if args.data_dir:
         overrides["data.data_dir"] = args.data_dir
+    if args.seeds is None:
+        one_seed(args, overrides, Path(args.out))
+        return
+    over_seeds(parse_seeds(args.seeds),
+               lambda seed, out: one_seed(args, {**overrides, "run.seed": seed}, out, control_only=True), args.out,
+               title="DFNAS: the searched child vs random children of matched multiply-adds",
+               metric="global test accuracy (FedAvg from scratch)",
+               note=(f"Each seed (`seed_<s>/results.md`): its own partition, the first DFNAS run "
+                     f"({plan(args, overrides)[0][0]}), then its child and {args.random} random children with "
+                     "multiply-adds within ±10 % of its, each trained from scratch with the FedAvg baseline's "
+                     "recipe on the same clients. IID runs and the hand-designed FedAvg baseline are not run "
+                     "here. Plot: `plots/searched_vs_random.png`."))
+
+
+def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) -> dict:
+    """Every run of ``plan`` (``control_only``: only the first DFNAS run) and the random
+    control, into ``out``; writes results.md / results.json there and returns the numbers
+    over which ``--seeds`` tables (``{"numbers", "points"}``, empty without a control)."""
     rows = []
     # the IID runs partition differently on purpose; wall times survive --resume
     runner = StageRunner(out, resume=args.resume, describe=_describe, same_test_rows=False)
     runs = plan(args, overrides)
-    for name, algo, over in runs:
+    todo = [next(r for r in runs if r[1] == "dfnas")] if control_only else runs
+    for name, algo, over in todo:
         preset = args.preset if algo == "dfnas" and args.preset else None
         rows.append(_stage(runner, name, algo, make_config(algo, preset=preset, overrides=over)))
-    versus = ""
+    versus, result = "", {}
     if args.random:
-        versus = random_control(args, runner, rows, runs)
+        versus, result = random_control(args, runner, rows, runs, out)
     table = results_table(rows) + versus
     print("\n" + table)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(rows, indent=2) + "\n")
     print(f"results: {out / 'results.md'}")
+    return result
 
 
 def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
@@ -149,11 +178,11 @@ def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
     return row
 
 
-def random_control(args, runner: StageRunner, rows: list[dict], runs: list) -> str:
+def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out: Path) -> tuple[str, dict]:
     """The searched child of the first DFNAS run, and ``args.random`` random children of the
     same space with multiply-adds within ±10 % of its (:func:`search_spaces.sampling.matched`),
     each trained from scratch with the FedAvg baseline's recipe on the same clients. Appends
-    their rows; returns the comparison's table."""
+    their rows; returns the comparison's text and ``{"numbers", "points"}`` for ``--seeds``."""
     first = next(r for r in rows if r["algorithm"] == "dfnas")
     baseline = next(over for _, algo, over in runs if algo == "fedavg")
     cfg0 = make_config("fedavg", overrides=baseline)
@@ -173,13 +202,22 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list) -> s
     plot_searched_vs_random(
         {cfg0.run.seed: {"searched": (trained[0]["params"], vs["searched"]),
                          "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}},
-        Path(args.out) / "plots" / "searched_vs_random.png", metric="global test accuracy (FedAvg from scratch)",
+        out / "plots" / "searched_vs_random.png", metric="global test accuracy (FedAvg from scratch)",
         title=f"DFNAS: the searched child vs {args.random} random children of matched multiply-adds")
-    return (f"\n\nSearched vs random, trained alike (FedAvg from scratch, {first['run']}'s clients): the searched "
+    numbers = {"DFNAS child as searched (no retraining): global test acc": first["global_test_acc"],
+               "searched child, FedAvg from scratch: global test acc": vs["searched"],
+               "random children (matched multiply-adds): mean": vs["random_mean"],
+               "random children: std": vs["random_std"],
+               "searched − random mean": vs["searched_minus_random"],
+               "random children beaten (fraction)": vs["beats"] / args.random}
+    points = {"searched": (trained[0]["params"], vs["searched"]),
+              "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}
+    text = (f"\n\nSearched vs random, trained alike (FedAvg from scratch, {first['run']}'s clients): the searched "
             f"child {vs['searched']:.4f}; {args.random} random children within ±10 % of its multiply-adds "
             f"{vs['random_mean']:.4f} ± {vs['random_std']:.4f}; difference {vs['searched_minus_random']:+.4f}; "
             f"the searched child beats {vs['beats']} of {args.random} (ties {vs['ties']}). "
             "Plot: plots/searched_vs_random.png.")
+    return text, {"numbers": numbers, "points": points}
 
 
 def _f(x, fmt="{:.4f}") -> str:
@@ -206,6 +244,9 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="the control: the searched child and N random children of matched multiply-adds, each "
                         "trained from scratch with the FedAvg baseline's recipe (default 3; 0: none)")
+    p.add_argument("--seeds", metavar="LIST",
+                   help="only the searched-vs-random control, once per seed (e.g. 0,1,2 or 0-4), each into "
+                        "--out/seed_<s>; results.md gives mean ± std over seeds")
     p.add_argument("--out", default="runs/example-dfnas")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -213,6 +254,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.seeds is not None:
+        try:
+            parse_seeds(args.seeds)
+            seeded = "run.seed" in parse_set(args.set)
+        except ConfigError as e:
+            p.error(str(e))
+        if seeded or args.random == 0:
+            p.error("--seeds compares with random children: it needs --random >= 1 and sets run.seed itself")
     return run_script("examples/dfnas.py", lambda: run(args))
 
 

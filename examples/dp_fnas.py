@@ -4,6 +4,7 @@
     python examples/dp_fnas.py --sweep-noise      # digits, Table 2: DP-FNAS with 4 parties, noise 0.5 ... 10
     python examples/dp_fnas.py --preset paper --data-dir DIR   # CIFAR-10 with the paper's settings (a GPU)
     python examples/dp_fnas.py --out runs/dp_fnas --resume     # continue an interrupted run
+    python examples/dp_fnas.py --seeds 0,1,2      # the private search's cell vs random cells, three seeds
 
 Table 1 (every row is a run directory under ``--out``):
   1. search — Algorithm 1 on K IID parties, each with a search-train / search-val /
@@ -24,6 +25,16 @@ Table 1 (every row is a run directory under ``--out``):
 Table 2 (``--sweep-noise``): DP-FNAS with 4 parties and noise multipliers 0.5, 1, 2, 5,
 8, 10 on both mechanisms; the supernet's accuracy on the parties' search-val splits (the
 paper reports validation error) and ε per row.
+
+``--seeds 0,1,2`` asks only the control's question, once per seed (``run.seed``, which also
+draws the parties' split and the random cells) into ``seed_<s>/``: one DP-FNAS row (K =
+``--parties``, default 4, noise ``--noise`` on both mechanisms), its cell through the
+augmentation stage and ``--random`` random cells through the same stage. The other Table 1
+rows (vanilla NAS, FNAS, the other party counts) are not run there. ``results.md`` gives
+mean ± std over seeds of the supernet's accuracy, ε (PLD, the guarantee, at the search's δ),
+the searched and random cells' augmented accuracy, searched − random mean and the fraction
+of random cells beaten; ``plots/searched_vs_random.png`` plots them by parameters of the
+augmentation network.
 
 Digits settings differ from the paper's CIFAR-10 ones so that the default run takes
 minutes on 2 CPU cores (measured: 8.5 min on a 2-core machine shared with other jobs,
@@ -54,8 +65,8 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.experiment import make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
-from jaxfednas.seeds import mean_std, versus_random
-from search_spaces.darts import PRIMITIVE_SETS
+from jaxfednas.seeds import mean_std, over_seeds, parse_seeds, versus_random
+from search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
 from search_spaces.sampling import random_genotype
 
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
@@ -108,6 +119,13 @@ def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name:
     """Train the genotype from scratch on the whole training pool (one party, no DP), into
     ``out/name`` (default: ``augment-<hash of the genotype>``)."""
     text = json.dumps(genotype, sort_keys=True)
+    cfg = _augment_config(search_cfg, text, args, overrides)
+    tag = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return _stage(cfg, out / (name or f"augment-{tag}"), args.resume)
+
+
+def _augment_config(search_cfg, text: str, args, overrides: dict):
+    """The augmentation stage's config for the genotype's JSON ``text``."""
     d = search_cfg.data
     over = {"data.dataset": d.dataset, "data.data_dir": d.data_dir, "data.num_clients": 1, "data.partition": "iid",
             "data.split": (1.0, 0.0, 0.0), "run.seed": search_cfg.run.seed, "algo.genotype": text}
@@ -116,10 +134,8 @@ def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name:
     if args.train_rounds:
         over["run.rounds"] = args.train_rounds
     over.update({k: v for k, v in overrides.items() if k.startswith("augment.")})
-    cfg = make_config("fednas_train", preset=args.preset, overrides={
+    return make_config("fednas_train", preset=args.preset, overrides={
         k.replace("augment.", "algo.", 1): v for k, v in over.items()})
-    tag = hashlib.sha256(text.encode()).hexdigest()[:10]
-    return _stage(cfg, out / (name or f"augment-{tag}"), args.resume)
 
 
 def _row_name(method: str, parties: int, noise: float) -> str:
@@ -175,12 +191,7 @@ def _random_control(search_cfg, results: list[dict], out: Path, args, overrides:
     ``random-<i>/``; every searched row's augmented accuracy against theirs."""
     if not args.random:
         return ""
-    prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
-    accs = []
-    for i in range(args.random):
-        g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.steps)
-        print(f"== random cell {i + 1}/{args.random} -> {out / f'random-{i}'}", flush=True)
-        accs.append(_augment(search_cfg, g.to_dict(), out, args, overrides, name=f"random-{i}")["final"]["global_test_acc"])
+    accs = [r["final"]["global_test_acc"] for _, r in _random_cells(search_cfg, out, args, overrides)]
     lines = [f"\nSearched vs random cells, trained alike (the augmentation stage): {args.random} random cells of the "
              f"same space reach {mean_std(accs)[0]:.4f} ± {mean_std(accs)[1]:.4f} "
              f"({', '.join(f'{a:.4f}' for a in accs)}).\n",
@@ -194,6 +205,85 @@ def _random_control(search_cfg, results: list[dict], out: Path, args, overrides:
                      f"{vs['searched_minus_random']:+.4f} | {vs['beats']} of {len(accs)} ({vs['ties']}) |")
     results.append({"method": "random cells", "augmented_test_acc": accs})
     return "\n".join(lines) + "\n"
+
+
+def _random_cells(search_cfg, out: Path, args, overrides: dict) -> list[tuple[Genotype, dict]]:
+    """``args.random`` cells drawn uniformly from the searched space (keys
+    ``rng.random_arch_key(seed, i)``), each through the augmentation stage into ``random-<i>/``."""
+    prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
+    cells = []
+    for i in range(args.random):
+        g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.steps)
+        print(f"== random cell {i + 1}/{args.random} -> {out / f'random-{i}'}", flush=True)
+        cells.append((g, _augment(search_cfg, g.to_dict(), out, args, overrides, name=f"random-{i}")))
+    return cells
+
+
+def _augmented_params(search_cfg, genotype: Genotype, args, overrides: dict, dataset_cache: dict) -> int:
+    """Weights of the genotype's augmentation network (without the auxiliary head), from shapes."""
+    cfg = _augment_config(search_cfg, genotype.to_json(), args, overrides)
+    key = (cfg.data.dataset, cfg.data.data_dir)
+    if key not in dataset_cache:
+        dataset_cache[key] = load_dataset(*key)
+    ds = dataset_cache[key]
+    return network_params(genotype, cfg.algo.C, ds.num_classes, cfg.algo.layers, tuple(ds.image_shape))
+
+
+def _seed_parties(args) -> int:
+    return args.parties[0] if args.parties else 4
+
+
+def over_seeds_control(args, overrides: dict) -> None:
+    """``--seeds``: :func:`private_vs_random` once per seed, then the table over seeds."""
+    parties = _seed_parties(args)
+    over_seeds(parse_seeds(args.seeds),
+               lambda seed, out: private_vs_random(args, {**overrides, "run.seed": seed}, out), args.out,
+               title=f"DP-FNAS ({parties} parties, noise {args.noise:g}): the private search's cell vs random cells",
+               metric="augmented test accuracy (non-private training from scratch)",
+               note=(f"Each seed (`seed_<s>/results.md`): its own split of the parties, a DP-FNAS search "
+                     f"({parties} parties, noise multiplier {args.noise:g} on both mechanisms, per-example "
+                     f"clipping), the derived cell and {args.random} random cells of the same space each through "
+                     "the same augmentation stage (non-private). ε: PLD accountant (the guarantee), at the "
+                     "search's δ, for either mechanism. The other Table 1 rows are not run here. "
+                     "Plot: `plots/searched_vs_random.png`."))
+
+
+def private_vs_random(args, overrides: dict, out: Path) -> dict:
+    """One seed of ``--seeds``: the DP-FNAS row with ``--parties`` (default 4) parties and
+    ``--noise``, its cell's augmentation and ``args.random`` random cells' augmentations into
+    ``out``; writes results.md / results.json there, returns ``{"numbers", "points"}``."""
+    parties = _seed_parties(args)
+    cache: dict = {}
+    cfg = _search_config(args.preset, parties, args.noise,
+                         {k: v for k, v in overrides.items() if not k.startswith("augment.")}, cache)
+    name = _row_name("DP-FNAS", parties, 0)
+    print(f"== DP-FNAS, {parties} parties, noise {cfg.algo.noise_multiplier:g}, seed {cfg.run.seed} -> {out / name}",
+          flush=True)
+    s = _stage(cfg, out / name, args.resume)
+    a = _augment(cfg, s["architecture"], out, args, overrides)
+    randoms = _random_cells(cfg, out, args, overrides)
+    vs = versus_random(a["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r in randoms])
+    searched = Genotype.from_dict(s["architecture"])
+    eps_name = f"ε (PLD, δ={cfg.algo.delta:g})"
+    numbers = {"supernet test acc (private search)": s["final"]["global_test_acc"],
+               eps_name: s["final"]["epsilon_pld"],
+               "searched cell: augmented test acc": vs["searched"],
+               "random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
+               "searched − random mean": vs["searched_minus_random"],
+               "random cells beaten (fraction)": vs["beats"] / len(randoms)}
+    points = {"searched": (_augmented_params(cfg, searched, args, overrides, cache), vs["searched"]),
+              "random": [(_augmented_params(cfg, g, args, overrides, cache), r["final"]["global_test_acc"])
+                         for g, r in randoms]}
+    lines = ["| quantity | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in numbers.items()]
+    lines += [f"| derived normal cell | {' '.join(f'{op}<-{i}' for op, i in searched.normal)} |",
+              f"| augmentation network parameters (searched; random) | {points['searched'][0]:,}; "
+              f"{', '.join(f'{n:,}' for n, _ in points['random'])} |"]
+    table = "\n".join(lines) + "\n"
+    atomic_write_text(out / "results.md", f"# DP-FNAS ({cfg.data.dataset}, {parties} parties, noise "
+                      f"{cfg.algo.noise_multiplier:g}, seed {cfg.run.seed}): searched vs random cells\n\n{table}")
+    atomic_write_text(out / "results.json", json.dumps({"numbers": numbers, "points": points}, indent=1) + "\n")
+    print("\n" + table)
+    return {"numbers": numbers, "points": points}
 
 
 def sweep_noise(args, overrides: dict) -> None:
@@ -235,6 +325,10 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="Table 1: also augment N random cells of the searched space, the control (default 3; 0: none)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--seeds", metavar="LIST",
+                   help="only the control, once per seed (e.g. 0,1,2 or 0-4): the DP-FNAS row with --parties "
+                        "(default 4) vs --random random cells, each seed into --out/seed_<s>; results.md gives "
+                        "mean ± std over seeds")
     p.add_argument("--out", default=None, help="output directory (default runs/dp_fnas[-noise])")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -242,6 +336,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.seeds is not None:
+        try:
+            parse_seeds(args.seeds)
+        except ConfigError as e:
+            p.error(str(e))
+        if args.sweep_noise or args.seed is not None or args.random == 0 or args.noise <= 0 or \
+                (args.parties and len(args.parties) > 1):
+            p.error("--seeds compares one private search with random cells: it needs --random >= 1, --noise > 0, "
+                    "at most one --parties, and no --seed or --sweep-noise")
     args.out = args.out or ("runs/dp_fnas-noise" if args.sweep_noise else "runs/dp_fnas")
     try:
         overrides = parse_set(args.set)
@@ -251,7 +354,10 @@ def main(argv=None) -> int:
                        ("algo.arch_gradient", args.arch_gradient)):
         if value is not None:
             overrides[key] = value
-    return run_script("examples/dp_fnas.py", lambda: (sweep_noise if args.sweep_noise else table1)(args, overrides))
+    if args.seeds is not None and "run.seed" in overrides:
+        p.error("--seeds sets run.seed itself: drop --set run.seed")
+    mode = over_seeds_control if args.seeds is not None else sweep_noise if args.sweep_noise else table1
+    return run_script("examples/dp_fnas.py", lambda: mode(args, overrides))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import assert_summary_consistent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +76,62 @@ def test_cli_runs_dfnas_and_rejects_bad_space(tmp_path):
            "--out", str(tmp_path / "c")]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "algo.space" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_dfnas_example_over_seeds_tables_each_seeds_numbers(tmp_path, monkeypatch, capsys):
+    """--seeds: only the control runs, once per seed with its run.seed into seed_<s>/, and
+    results.md holds mean ± std over seeds (the per-seed job is the test above)."""
+    mod = _example()
+    calls = []
+
+    def one_seed(args, overrides, out, *, control_only=False):
+        seed = overrides["run.seed"]
+        calls.append((seed, out, control_only))
+        return {"numbers": {"searched": 0.5 + seed / 10, "random": 0.25},
+                "points": {"searched": (10, 0.5), "random": [(9, 0.25)]}}
+
+    monkeypatch.setattr(mod, "one_seed", one_seed)
+    assert mod.main(["--seeds", "0-2", "--random", "1", "--out", str(tmp_path)]) == 0
+    assert calls == [(s, tmp_path / f"seed_{s}", True) for s in (0, 1, 2)]
+    text = (tmp_path / "results.md").read_text()
+    assert "| searched | 0.6000 ± 0.1000 | 0.5000 | 0.6000 | 0.7000 |" in text
+    assert "| random | 0.2500 ± 0.0000 |" in text and (tmp_path / "plots" / "searched_vs_random.png").exists()
+    capsys.readouterr()
+    for bad in (["--seeds", "0,0"], ["--seeds", "x"], ["--seeds", "0,1", "--random", "0"],
+                ["--seeds", "0,1", "--set", "run.seed=3"]):
+        with pytest.raises(SystemExit) as e:  # argparse's one-line usage error
+            mod.main(bad + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "error: --seeds" in err and "Traceback" not in err
+    assert len(calls) == 3 and not (tmp_path / "x").exists()
+
+
+def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_path, monkeypatch):
+    """One seed of --seeds: the non-IID search, no IID run and no hand-designed baseline, then
+    the searched and random children; its numbers are the control's."""
+    mod = _example()
+    ran = []
+
+    def fake_stage(runner, name, algo, cfg):
+        ran.append((name, algo, cfg.run.seed))
+        acc = {"noniid-8": 0.9, "searched-fedavg": 0.8}.get(name, 0.7 if name == "random-0-fedavg" else 0.6)
+        row = {"run": name, "algorithm": algo, "clients": 8, "partition": "dirichlet", "rounds": 1,
+               "global_test_acc": acc, "client_test_acc": acc, "params": 100 + len(ran), "macs": 1000,
+               "wall_s": 1.0, "architecture": "a"}
+        if algo == "dfnas":
+            row.update(space="tiny", choices=[0, 1, 2])
+        return row
+
+    monkeypatch.setattr(mod, "_stage", fake_stage)
+    args = mod.argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, resume=False, out=str(tmp_path))
+    res = mod.one_seed(args, {"run.seed": 5, "algo.space": "tiny"}, tmp_path / "seed_5", control_only=True)
+    assert [r[:2] for r in ran] == [("noniid-8", "dfnas"), ("searched-fedavg", "fedavg"),
+                                    ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg")]
+    assert {r[2] for r in ran} == {5}
+    n = res["numbers"]
+    assert n["DFNAS child as searched (no retraining): global test acc"] == 0.9
+    assert n["searched child, FedAvg from scratch: global test acc"] == 0.8
+    assert n["random children (matched multiply-adds): mean"] == pytest.approx(0.65)
+    assert n["searched − random mean"] == pytest.approx(0.15) and n["random children beaten (fraction)"] == 1.0
+    assert res["points"] == {"searched": (102, 0.8), "random": [(103, 0.7), (104, 0.6)]}
+    assert (tmp_path / "seed_5" / "results.md").exists() and (tmp_path / "seed_5" / "plots" / "searched_vs_random.png").exists()

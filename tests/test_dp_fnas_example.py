@@ -10,7 +10,7 @@ import pytest
 from conftest import assert_accuracy
 from jaxfednas import privacy
 from jaxfednas.rng import random_arch_key
-from search_spaces.darts import Genotype, PRIMITIVE_SETS
+from search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
 from search_spaces.sampling import random_genotype
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +73,70 @@ def test_table1_row_and_noise_sweep(tmp_path, capsys):
     assert_accuracy(r2["val_acc"], sum(len(c["val"]) for c in manifest2["clients"]))
     assert "DP-FNAS Table 2 analogue" in (out2 / "results.md").read_text()
     assert "ε" in capsys.readouterr().out
+
+
+def test_dp_fnas_example_over_seeds_tables_each_seeds_numbers(tmp_path, monkeypatch, capsys):
+    """--seeds: the private search vs random cells once per seed with its run.seed into
+    seed_<s>/, and results.md holds mean ± std over seeds (the per-seed job: the next test)."""
+    ex = _example()
+    calls = []
+
+    def one_seed(args, overrides, out):
+        seed = overrides["run.seed"]
+        calls.append((seed, out))
+        return {"numbers": {"searched": 0.5 + seed / 10, "ε (PLD, δ=1e-05)": 6.0},
+                "points": {"searched": (10, 0.5), "random": [(9, 0.25)]}}
+
+    monkeypatch.setattr(ex, "private_vs_random", one_seed)
+    assert ex.main(["--seeds", "1,3", "--random", "1", "--out", str(tmp_path)]) == 0
+    assert calls == [(s, tmp_path / f"seed_{s}") for s in (1, 3)]
+    text = (tmp_path / "results.md").read_text()
+    assert "| searched | 0.7000 ± 0.1414 | 0.6000 | 0.8000 |" in text
+    assert "| ε (PLD, δ=1e-05) | 6.0000 ± 0.0000 |" in text and "PLD accountant" in text
+    assert (tmp_path / "plots" / "searched_vs_random.png").exists()
+    capsys.readouterr()
+    for bad in (["--seeds", "0,0"], ["--seeds", "2-1"], ["--seeds", "0,1", "--random", "0"],
+                ["--seeds", "0,1", "--noise", "0"], ["--seeds", "0,1", "--sweep-noise"],
+                ["--seeds", "0,1", "--parties", "2", "--parties", "4"], ["--seeds", "0,1", "--set", "run.seed=3"]):
+        with pytest.raises(SystemExit) as e:  # argparse's one-line usage error
+            ex.main(bad + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "error: --seeds" in err and "Traceback" not in err, bad
+    assert len(calls) == 2 and not (tmp_path / "x").exists()
+
+
+def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, monkeypatch):
+    """One seed of --seeds: one DP-FNAS search (K = --parties, the seed's run.seed, noise),
+    its cell and the random cells through the same augmentation stage; numbers and points."""
+    ex = _example()
+    prims = PRIMITIVE_SETS["tiny"]
+    searched = random_genotype(random_arch_key(99, 0), prims, 2)
+    ran = {}
+
+    def fake_stage(cfg, out, resume):
+        ran[out.name] = cfg
+        if cfg.algorithm == "dp_fnas":
+            return {"final": {"global_test_acc": 0.5, "epsilon_pld": 6.5}, "architecture": searched.to_dict()}
+        acc = {"random-0": 0.9, "random-1": 0.7}.get(out.name, 0.85)
+        return {"final": {"global_test_acc": acc}}
+
+    monkeypatch.setattr(ex, "_stage", fake_stage)
+    args = ex.argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None)
+    res = ex.private_vs_random(args, {"run.seed": 7, "algo.steps": 2, "algo.primitives": "tiny"}, tmp_path)
+    search = ran.pop("dp-fnas-2p")
+    assert search.algorithm == "dp_fnas" and search.data.num_clients == 2 and search.run.seed == 7
+    assert search.algo.noise_multiplier == 1.5 and search.algo.clip_norm > 0
+    (aug,) = [n for n in ran if n.startswith("augment-")]
+    assert sorted(ran) == sorted([aug, "random-0", "random-1"])
+    assert Genotype.from_json(ran[aug].algo.genotype) == searched
+    assert Genotype.from_json(ran["random-1"].algo.genotype) == random_genotype(random_arch_key(7, 1), prims, 2)
+    assert {k: v for k, v in vars(ran["random-1"].algo).items() if k != "genotype"} == \
+        {k: v for k, v in vars(ran[aug].algo).items() if k != "genotype"}
+    n = res["numbers"]
+    assert n["ε (PLD, δ=1e-05)"] == 6.5 and n["supernet test acc (private search)"] == 0.5
+    assert n["searched cell: augmented test acc"] == 0.85 and n["random cells: mean"] == pytest.approx(0.8)
+    assert n["searched − random mean"] == pytest.approx(0.05) and n["random cells beaten (fraction)"] == 0.5
+    c = ran[aug].algo
+    assert res["points"]["searched"] == (network_params(searched, c.C, 10, c.layers, (8, 8, 1)), 0.85)
+    assert [a for _, a in res["points"]["random"]] == [0.9, 0.7]
+    assert "| searched − random mean | 0.0500 |" in (tmp_path / "results.md").read_text()
