@@ -14,6 +14,7 @@ import dataclasses
 import json
 import types
 import typing
+import warnings
 from typing import Any, Mapping
 
 
@@ -78,9 +79,14 @@ def check_fields(cfg: Any, section: str) -> None:
 
 
 class Validated:
-    """Mixin: validate on construction; ``SECTION`` names the config section."""
+    """Mixin: validate on construction; ``SECTION`` names the config section.
+
+    ``RENAMED`` maps a field's former name to its name now: the former name is accepted
+    (with a one-line :class:`FutureWarning`) in overrides, presets and ``--set``, and
+    silently in a run directory's ``config.json``, so old runs still resume."""
 
     SECTION = "config"
+    RENAMED: typing.ClassVar[dict[str, str]] = {}
 
     def __post_init__(self):
         check_fields(self, self.SECTION)
@@ -214,8 +220,32 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         raise ConfigError(f"{name}={value!r}: expected {want}") from None
 
 
-def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any]) -> Any:
-    """``dataclasses.replace`` with string coercion and unknown-name errors."""
+REMOVAL_VERSION = "0.3"
+
+
+def current_name(cls: type, name: str) -> str:
+    """A config field's name now, given its name now or a former one (``cls.RENAMED``)."""
+    return getattr(cls, "RENAMED", {}).get(name, name)
+
+
+def _renamed(cls: type, section: str, updates: Mapping[str, Any], warn: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in updates.items():
+        new = current_name(cls, k)
+        if new != k:
+            if new in updates:
+                raise ConfigError(f"{section}.{k} and {section}.{new} both given: {k} is the former name of {new}")
+            if warn:
+                warnings.warn(f"{section}.{k} is now {section}.{new}; the old name goes in jaxfednas "
+                              f"{REMOVAL_VERSION}", FutureWarning, stacklevel=5)
+        out[new] = v
+    return out
+
+
+def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any], *, warn_renamed: bool = True) -> Any:
+    """``dataclasses.replace`` with string coercion, former names (``RENAMED``) and
+    unknown-name errors."""
+    updates = _renamed(type(cfg), section, updates, warn_renamed)
     hints = typing.get_type_hints(type(cfg))
     known = {f.name for f in dataclasses.fields(cfg)}
     for k in updates:
@@ -225,8 +255,10 @@ def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any]) -> Any:
     return dataclasses.replace(cfg, **vals)
 
 
-def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> ExperimentConfig:
-    """Apply ``{"data.alpha": "0.1", "algo.client_lr": 0.05, ...}`` to ``cfg``."""
+def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], *,
+                    warn_renamed: bool = True) -> ExperimentConfig:
+    """Apply ``{"data.alpha": "0.1", "algo.lr": 0.05, ...}`` to ``cfg`` (former field
+    names are accepted, with a warning unless ``warn_renamed`` is false)."""
     by_section: dict[str, dict[str, Any]] = {"data": {}, "run": {}, "algo": {}}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
@@ -235,9 +267,9 @@ def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> Expe
         by_section[section][name] = value
     return dataclasses.replace(
         cfg,
-        data=replace_fields(cfg.data, "data", by_section["data"]),
-        run=replace_fields(cfg.run, "run", by_section["run"]),
-        algo=replace_fields(cfg.algo, "algo", by_section["algo"]),
+        data=replace_fields(cfg.data, "data", by_section["data"], warn_renamed=warn_renamed),
+        run=replace_fields(cfg.run, "run", by_section["run"], warn_renamed=warn_renamed),
+        algo=replace_fields(cfg.algo, "algo", by_section["algo"], warn_renamed=warn_renamed),
     )
 
 

@@ -41,7 +41,7 @@ from jaxfednas import plots
 from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError,
                                   load_checkpoint, read_checkpoint, save_checkpoint, sha256_text,
                                   shape_template)
-from jaxfednas.config import apply_overrides, ConfigError, ExperimentConfig
+from jaxfednas.config import apply_overrides, ConfigError, current_name, ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
@@ -250,7 +250,9 @@ def _accepted_hashes(cfg: ExperimentConfig, stored: dict, log: Callable[[str], N
     if written == config_hash(cfg):
         return (written,)
     now = cfg.to_dict()
-    missing = [f"{s}.{k}" for s in ("data", "run", "algo") for k in now.get(s, {}) if k not in stored.get(s, {})]
+    sections = {"data": type(cfg.data), "run": type(cfg.run), "algo": type(cfg.algo)}
+    seen = {s: {current_name(c, k) for k in stored.get(s, {})} for s, c in sections.items()}
+    missing = [f"{s}.{k}" for s in sections for k in now.get(s, {}) if k not in seen[s]]
     if missing:
         log(f"note: config.json predates the fields {', '.join(missing)}; resuming with their defaults")
     return config_hash(cfg), written

@@ -39,8 +39,10 @@ def presets(name: str) -> dict[str, dict]:
     return dict(algorithm_module(name).PRESETS)
 
 
-def make_config(name: str, *, preset: str | None = None, overrides: dict | None = None) -> ExperimentConfig:
-    """Defaults, then the named preset, then ``overrides`` (flat ``section.field`` keys)."""
+def make_config(name: str, *, preset: str | None = None, overrides: dict | None = None,
+                warn_renamed: bool = True) -> ExperimentConfig:
+    """Defaults, then the named preset, then ``overrides`` (flat ``section.field`` keys;
+    former field names accepted, with a warning unless ``warn_renamed`` is false)."""
     mod = algorithm_module(name)
     cfg = ExperimentConfig(algorithm=name, data=DataConfig(), run=RunConfig(), algo=mod.CONFIG())
     cfg = apply_overrides(cfg, getattr(mod, "DEFAULTS", {}))
@@ -48,10 +50,11 @@ def make_config(name: str, *, preset: str | None = None, overrides: dict | None 
         if preset not in mod.PRESETS:
             raise ConfigError(f"unknown preset {preset!r} for {name}; available: {sorted(mod.PRESETS)}")
         cfg = apply_overrides(cfg, mod.PRESETS[preset])
-    return apply_overrides(cfg, overrides or {})
+    return apply_overrides(cfg, overrides or {}, warn_renamed=warn_renamed)
 
 
 def config_from_dict(d: dict) -> ExperimentConfig:
-    """Inverse of ``ExperimentConfig.to_dict`` (e.g. a run directory's config.json)."""
+    """Inverse of ``ExperimentConfig.to_dict`` (e.g. a run directory's config.json, whose
+    former field names are read as today's without a warning)."""
     flat = {f"{s}.{k}": v for s in ("data", "run", "algo") for k, v in d.get(s, {}).items()}
-    return make_config(d["algorithm"], overrides=flat)
+    return make_config(d["algorithm"], overrides=flat, warn_renamed=False)
