@@ -12,12 +12,17 @@ import importlib.util
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from algorithms.spider import personalization_gain
 from conftest import assert_accuracy
+from jaxfednas.registry import make_config
+from jaxfednas.rng import random_arch_key
 from search_spaces.darts import PRIMITIVE_SETS
+from search_spaces.darts.masks import CELLS, genotype_from_mask
+from search_spaces.sampling import random_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "3", "--fednas-rounds", "1", "--gain-epochs", "1",
@@ -64,6 +69,16 @@ def test_spider_example_spider_against_ditto(tmp_path, capsys):
     assert [c["test"] for c in other] == [c["test"] for c in ref]
     assert [sorted(c["train"]) for c in other] == [sorted(c["train"] + c["val"]) for c in ref]
     assert "| SPIDER (λ=0.01) [search final: 8/8] |" in (out / "results.md").read_text()
+    # the random control (default --random 3): the same fine-tuning, in the gain's call
+    r, v = g["random"], result["versus"]
+    assert r["draws"] == 3 and np.asarray(r["acc"]).shape == (8, 3) and np.asarray(r["params"]).shape == (8, 3)
+    for row, n in zip(r["acc"], n_test):
+        for a in row:
+            assert_accuracy(a, n)
+    assert [c["searched"] for c in v["clients"]] == pytest.approx(np.diag(g["matrix"]).tolist(), abs=1e-6)
+    assert v["mean"]["random_mean"] == pytest.approx(np.mean(r["acc"]), abs=1e-6)
+    assert (out / "plots" / "searched_vs_random.png").stat().st_size > 0
+    assert "## Searched vs random architectures (3 random masks per client" in (out / "results.md").read_text()
     capsys.readouterr()
     assert ex.main(TINY + ["--only", "spider,ditto", "--out", str(out), "--resume"]) == 0
     assert "round 1/3" not in capsys.readouterr().out
@@ -147,3 +162,81 @@ def test_unknown_method_is_a_usage_error():
     with pytest.raises(SystemExit) as e:
         _example().main(["--only", "spider,nope"])
     assert e.value.code == 2
+
+
+def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
+    """Draw i of client k is sampling.random_mask under fold_in(random_arch_key(seed, i), k):
+    a valid cell pair of the space (two inputs per node, one op each), the same for the same
+    seed, different across clients, draws and seeds."""
+    ex = _example()
+    cfg = make_config("spider", overrides={"algo.steps": 3}).algo
+    prims = PRIMITIVE_SETS[cfg.primitives]
+    m = ex.random_masks(cfg, 5, 3, 2)
+    assert {c: a.shape for c, a in m.items()} == {c: (3, 2, 9, len(prims)) for c in CELLS}
+    for k in range(3):
+        for i in range(2):
+            want = random_mask(jax.random.fold_in(random_arch_key(5, i), k), prims, cfg.steps)
+            mask = {c: m[c][k, i] for c in CELLS}
+            for c in CELLS:
+                np.testing.assert_array_equal(mask[c], want[c])
+                assert mask[c].sum() == 2 * cfg.steps and mask[c].sum(1).max() == 1
+            genotype_from_mask(mask, prims, cfg.steps)  # a whole genotype: two inputs per node
+    flat = {m["normal"][k, i].tobytes() + m["reduce"][k, i].tobytes() for k in range(3) for i in range(2)}
+    assert len(flat) == 6  # every client and draw its own architecture
+    again, other = ex.random_masks(cfg, 5, 3, 2), ex.random_masks(cfg, 6, 3, 2)
+    assert all(np.array_equal(m[c], again[c]) for c in CELLS)
+    assert not all(np.array_equal(m[c], other[c]) for c in CELLS)
+
+
+def _gain():
+    """A gain.json of 3 clients and 2 random draws with hand-checkable numbers."""
+    p = np.array([[0.8, 0.1, 0.1], [0.2, 0.5, 0.3], [0.4, 0.4, 0.6]])
+    return {"epochs": 3, "spider_rounds": 30, "matrix": p.tolist(), "gain": personalization_gain(p).tolist(),
+            "mean_gain": float(personalization_gain(p).mean()), "wall_s": 1.0,
+            "random": {"draws": 2, "seed": 0, "acc": [[0.7, 0.9], [0.5, 0.4], [0.1, 0.2]],
+                       "params": [[10, 20], [30, 40], [50, 60]], "searched_params": [12, 24, 36]}}
+
+
+def test_versus_compares_each_clients_searched_mask_with_its_own_random_masks():
+    ex, g = _example(), _gain()
+    v = ex.versus(g)
+    c = v["clients"]
+    assert [x["searched"] for x in c] == pytest.approx([0.8, 0.5, 0.6])  # p[k, k]
+    assert [x["random_mean"] for x in c] == pytest.approx([0.8, 0.45, 0.15])
+    assert [(x["beats"], x["ties"]) for x in c] == [(1, 0), (1, 1), (2, 0)]
+    # over clients: the searched mean against each draw's mean over clients
+    assert v["mean"]["searched"] == pytest.approx(1.9 / 3)
+    assert v["mean"]["random_mean"] == pytest.approx((1.3 / 3 + 1.5 / 3) / 2)
+    assert v["mean"]["beats"] == 2 and (v["pairs_beaten"], v["pairs"]) == (4, 6)
+    assert v["points"]["searched"] == pytest.approx((24, 1.9 / 3))
+    assert np.allclose(v["points"]["random"], [(30, 1.3 / 3), (40, 1.5 / 3)])
+    result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g, "versus": v}
+    md = ex.report(result, make_config("spider"), None)
+    assert "| 1 | 24 | 0.5000 | 35 | 0.4500 ± 0.0707 | +0.0500 | 1 of 2 (1) |" in md
+    assert "| mean over clients | 24 | 0.6333 | 35 | 0.4667 ± 0.0471 | +0.1667 | 2 of 2 draws (0) |" in md
+    assert "beats its random mask in 4 of 6 client × draw pairs" in md
+
+
+def test_seeds_run_the_comparison_per_seed_and_table_mean_and_std(tmp_path, monkeypatch):
+    """--seeds: each seed's comparison runs with its run.seed into seed_<s>/ (the other
+    settings unchanged); results.md holds mean ± std over seeds and the plot."""
+    ex, calls = _example(), []
+
+    def one_seed(args, overrides, out):
+        calls.append((overrides, out))
+        s = overrides["run.seed"]
+        return {"numbers": {"searched − random": 0.1 * s, "spider": 0.9},
+                "points": {"searched": (100, 0.9), "random": [(120, 0.8 - 0.1 * s)]}}
+
+    monkeypatch.setattr(ex, "one_seed", one_seed)
+    assert ex.main(["--seeds", "0-2", "--rounds", "7", "--only", "spider", "--out", str(tmp_path)]) == 0
+    assert [(o["run.seed"], o["run.rounds"], out) for o, out in calls] == \
+        [(s, 7, tmp_path / f"seed_{s}") for s in (0, 1, 2)]
+    text = (tmp_path / "results.md").read_text()
+    assert "| searched − random | 0.1000 ± 0.1000 | 0.0000 | 0.1000 | 0.2000 |" in text
+    assert "| spider | 0.9000 ± 0.0000 |" in text and (tmp_path / "plots" / "searched_vs_random.png").exists()
+    for bad in (["--seeds", "0,0"], ["--seeds", "x"], ["--seeds", "0,1", "--set", "run.seed=3"], ["--random", "-1"]):
+        with pytest.raises(SystemExit) as e:  # argparse's one-line usage error
+            ex.main(bad + ["--out", str(tmp_path / "x")])
+        assert e.value.code == 2, bad
+    assert not (tmp_path / "x").exists()
