@@ -9,6 +9,7 @@ the same local test splits (the paper's Tables 2-3 and Fig. 4, scaled down).
     python examples/perfedrlnas.py --set algo.space=elastic       # another space (elastic, hybrid; no FedNAS then)
     python examples/perfedrlnas.py --preset paper --data-dir DIR  # CIFAR-10, 100 clients, 1500 rounds (a GPU)
     python examples/perfedrlnas.py --out runs/perfedrlnas --resume  # continue an interrupted run
+    python examples/perfedrlnas.py --seeds 0,1,2 --random 5       # learned vs random subnets over 3 seeds
 
 Methods, each a run directory of its own under ``--out`` (default ``runs/perfedrlnas``):
 
@@ -41,6 +42,21 @@ The control (``--random N``, default 3): N draws of one random subnet per client
 among the subnets within the client's memory budget when the run has budgets (the filter the
 learned subnets face), tested by the same ``evaluate`` and ``personalize`` as the learned
 argmax subnets: does the learned policy beat a random subnet trained the same way?
+
+``--seeds 0,1,2`` (or ``0-4``) runs the job once per seed (``run.seed``, which also draws
+the partition, the clients' simulated devices and budgets, and the random subnets) into
+``--out/seed_<s>/``, each a run of its own with its own ``results.md`` and resumable with
+``--resume``, then writes ``--out/results.md`` (:func:`jaxfednas.seeds.over_seeds`): mean ±
+std over seeds and every seed's value of the learned argmax subnets' client-mean accuracy,
+the random subnets' (mean of the draws), learned − random, the fraction of random draws
+the learned subnets beat and the share of clients whose learned subnet beats its random
+mean, each with the supernet weights and after the local epochs; then one line per test
+saying in how many seeds learned beat random. Plots (x: parameters, mean over clients; y:
+client-mean accuracy; one colour per seed, star: learned, dots: random draws):
+``plots/searched_vs_random.png`` (supernet weights) and
+``plots/searched_vs_random_local_epochs.png``. The comparison needs only the PerFedRLNAS
+run, so ``--seeds`` runs only ``perfedrlnas`` unless ``--only`` names more (the baselines
+add about 2.5 minutes per seed, FedNAS most of it); their client means then join the table.
 
 Every method is tested on IDENTICAL local test splits: PerFedRLNAS, FedAvg + fine-tuning
 and local-only split each client's data 80/20 train / test (PerFedRLNAS's default), the
@@ -103,12 +119,14 @@ from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import load_run, run_script, StageRunner
+from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round
-from jaxfednas.seeds import versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
 
 METHODS = ("perfedrlnas", "perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas")
 DEFAULT_METHODS = ("perfedrlnas", "local_adaptation", "local_only", "fednas")  # + perfedrlnas_nobudget: ~1.5 min more
+SEEDS_METHODS = ("perfedrlnas",)  # --seeds: the comparison with random subnets needs only this run
 PERFEDRLNAS = ("perfedrlnas", "perfedrlnas_nobudget")
 LABELS = {"perfedrlnas": "PerFedRLNAS, memory budget (Eq. 9)", "perfedrlnas_nobudget": "PerFedRLNAS, no budget (Eq. 8)",
           "local_adaptation": "FedAvg + fine-tuning", "local_only": "local-only",
@@ -131,6 +149,7 @@ BASELINES = {
               "local_only": {"algo.model": "resnet18", "algo.client_lr": 0.01}},
 }
 PLOT = Path("plots") / "memory_vs_budget.png"
+LOCAL_PLOT = Path("plots") / "searched_vs_random_local_epochs.png"
 
 
 def _describe(row: dict) -> str:
@@ -259,6 +278,7 @@ def _versus_random(searched: np.ndarray, draws: list[np.ndarray]) -> dict:
     std over draws) and the share of clients whose learned subnet beats its random draws' mean."""
     searched, rand = np.asarray(searched, np.float64), np.asarray(draws, np.float64)  # [K], [n, K]
     vs = versus_random(float(np.nanmean(searched)), [float(np.nanmean(r)) for r in rand])
+    vs["random_acc"] = [float(np.nanmean(r)) for r in rand]
     vs["clients_beating_random"] = float(np.mean(searched > np.nanmean(rand, 0)))
     return vs
 
@@ -276,12 +296,95 @@ def fednas_personalized(run_dir: Path) -> dict:
 
 
 def run(args) -> None:
-    out = Path(args.out)
-    t_call = time.perf_counter()
+    """One seed into ``--out`` or, with ``--seeds``, one run of every method per seed into
+    ``--out/seed_<s>`` and the table over seeds (:func:`jaxfednas.seeds.over_seeds`)."""
     overrides = parse_set(args.set)
     for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir)):
         if value is not None:
             overrides[key] = value
+    if args.seeds is None:
+        run_one(args, overrides, Path(args.out))
+        return
+    seeds, out = parse_seeds(args.seeds), Path(args.out)
+    per_seed = over_seeds(seeds, lambda seed, d: run_one(args, {**overrides, "run.seed": seed}, d), out,
+                          title="PerFedRLNAS: learned argmax subnets vs random subnets",
+                          metric="client-mean test accuracy (supernet weights)",
+                          plot_title="PerFedRLNAS: learned argmax subnets (stars) vs random subnets (dots), "
+                                     "supernet weights",
+                          note=seeds_note(args, seeds))
+    local = {s: r["points_local_epochs"] for s, r in per_seed.items() if r.get("points_local_epochs")}
+    if local:
+        plot_searched_vs_random(local, out / LOCAL_PLOT, metric="client-mean test accuracy (+ E local epochs)", title="PerFedRLNAS: learned argmax subnets (stars) vs random "
+                                "subnets (dots), after E local epochs")
+    verdict = seeds_verdict({s: r["numbers"] for s, r in per_seed.items()})
+    if verdict:
+        text = (out / "results.md").read_text() + "\n" + verdict
+        atomic_write_text(out / "results.md", text)
+        print(verdict)
+
+
+def seeds_verdict(rows: dict) -> str:
+    """One line per PerFedRLNAS run and test: in how many seeds the learned argmax subnets'
+    client mean beats the random subnets' (and the mean difference over seeds)."""
+    lines = []
+    first = next(iter(rows.values()))
+    for name in first:
+        if not name.endswith(": learned − random"):
+            continue
+        diffs = [r[name] for r in rows.values() if name in r]
+        won = sum(d > 0 for d in diffs)
+        lines.append(f"- {name[:-len(': learned − random')]}: the learned subnets beat the random ones in {won} of "
+                     f"{len(diffs)} seeds (learned − random {float(np.mean(diffs)):+.4f} on average).")
+    return ("Learned vs random, seed by seed:\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def seeds_note(args, seeds) -> str:
+    return (f"Each seed (`run.seed`; also the partition, the simulated devices and the random subnets' keys): "
+            f"the methods {', '.join(args.only)} in `seed_<s>/` (its own `results.md`), and {args.random} draws "
+            f"of one random subnet per client (within the client's memory budget when the run has one), tested "
+            f"by the same code as the learned policy's argmax subnets. \"supernet weights\": each client's "
+            f"subnet with the final supernet weights; \"+ E local epochs\": the same subnet after its client's "
+            f"local training. \"fraction of draws beaten\": the share of the random draws whose client mean the "
+            f"learned subnets' client mean exceeds; \"clients beating random\": the share of clients whose "
+            f"learned subnet beats their random subnets' mean. Plots (x: parameters, mean over clients; y: "
+            f"client-mean accuracy; star: learned, dots: random draws, one colour per seed): "
+            f"`plots/searched_vs_random.png` (supernet weights), `plots/searched_vs_random_local_epochs.png` "
+            f"(+ E local epochs).\n")
+
+
+def seed_numbers(rows: list[dict]) -> dict:
+    """One seed's result for :func:`jaxfednas.seeds.over_seeds`: ``numbers``, for every
+    PerFedRLNAS run with the control, learned vs random (with the supernet weights and
+    after the local epochs), and every other method's mean client accuracy; ``points`` (supernet weights)
+    and ``points_local_epochs``: the first such run's learned subnets and random draws as
+    (params, client-mean accuracy)."""
+    numbers, result = {}, {}
+    for r in rows:
+        m, c = r["method"], r.get("random_control")
+        if not c:
+            numbers[f"{m}: mean client acc"] = r["mean"]
+            if "local_training" in r:
+                numbers[f"{m}: + local epochs, mean client acc"] = r["local_training"]["mean"]
+            continue
+        for tag, key, point in (("supernet weights", "supernet_weights", "points"),
+                                ("+ local epochs", "local_epochs", "points_local_epochs")):
+            v = c[key]
+            numbers[f"{m}, {tag}: learned"] = v["searched"]
+            numbers[f"{m}, {tag}: random (mean of draws)"] = v["random_mean"]
+            numbers[f"{m}, {tag}: learned − random"] = v["searched_minus_random"]
+            numbers[f"{m}, {tag}: fraction of draws beaten"] = v["beats"] / c["draws"]
+            numbers[f"{m}, {tag}: clients beating random"] = v["clients_beating_random"]
+            result.setdefault(point, {"searched": (r["params"], v["searched"]),
+                                      "random": list(zip(c["draw_params"], v["random_acc"]))})
+        numbers[f"{m}: params, learned (mean over clients)"] = r["params"]
+        numbers[f"{m}: params, random (mean over clients and draws)"] = c["params_mean"]
+    return {"numbers": numbers, **result}
+
+
+def run_one(args, overrides: dict, out: Path) -> dict:
+    """Every method of ``args.only`` on one seed into ``out``: results.md / results.json
+    there; returns :func:`seed_numbers` of its rows."""
+    t_call = time.perf_counter()
     cfgs = configs(args, overrides)
     pfr_cfg = cfgs["perfedrlnas"]
     if pfr_cfg.algo.space != "darts" and "fednas" in args.only:
@@ -305,6 +408,7 @@ def run(args) -> None:
                                args.resume, lambda m=method: random_control(out / m, args.random))
                 control = {"random_control": {
                     "draws": args.random, "params_mean": float(np.mean([d["params_mean"] for d in rand["draws"]])),
+                    "draw_params": [d["params_mean"] for d in rand["draws"]],
                     "supernet_weights": _versus_random(_client_acc(out / method),
                                                        [d["supernet_weights"] for d in rand["draws"]]),
                     "local_epochs": _versus_random(local["client_test_acc"],
@@ -350,6 +454,7 @@ def run(args) -> None:
     print("\n" + text)
     print(f"results: {out / 'results.md'}" + (f"; memory vs budget: {out / PLOT}" if memory else "")
           + f"; this call {result['this_call_s']:.0f} s")
+    return seed_numbers(rows)
 
 
 def plot_memory(runs: dict, path: Path) -> None:
@@ -463,8 +568,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, help="rounds of PerFedRLNAS and of the baselines (default 40 on digits, "
                    "1500 with --preset paper)")
     p.add_argument("--fednas-rounds", type=int, help="FedNAS's search rounds (default 10 on digits, 50 paper)")
-    p.add_argument("--only", type=_methods, default=DEFAULT_METHODS, metavar="METHOD[,METHOD]",
-                   help=f"the methods to run, of {', '.join(METHODS)} (default: all but perfedrlnas_nobudget)")
+    p.add_argument("--only", type=_methods, metavar="METHOD[,METHOD]",
+                   help=f"the methods to run, of {', '.join(METHODS)} (default: all but perfedrlnas_nobudget; "
+                        f"with --seeds: perfedrlnas)")
+    p.add_argument("--seeds", metavar="LIST", help="the whole job once per seed (e.g. 0,1,2 or 0-4), each into "
+                   "--out/seed_<s>; results.md gives mean ± std over seeds of learned vs random subnets")
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="the control: N draws of a random subnet per client (within its memory budget), tested "
                         "like the learned argmax subnets (default 3; 0: none)")
@@ -478,8 +586,14 @@ def main(argv=None) -> int:
         p.error(f"--random {args.random}: must be >= 0")
     try:
         parse_set(args.set)
+        if args.seeds is not None:
+            parse_seeds(args.seeds)
     except ConfigError as e:
         p.error(str(e))
+    if args.seeds is not None and "run.seed" in parse_set(args.set):
+        p.error("--seeds sets run.seed; leave out --set run.seed=...")
+    if args.only is None:
+        args.only = SEEDS_METHODS if args.seeds is not None else DEFAULT_METHODS
     return run_script("examples/perfedrlnas.py", lambda: run(args))
 
 

@@ -98,6 +98,14 @@ def test_perfedrlnas_example_against_local_only(tmp_path, capsys):
     assert [sorted(c["train"]) for c in other] == [sorted(c["train"]) for c in ref]
     md = (out / "results.md").read_text()
     assert "| PerFedRLNAS, memory budget (Eq. 9) |" in md and "| local-only |" in md
+    # what --seeds tables for this seed: the learned subnets and the random draw as (params, acc)
+    seed = ex.seed_numbers(result["rows"])
+    (draw,) = json.loads((out / "perfedrlnas_random_subnets.json").read_text())["draws"]
+    for key, points in (("supernet_weights", seed["points"]), ("local_epochs", seed["points_local_epochs"])):
+        ((params, acc),) = points["random"]
+        assert params == draw["params_mean"] and acc == pytest.approx(np.mean(draw[key]))
+    assert seed["points"]["searched"] == (rows["perfedrlnas"]["params"], pytest.approx(rows["perfedrlnas"]["mean"]))
+    assert seed["numbers"]["local_only: mean client acc"] == rows["local_only"]["mean"]
     # finished runs: without --resume the example refuses to overwrite; with it nothing trains again
     assert ex.main(TINY + ["--only", "perfedrlnas,local_only", "--out", str(out)]) == 2
     capsys.readouterr()
@@ -153,3 +161,72 @@ def test_unknown_method_is_a_usage_error():
     with pytest.raises(SystemExit) as e:
         _example().main(["--only", "perfedrlnas,nope"])
     assert e.value.code == 2
+
+
+def _row(seed: int) -> dict:
+    """A PerFedRLNAS row of results.json with a two-draw control, its numbers set by ``seed``."""
+    return {"method": "perfedrlnas", "mean": 0.6 + seed / 100, "params": 1000.0 + seed,
+            "local_training": {"mean": 0.8},
+            "random_control": {"draws": 2, "params_mean": 950.0, "draw_params": [900.0, 1000.0],
+                               "supernet_weights": {"searched": 0.6 + seed / 100, "random_mean": 0.55,
+                                                    "random_acc": [0.5, 0.6], "searched_minus_random": 0.05 + seed / 100,
+                                                    "beats": 1 + (seed > 0), "clients_beating_random": 0.5},
+                               "local_epochs": {"searched": 0.8, "random_mean": 0.85, "random_acc": [0.8, 0.9],
+                                                "searched_minus_random": -0.05, "beats": 0,
+                                                "clients_beating_random": 0.25}}}
+
+
+def test_seed_numbers_reads_learned_vs_random_from_the_rows():
+    r = _example().seed_numbers([_row(0), {"method": "local_only", "mean": 0.7, "params": 5.0}])
+    n = r["numbers"]
+    assert n["local_only: mean client acc"] == 0.7 and "perfedrlnas: mean client acc" not in n
+    assert n["perfedrlnas, supernet weights: learned"] == 0.6 and n["perfedrlnas, + local epochs: learned"] == 0.8
+    assert n["perfedrlnas, supernet weights: learned − random"] == pytest.approx(0.05)
+    assert n["perfedrlnas, supernet weights: fraction of draws beaten"] == 0.5
+    assert n["perfedrlnas, + local epochs: random (mean of draws)"] == 0.85
+    assert n["perfedrlnas, + local epochs: fraction of draws beaten"] == 0.0
+    assert n["perfedrlnas, + local epochs: clients beating random"] == 0.25
+    assert n["perfedrlnas: params, random (mean over clients and draws)"] == 950.0
+    # x = params (mean over clients), y = client-mean accuracy: the learned subnets and each draw
+    assert r["points"] == {"searched": (1000.0, 0.6), "random": [(900.0, 0.5), (1000.0, 0.6)]}
+    assert r["points_local_epochs"] == {"searched": (1000.0, 0.8), "random": [(900.0, 0.8), (1000.0, 0.9)]}
+
+
+def test_perfedrlnas_example_over_seeds_tables_each_seeds_numbers(tmp_path, monkeypatch):
+    """--seeds: each seed's job runs with its run.seed into seed_<s>/ (only PerFedRLNAS unless
+    --only says more), and results.md holds mean ± std over seeds of learned vs random."""
+    mod = _example()
+    calls = []
+
+    def one_seed(args, overrides, out):
+        seed = overrides["run.seed"]
+        calls.append((seed, out, args.only, overrides.get("algo.C")))
+        return mod.seed_numbers([_row(seed)])
+
+    monkeypatch.setattr(mod, "run_one", one_seed)
+    assert mod.main(["--seeds", "0-2", "--set", "algo.C=4", "--out", str(tmp_path)]) == 0
+    assert calls == [(s, tmp_path / f"seed_{s}", ("perfedrlnas",), "4") for s in (0, 1, 2)]
+    text = (tmp_path / "results.md").read_text()
+    assert "(seeds 0,1,2)" in text
+    assert "| perfedrlnas, supernet weights: learned | 0.6100 ± 0.0100 | 0.6000 | 0.6100 | 0.6200 |" in text
+    assert "| perfedrlnas, supernet weights: fraction of draws beaten | 0.8333 ± 0.2887 | 0.5000 | 1.0000 |" in text
+    assert "| perfedrlnas, + local epochs: learned − random | -0.0500 ± 0.0000 |" in text
+    assert "- perfedrlnas, supernet weights: the learned subnets beat the random ones in 3 of 3 seeds" in text
+    assert "- perfedrlnas, + local epochs: the learned subnets beat the random ones in 0 of 3 seeds" in text
+    for plot in ("searched_vs_random.png", "searched_vs_random_local_epochs.png"):
+        assert (tmp_path / "plots" / plot).stat().st_size > 0
+    calls.clear()
+    assert mod.main(["--seeds", "3", "--only", "perfedrlnas,local_only", "--out", str(tmp_path / "o")]) == 0
+    assert [c[2] for c in calls] == [("perfedrlnas", "local_only")]
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "0,0"], ["--seeds", "a"], ["--seeds", "2-1"],
+                                  ["--seeds", "0,1", "--set", "run.seed=3"]])
+def test_bad_seeds_are_a_one_line_usage_error(argv, tmp_path, capsys, monkeypatch):
+    mod = _example()
+    monkeypatch.setattr(mod, "run_one", lambda *a: pytest.fail("ran a seed"))  # nothing may train
+    with pytest.raises(SystemExit) as e:
+        mod.main(argv + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: --seeds" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())
