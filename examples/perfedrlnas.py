@@ -314,8 +314,9 @@ def run(args) -> None:
                           note=seeds_note(args, seeds))
     local = {s: r["points_local_epochs"] for s, r in per_seed.items() if r.get("points_local_epochs")}
     if local:
-        plot_searched_vs_random(local, out / LOCAL_PLOT, metric="client-mean test accuracy (+ E local epochs)", title="PerFedRLNAS: learned argmax subnets (stars) vs random "
-                                "subnets (dots), after E local epochs")
+        plot_searched_vs_random(local, out / LOCAL_PLOT, metric="client-mean test accuracy (+ E local epochs)",
+                                title="PerFedRLNAS: learned argmax subnets (stars) vs random subnets (dots), "
+                                      "after E local epochs")
     verdict = seeds_verdict({s: r["numbers"] for s, r in per_seed.items()})
     if verdict:
         text = (out / "results.md").read_text() + "\n" + verdict
