@@ -30,7 +30,9 @@ extensions = [
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "**/__pycache__", "README.md"]
+# docs/results/*.md are written by the examples' commands and included into the paper
+# pages with {include}; they are not pages of their own.
+exclude_patterns = ["_build", "**/__pycache__", "README.md", "results/*.md"]
 
 # MyST: ::: fences, $math$, definition lists; headings up to ### get anchors so that
 # README.md and other pages can link to sections (page.md#section-title).
@@ -55,7 +57,7 @@ nitpicky = True
 _EXTERNAL_PREFIXES = (
     "jax.", "jnp.", "jaxlib.", "np.", "numpy.", "flax.", "nn.", "optax.", "chex.",
     "scipy.", "dp_accounting.", "matplotlib.", "msgpack.", "collections.abc.",
-    "typing.", "os.", "pathlib.", "argparse.", "dataclasses.", "concurrent.",
+    "typing.", "types.", "os.", "pathlib.", "argparse.", "dataclasses.", "concurrent.",
 )
 nitpick_ignore_regex = [
     (r"py:.*", prefix.replace(".", r"\.") + r".*") for prefix in _EXTERNAL_PREFIXES
