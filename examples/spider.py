@@ -49,6 +49,8 @@ global supernet's weights; ``algorithms.spider.fine_tuned_accuracy``), so each c
 searched mask (``p[k, k]``) is compared with random masks trained the same way: per
 client and mean over clients, searched − random and how many random masks the searched
 one beats (``results.md``), and ``plots/searched_vs_random.png`` (x: kept parameters).
+``--match-size`` rejection-samples each client's random masks to within ±10 % of its
+searched mask's parameters (``sampling.matched``).
 ``--seeds 0,1,2`` runs the whole comparison once per seed (``run.seed``, which also draws
 the partition) into ``seed_<s>/`` and writes mean ± std over seeds of every number.
 
@@ -78,6 +80,7 @@ import csv
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -96,7 +99,7 @@ from jaxfednas.runtime import Placement
 from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
 from search_spaces.darts import PRIMITIVE_SETS
 from search_spaces.darts.masks import CELLS
-from search_spaces.sampling import random_mask
+from search_spaces.sampling import matched, random_mask
 
 METHODS = ("spider", "local_nas", "fednas", "ditto", "perfedavg", "local_adaptation")
 LABELS = {"spider": "SPIDER", "local_nas": "local-only NAS (SPIDER λ=0, App. D.2)",
@@ -207,7 +210,7 @@ def run(args) -> None:
                metric="client test acc after fine-tuning (mean over clients)",
                note=("Each seed: its own partition, runs, personalization gain and random control "
                      f"(`seed_<s>/results.md`): every client's searched mask and {args.random} random masks of the "
-                     "same space per client, each fine-tuned with the gain matrix's recipe (same epochs, same "
+                     f"same space per client{' (size-matched ±10 %)' if args.match_size else ''}, each fine-tuned with the gain matrix's recipe (same epochs, same "
                      "minibatches, from the global supernet's weights) and tested on the client's local test "
                      "split. Plot: `plots/searched_vs_random.png` (means over clients; x: kept parameters)."))
 
@@ -252,7 +255,7 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
         genotypes = archs.genotypes()
         result["genotypes"] = {str(k): g.to_dict() for k, g in genotypes.items()}
         epochs = args.gain_epochs or GAIN_EPOCHS[mode]
-        result["gain"] = gain(out, epochs, args.resume, args.random) \
+        result["gain"] = gain(out, epochs, args.resume, args.random, args.match_size) \
             if len(genotypes) == spider_cfg.data.num_clients else None
         if result["gain"] is None:
             print(f"note: {spider_cfg.data.num_clients - len(genotypes)} clients have not finished their search; "
@@ -287,28 +290,42 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
     return {"numbers": numbers, "points": result["versus"]["points"] if result.get("versus") else None}
 
 
-def random_masks(cfg: sp.SpiderConfig, seed: int, num_clients: int, draws: int) -> dict:
+def random_masks(cfg: sp.SpiderConfig, seed: int, num_clients: int, draws: int, *,
+                 size: Callable[[dict], float] | None = None, targets=None) -> dict:
     """The random control's architectures: draw i gives client k the SPIDER mask of a DARTS
     cell pair drawn uniformly from the space (``sampling.random_mask``, key
-    ``fold_in(random_arch_key(seed, i), k)``), as ``{"normal": [K, draws, E, |O|], ...}``."""
+    ``fold_in(random_arch_key(seed, i), k)``), as ``{"normal": [K, draws, E, |O|], ...}``.
+    With ``size`` (a mask's parameters) and ``targets`` (one per client), each draw is
+    rejection-sampled (``sampling.matched``) to within ±10 % of its client's target."""
     prims = PRIMITIVE_SETS[cfg.primitives]
-    m = [[random_mask(jax.random.fold_in(random_arch_key(seed, i), k), prims, cfg.steps) for i in range(draws)]
-         for k in range(num_clients)]
+
+    def draw(i: int, k: int) -> dict:
+        key = jax.random.fold_in(random_arch_key(seed, i), k)
+        if size is None:
+            return random_mask(key, prims, cfg.steps)
+        try:
+            return matched(key, lambda kk: random_mask(kk, prims, cfg.steps), size, targets[k], max_tries=20_000)[0]
+        except ValueError as e:
+            raise ConfigError(f"--match-size, client {k}: {e}; run without --match-size") from None
+
+    m = [[draw(i, k) for i in range(draws)] for k in range(num_clients)]
     return {c: np.asarray([[d[c] for d in row] for row in m], np.float32).reshape(
         (num_clients, draws) + sp.initial_mask(prims, cfg.steps)[c].shape) for c in CELLS}
 
 
-def gain(out: Path, epochs: int, resume: bool, draws: int = 0) -> dict:
+def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool = False) -> dict:
     """The personalization-gain matrix of SPIDER's final state (§5.2.2, Eq. 6) and, with
     ``draws``, the random control: every client's ``draws`` random masks fine-tuned with
     the same recipe (``sp.fine_tuned_accuracy``: the gain's epochs, minibatches and
     starting weights) in the same call. Reused on ``--resume`` when it was computed for the
-    same rounds, epochs and draws."""
+    same rounds, epochs and draws (and ``match_size``: random masks within ±10 % of each
+    client's searched mask's parameters)."""
     path = out / "gain.json"
     rounds = json.loads((out / "spider" / "summary.json").read_text())["rounds"]
     if resume and path.exists():
         g = json.loads(path.read_text())
-        if g["epochs"] == epochs and g["spider_rounds"] == rounds and g.get("random", {}).get("draws", 0) == draws:
+        if g["epochs"] == epochs and g["spider_rounds"] == rounds and g.get("random", {}).get("draws", 0) == draws \
+                and g.get("random", {}).get("match_size", False) == match_size:
             return g
     print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client"
           + (f", and {draws} random masks per client" if draws else ""), flush=True)
@@ -317,21 +334,23 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0) -> dict:
     cfg, info, state = run.config.algo, run.data.info, run.state
     k = info.num_clients
     arch = {c: np.asarray(a) for c, a in state.arch.items()}
-    rand = random_masks(cfg, run.config.run.seed, k, draws)
+    params = state.variables["params"]
+    size = (lambda m: sp.kept_parameters(cfg, params, m)) if match_size else None  # noqa: E731
+    searched = [sp.kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS}) for i in range(k)]
+    rand = random_masks(cfg, run.config.run.seed, k, draws, size=size, targets=searched)
     # row i: A_1 .. A_K (sp.gain_matrix's candidates), then client i's random masks
     masks = {c: np.concatenate([np.broadcast_to(arch[c][None], (k,) + arch[c].shape), rand[c]], axis=1)
              for c in CELLS}
     acc = sp.fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=epochs,
                                  placement=Placement.from_run(run.config.run))
     p, g = acc[:, :k], sp.personalization_gain(acc[:, :k])
-    params = state.variables["params"]
     result = {"epochs": epochs, "spider_rounds": run.rounds, "matrix": p.round(6).tolist(), "gain": g.round(6).tolist(),
               "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1),
-              "random": {"draws": draws, "seed": run.config.run.seed, "acc": acc[:, k:].round(6).tolist(),
+              "random": {"draws": draws, "match_size": match_size, "seed": run.config.run.seed,
+                         "acc": acc[:, k:].round(6).tolist(),
                          "params": [[sp.kept_parameters(cfg, params, {c: rand[c][i, j] for c in CELLS})
                                      for j in range(draws)] for i in range(k)],
-                         "searched_params": [sp.kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS})
-                                             for i in range(k)]}}
+                         "searched_params": searched}}
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")
     plot_gain(p, g, out / "plots" / "gain_matrix.png", epochs)
     return result
@@ -422,9 +441,12 @@ def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -
     if v:
         r, n = g["random"], g["random"]["draws"]
         m = v["mean"]
-        lines += ["", f"## Searched vs random architectures ({n} random masks per client, same fine-tuning)", "",
+        matched_text = ", size-matched ±10 %" if r.get("match_size") else ""
+        lines += ["", f"## Searched vs random architectures ({n} random masks per client{matched_text}, same "
+                  "fine-tuning)", "",
                   f"Every client's searched mask (p[k, k] above) against {n} masks drawn uniformly from the same space "
-                  "for that client (`sampling.random_mask`, keys `fold_in(random_arch_key(seed, i), k)`), each "
+                  + ("among those with parameters within ±10 % of the searched mask's " if r.get("match_size") else "")
+                  + "for that client (`sampling.random_mask`, keys `fold_in(random_arch_key(seed, i), k)`), each "
                   f"fine-tuned as the gain matrix's entries: {g['epochs']} epochs on the client's train + validation "
                   "data from the global supernet's weights, the same minibatches; local test accuracy. params: the "
                   "supernet weights the mask keeps. Plot: `plots/searched_vs_random.png`.", "",
@@ -465,6 +487,8 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="the control: N random masks of the space per client, fine-tuned with the gain matrix's "
                    "recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)")
+    p.add_argument("--match-size", action="store_true",
+                   help="draw each client's random masks with parameters within ±10 %% of its searched mask's")
     p.add_argument("--seeds", metavar="LIST", help="the whole comparison once per seed (e.g. 0,1,2), each into "
                    "--out/seed_<s>; results.md gives mean ± std over seeds")
     p.add_argument("--out", default="runs/spider")

@@ -18,6 +18,7 @@ import pytest
 
 from algorithms.spider import personalization_gain
 from conftest import assert_accuracy
+from jaxfednas.config import ConfigError
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from search_spaces.darts import PRIMITIVE_SETS
@@ -186,6 +187,26 @@ def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
     again, other = ex.random_masks(cfg, 5, 3, 2), ex.random_masks(cfg, 6, 3, 2)
     assert all(np.array_equal(m[c], again[c]) for c in CELLS)
     assert not all(np.array_equal(m[c], other[c]) for c in CELLS)
+
+
+def test_size_matched_random_masks_are_within_ten_percent_of_each_clients_target():
+    """--match-size: each client's draws are rejection-sampled to its own target (here a
+    stand-in cost: 1 + the number of sep_conv ops kept); an unreachable one is a one-line error."""
+    ex = _example()
+    cfg = make_config("spider", overrides={"algo.steps": 3}).algo
+    sep = PRIMITIVE_SETS[cfg.primitives].index("sep_conv_3x3")
+
+    def size(m):
+        return 1 + sum(float(m[c][:, sep].sum()) for c in CELLS)
+
+    targets = [7, 10, 3]
+    m = ex.random_masks(cfg, 5, 3, 4, size=size, targets=targets)
+    for k, t in enumerate(targets):
+        for i in range(4):
+            assert abs(size({c: m[c][k, i] for c in CELLS}) - t) <= 0.1 * t, (k, i)
+    assert len({m["normal"][1, i].tobytes() + m["reduce"][1, i].tobytes() for i in range(4)}) == 4
+    with pytest.raises(ConfigError, match="--match-size, client 0"):
+        ex.random_masks(cfg, 5, 1, 1, size=size, targets=[40])
 
 
 def _gain():
