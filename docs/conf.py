@@ -69,6 +69,12 @@ nitpick_ignore_regex = [
     (r"py:class", r"Union\[flax\..*"),
 ]
 
+# `sphinx-build -b doctest docs docs/_build/doctest` runs the pages' {doctest} blocks.
+# Docstring examples run with their module's namespace under
+# `python -m pytest --doctest-modules`, not here (Sphinx's doctest builder would run
+# them without their module's globals).
+doctest_test_doctest_blocks = ""
+
 html_theme = "furo"
 html_title = "jaxfednas"
 html_static_path: list[str] = []
