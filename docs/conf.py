@@ -67,6 +67,9 @@ nitpick_ignore_regex = [
                r"|NamedTuple|ndarray|dtype|Mesh|NamedSharding|PartitionSpec)"),
     # Flax modules' `parent` field: its annotation is a Union Sphinx cannot split.
     (r"py:class", r"Union\[flax\..*"),
+    # Type variables (`A` in `matched(...) -> A`) and private helper classes in annotations.
+    (r"py:class", r"(.*\.)?[A-Z]"),
+    (r"py:class", r".*\._\w+"),
 ]
 
 # `sphinx-build -b doctest docs docs/_build/doctest` runs the pages' {doctest} blocks.
@@ -74,6 +77,75 @@ nitpick_ignore_regex = [
 # `python -m pytest --doctest-modules`, not here (Sphinx's doctest builder would run
 # them without their module's globals).
 doctest_test_doctest_blocks = ""
+
+
+def _namespace_target(env, modname: str, target: str) -> str | None:
+    """The documented full name of ``target`` as module ``modname`` sees it.
+
+    A docstring may name an object the module imports (``:class:`Genotype``` in a module
+    that does ``from ...darts import Genotype``); Python resolves that name in the module's
+    namespace, Sphinx only among the module's own members. Look the first component up in
+    the module and link the documented object that *is* it (same Python object), if any.
+    """
+    import importlib
+
+    head, _, rest = target.partition(".")
+    try:
+        mod = importlib.import_module(modname)
+    except Exception:  # noqa: BLE001 (a module autodoc could not import either)
+        return None
+    if not hasattr(mod, head):
+        return None
+    obj = getattr(mod, head)
+    objects = env.get_domain("py").objects
+    candidates = []
+    for name in objects:
+        parent, _, last = name.rpartition(".")
+        if last != head or not parent:
+            continue
+        try:
+            owner = importlib.import_module(parent)
+        except Exception:  # noqa: BLE001 (a class, not a module: not an import target)
+            continue
+        if getattr(owner, head, None) is obj:
+            candidates.append(name)
+    for name in sorted(candidates, key=len):
+        full = f"{name}.{rest}" if rest else name
+        if full in objects:
+            return full
+    return None
+
+
+def _namespaces(node) -> list[str]:
+    """Modules whose namespace a docstring reference is read in: the current module and,
+    for an object re-exported by a package, the module that defines the object (from the
+    node's source, "...:docstring of jaxfednas.runtime.weighted_mean")."""
+    names = [node["py:module"]] if node.get("py:module") else []
+    source = node.source or ""
+    if "docstring of " in source:
+        parts = source.rsplit("docstring of ", 1)[1].split(".")
+        names += [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+    return names
+
+
+def _resolve_in_module_namespace(app, env, node, contnode):
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"].lstrip("~.")
+    full = None
+    for modname in _namespaces(node):
+        full = _namespace_target(env, modname, target)
+        if full is not None:
+            break
+    if full is None:
+        return None
+    return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
+                                             full, node, contnode)
+
+
+def setup(app):
+    app.connect("missing-reference", _resolve_in_module_namespace)
+
 
 html_theme = "furo"
 html_title = "jaxfednas"
