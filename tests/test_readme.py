@@ -48,7 +48,7 @@ def _close(a, b):
 
 
 def test_readme_algorithm_server_momentum_by_hand(fedavgm_module, tiny_data):
-    cfg = fedavgm_module.FedAvgMConfig(batch_size=64, momentum=0.5, server_lr=0.7)
+    cfg = fedavgm_module.FedAvgMConfig(batch_size=64, server_momentum=0.5, server_lr=0.7)
     algo = fedavgm_module.fedavgm(cfg, tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
     # FedAvg with η_s = 1 returns the n_k-weighted average of the same clients' models
     fa = fedavg(FedAvgConfig(batch_size=64), tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
