@@ -282,3 +282,26 @@ def test_cli_seeds_runs_each_seed_in_its_directory_and_tables_them(tmp_path, cap
     assert json.loads((tmp_path / "seeds.json").read_text()).keys() == {"0", "1", "2"}
     assert cli.main([*argv, "--seeds", "0", "--seed", "1"]) == 2
     assert "--seed or --seeds" in capsys.readouterr().err
+
+
+def test_a_former_field_name_is_accepted_with_a_warning_and_never_beside_the_new_one():
+    import dataclasses
+    import warnings
+
+    from jaxfednas.config import ConfigError, Validated, param, replace_fields
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg(Validated):
+        SECTION = "algo"
+        RENAMED = {"w_lr": "lr"}
+        lr: float = param(0.1, "learning rate", range=(0.0, 1.0))
+
+    with pytest.warns(FutureWarning, match=r"algo\.w_lr is now algo\.lr"):
+        assert replace_fields(Cfg(), "algo", {"w_lr": "0.5"}).lr == 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a run directory's config.json: read silently
+        assert replace_fields(Cfg(), "algo", {"w_lr": 0.25}, warn_renamed=False).lr == 0.25
+    with pytest.raises(ConfigError, match="both given"):
+        replace_fields(Cfg(), "algo", {"w_lr": 0.5, "lr": 0.5})
+    with pytest.raises(ConfigError, match="out of range"):  # the old name is validated as the new one
+        replace_fields(Cfg(), "algo", {"w_lr": 2.0}, warn_renamed=False)
