@@ -380,6 +380,7 @@ def test_gain_matrix_and_eq6(searched):
         sp.personalization_gain(np.ones((2, 3)))
 
 
+@pytest.mark.slow  # ~45 s on 2 cores: the suite's time is at its 10-minute limit
 def test_fine_tuned_accuracy_is_the_gain_recipe_for_any_masks_per_client(searched):
     """Each client's own mask fine-tuned alone gives the gain matrix's diagonal (the same
     recipe and minibatches), and a row's candidates are the client's own: client i's second
