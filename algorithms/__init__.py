@@ -1,12 +1,46 @@
-"""Federated algorithms, each a factory returning a :class:`jaxfednas.FederatedAlgorithm`."""
-from algorithms.ditto import DittoConfig, DittoState, ditto
-from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
-from algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
-from algorithms.local_only import LocalOnlyConfig, LocalOnlyState, local_only
-from algorithms.perfedavg import PerFedAvgConfig, PerFedAvgState, perfedavg
+"""Federated algorithms, each a factory returning a :class:`jaxfednas.FederatedAlgorithm`.
 
-__all__ = [
-    "FedAvgConfig", "FedAvgState", "fedavg", "LocalOnlyConfig", "LocalOnlyState", "local_only",
-    "LocalAdaptationConfig", "local_adaptation", "DittoConfig", "DittoState", "ditto",
-    "PerFedAvgConfig", "PerFedAvgState", "perfedavg",
-]
+The five papers (FedNAS, DP-FNAS, DFNAS, SPIDER, PerFedRLNAS), FedNAS' retraining of a
+derived genotype, and the baselines (FedAvg, local-only, local adaptation, Ditto,
+Per-FedAvg). Each algorithm is a module named after it whose factory has the module's name
+(``jaxfednas.algorithms.fednas.fednas``) and takes its config and a
+:class:`jaxfednas.DataInfo`; the module also holds the paper's building blocks. This
+package exports every algorithm module and every config and state class::
+
+    from jaxfednas.algorithms import FedNASConfig, fednas
+    algo = fednas.fednas(FedNASConfig(), info)
+
+Names resolve lazily: importing ``jaxfednas.algorithms`` imports no algorithm.
+"""
+import importlib
+
+_MODULES = {
+    "fednas": ("FedNASConfig", "FedNASState", "fednas"),
+    "fednas_train": ("FedNASTrainConfig", "fednas_train"),
+    "dp_fnas": ("DPFNASConfig", "DPFNASState", "dp_fnas"),
+    "dfnas": ("DFNASConfig", "DFNASState", "dfnas"),
+    "spider": ("SpiderConfig", "SpiderState", "spider"),
+    "perfedrlnas": ("PerFedRLNASConfig", "PerFedRLNASState", "perfedrlnas"),
+    "fedavg": ("FedAvgConfig", "FedAvgState", "fedavg"),
+    "local_only": ("LocalOnlyConfig", "LocalOnlyState", "local_only"),
+    "local_adaptation": ("LocalAdaptationConfig", "local_adaptation"),
+    "ditto": ("DittoConfig", "DittoState", "ditto"),
+    "perfedavg": ("PerFedAvgConfig", "PerFedAvgState", "perfedavg"),
+}
+# Classes only: a factory shares its module's name, and the name is the module.
+_EXPORTS = {name: f"jaxfednas.algorithms.{module}" for module, names in _MODULES.items()
+            for name in names if name[0].isupper()}
+
+__all__ = ["common", *_MODULES, *_EXPORTS]
+
+
+def __getattr__(name):
+    if name in _MODULES or name == "common":
+        return importlib.import_module(f"jaxfednas.algorithms.{name}")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'jaxfednas.algorithms' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from search_spaces.models import check_model_name, MODELS
+from jaxfednas.search_spaces.models import check_model_name, MODELS
 from jaxfednas import rng
 from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
@@ -68,7 +68,7 @@ def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weigh
     the BatchNorm statistics after that training-mode pass, and ``loss_sum`` / ``correct`` /
     ``examples`` over the real (unmasked) examples. Shared by every supervised client update.
 
-    Two options of the DARTS evaluation network (:class:`search_spaces.darts.DartsNetwork`):
+    Two options of the DARTS evaluation network (:class:`jaxfednas.search_spaces.darts.DartsNetwork`):
     ``aux_weight`` > 0 — ``model`` returns ``(logits, aux_logits)`` in training mode and the
     loss is CE + aux_weight · CE_aux (``loss_sum`` is that objective, as DARTS logs it;
     ``correct`` counts the main head); ``drop_path_prob`` (a traced scalar) is passed to the

@@ -17,7 +17,7 @@ weights, momentum and BatchNorm statistics (weight decay included).
 Algorithm 2 (server): sample clients, run Algorithm 1 on each from (w_t, α_t), then
 w_{t+1} = Σ n_i/n w^i and α_{t+1} = Σ n_i/n α^i (BatchNorm statistics likewise).
 One stage: the final child argmax(α) is the deliverable and is evaluated as is,
-without retraining (:func:`algorithms.dfnas.child_report` gives its size and cost).
+without retraining (:func:`jaxfednas.algorithms.dfnas.child_report` gives its size and cost).
 
 Early fixing ("pruning"). DSNAS fixes block l to its argmax for the rest of the search
 once p_top1 − p_top2 ≥ h (h = ``fix_threshold``, 0.3): from then on Z_l is that
@@ -31,7 +31,7 @@ search from the shared α) and fixed blocks never unfix.
 Resource constraint (DSNAS §3.3, optional: ``flops_coef`` > 0). The search loss gains
 a penalty on the multiply-adds C(Z) of the sampled child above a target t, L + λ·C(Z)
 while C(Z) > t. C(Z) is a sum of table lookups, C(Z) = C_0 + Σ_l F[l, Z_l]
-(:func:`search_spaces.shufflenet.macs_table`; stem and head C_0 are fixed), and is not
+(:func:`jaxfednas.search_spaces.shufflenet.macs_table`; stem and head C_0 are fixed), and is not
 differentiable in Z, so it reaches α only through the score function, block by block
 (SNAS' local decomposition: the other blocks' costs do not depend on α_l):
   ∂/∂α_l ← ∂L/∂1_l·(Z_l − p_l) + λ·1[C(Z) > t]·(F[l, Z_l] − Σ_c p_lc F[l, c])·(Z_l − p_l),
@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import federated_batch_statistics, make_augment
+from jaxfednas.algorithms.common import federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
@@ -76,8 +76,8 @@ from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, cosine_lr
 from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
-from search_spaces import arch_entropy
-from search_spaces.shufflenet import (
+from jaxfednas.search_spaces import arch_entropy
+from jaxfednas.search_spaces.shufflenet import (
     auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, macs_table, MacsTable, ShuffleArch,
     ShuffleNetwork, SPACES,
 )
@@ -230,7 +230,7 @@ def unit_mask(params: dict, path: jax.Array, num_candidates: int) -> dict:
 
 
 def depthwise_impl(cfg: DFNASConfig, info: DataInfo) -> str:
-    """``cfg.dw_impl``, with ``auto`` resolved by :func:`search_spaces.shufflenet.auto_depthwise_impl`."""
+    """``cfg.dw_impl``, with ``auto`` resolved by :func:`jaxfednas.search_spaces.shufflenet.auto_depthwise_impl`."""
     return auto_depthwise_impl(min(info.image_shape[:2])) if cfg.dw_impl == "auto" else cfg.dw_impl
 
 

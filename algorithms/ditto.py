@@ -10,7 +10,7 @@ with G the FedAvg objective. Each round t (Algorithm 1), every sampled client k
 
   (a) runs E local epochs of SGD on the global model w_t; the server averages the
       results with weights n_k exactly as FedAvg does (this is
-      :func:`algorithms.fedavg.fedavg`'s own round, so ``w_{t+1}`` equals FedAvg's);
+      :func:`jaxfednas.algorithms.fedavg.fedavg`'s own round, so ``w_{t+1}`` equals FedAvg's);
   (b) updates its persistent personal model v_k for E local epochs of
 
           v_k ← v_k − η (∇F_k(v_k) + λ (v_k − w_t)),
@@ -37,16 +37,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import (
+from jaxfednas.algorithms.common import (
     evaluate_clients,
     evaluate_global,
     make_batch_grad,
     make_client_optimizer,
     train_metrics,
 )
-from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
-from algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
-from search_spaces.models import make_model
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
+from jaxfednas.search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
@@ -85,7 +85,7 @@ def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> C
     """``personal_train(v, w, client, key) -> (v, metrics)``: E local epochs of
     ``v ← v − η(∇F_k(v) + λ(v − w))`` with a fresh client optimizer; ``w`` (the
     round's global model) stays fixed. With ``λ = 0`` this is
-    :func:`algorithms.common.make_local_train` from ``v``."""
+    :func:`jaxfednas.algorithms.common.make_local_train` from ``v``."""
     opt = make_client_optimizer(cfg)
     batch_grad = make_batch_grad(model, info, cfg.augment)
 

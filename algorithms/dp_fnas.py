@@ -79,9 +79,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import make_augment
-from algorithms.fednas import write_architecture_plots
-from search_spaces import arch_entropy
+from jaxfednas.algorithms.common import make_augment
+from jaxfednas.algorithms.fednas import write_architecture_plots
+from jaxfednas.search_spaces import arch_entropy
 from jaxfednas import privacy
 from jaxfednas.privacy import mechanism as dp
 from jaxfednas.privacy.dpfnas import Accountant, max_iterations
@@ -95,7 +95,7 @@ from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import jit, Placement, map_clients, step_if
-from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
+from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 

@@ -19,14 +19,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from algorithms.common import (
+from jaxfednas.algorithms.common import (
     SupervisedConfig,
     evaluate_clients,
     evaluate_global,
     make_local_train,
     train_metrics,
 )
-from search_spaces.models import init_variables, make_model
+from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo, FederatedData
@@ -77,7 +77,7 @@ def fedavg(
     """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
     ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`).
 
-    For a DARTS evaluation network (:mod:`algorithms.fednas_train`): ``aux_weight`` > 0
+    For a DARTS evaluation network (:mod:`jaxfednas.algorithms.fednas_train`): ``aux_weight`` > 0
     adds its auxiliary head's loss; ``drop_path(round) -> p`` gives the drop-path
     probability of the round's local training (every client, every step), None: no drop
     path (the computation of plain FedAvg)."""

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import federated_batch_statistics, make_augment
+from jaxfednas.algorithms.common import federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
@@ -56,10 +56,10 @@ from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_gr
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
                                round_clients, weighted_mean)
-from search_spaces import arch_entropy
-from search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
+from jaxfednas.search_spaces import arch_entropy
+from jaxfednas.search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
                                  group_edges_param, supernet_of, Genotype, plot_genotype)
-from search_spaces.darts.operations import unbiased_running_var
+from jaxfednas.search_spaces.darts.operations import unbiased_running_var
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
@@ -245,7 +245,7 @@ def recalibrated_batch_stats(
     ``batch_size`` of its own training examples (in data order, unaugmented, padding
     masked) and measures each BatchNorm's mean and variance over those examples; the
     server pools them n_k/n into the mean and variance of all the examples together
-    (:func:`algorithms.common.pool_batch_statistics`). Returns the pooled ``batch_stats``."""
+    (:func:`jaxfednas.algorithms.common.pool_batch_statistics`). Returns the pooled ``batch_stats``."""
     def stats_of(stats, x, mask):
         v = {"params": variables["params"], "arch": variables["arch"], "batch_stats": stats}
         return model.apply(v, info.normalize(x), train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]

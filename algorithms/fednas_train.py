@@ -3,9 +3,9 @@ Architecture Search" (arXiv:2004.08546), §3.2: the architecture found by the se
 trained from scratch with FedAvg (the paper's "additional evaluation stage"; the
 authors' ``train`` stage).
 
-The network is the DARTS evaluation network (:class:`search_spaces.darts.DartsNetwork`,
+The network is the DARTS evaluation network (:class:`jaxfednas.search_spaces.darts.DartsNetwork`,
 affine BatchNorm, pooling without BN) built from a :class:`Genotype`; the federated
-training is :func:`algorithms.fedavg.fedavg` unchanged (Algorithm 1 of McMahan et al.).
+training is :func:`jaxfednas.algorithms.fedavg.fedavg` unchanged (Algorithm 1 of McMahan et al.).
 
 ``algo.genotype`` is a known cell (``FEDNAS_V1`` — the cell the authors' code
 hard-codes for this stage —, ``DARTS_V1``, ``DARTS_V2``), a path to a JSON genotype
@@ -31,7 +31,7 @@ options, off by default (the digits main job trains without them):
   objective. Evaluation uses the main head only; the head's weights are averaged like
   the others. DARTS pools the 8×8 maps of 32×32 images with a 5×5 window, stride 3; the
   8×8 digits leave 2×2 maps there, which the head pools with a smaller window
-  (:func:`search_spaces.darts.aux_pool`); maps smaller than 2×2 are a config error.
+  (:func:`jaxfednas.search_spaces.darts.aux_pool`); maps smaller than 2×2 are a config error.
 
 The FedNAS paper states no evaluation recipe; the authors' train stage
 (docs/authors_code.md §0.4, §2.1) uses a constant p = 0.5 and no auxiliary head. Preset
@@ -45,12 +45,12 @@ import os
 
 import jax.numpy as jnp
 
-from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.runtime import Placement
-from search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
+from jaxfednas.search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
 
 DESCRIPTION = "FedNAS evaluation stage: FedAvg training of a DARTS network built from a genotype"
 
@@ -126,7 +126,7 @@ def make_network(cfg: FedNASTrainConfig, info: DataInfo) -> DartsNetwork:
 
 
 def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
-    """``round -> p_t`` (traced) for :func:`algorithms.fedavg.fedavg`, or None when drop path is off."""
+    """``round -> p_t`` (traced) for :func:`jaxfednas.algorithms.fedavg.fedavg`, or None when drop path is off."""
     p = cfg.drop_path_prob
     if p == 0:
         return None

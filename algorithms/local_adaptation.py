@@ -4,7 +4,7 @@ data before it is tested — the simplest personalization baseline of He et al.,
 Architecture Search" (arXiv:2004.08546, §3.1, Table 1, row "Local Adaptation").
 
 Training is FedAvg unchanged (McMahan et al., arXiv:1602.05629, Algorithm 1; the rounds
-are :func:`algorithms.fedavg.fedavg`'s own compiled round). Personalization happens at
+are :func:`jaxfednas.algorithms.fedavg.fedavg`'s own compiled round). Personalization happens at
 evaluation only: client k starts from the current global model w_t and runs
 ``finetune_epochs`` epochs of its client optimizer on its own train split,
 
@@ -25,9 +25,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from algorithms.common import evaluate_global, make_local_train, make_logits_fn
-from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
-from search_spaces.models import make_model
+from jaxfednas.algorithms.common import evaluate_global, make_local_train, make_logits_fn
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData

@@ -15,8 +15,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from algorithms.common import SupervisedConfig, evaluate_clients, make_local_train, train_metrics
-from search_spaces.models import init_variables, make_model
+from jaxfednas.algorithms.common import SupervisedConfig, evaluate_clients, make_local_train, train_metrics
+from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData

@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from algorithms.common import SupervisedConfig, evaluate_global, make_batch_grad, train_metrics
-from algorithms.local_adaptation import PAPER_SETTING, evaluate_adapted, evaluate_clients_global
-from search_spaces.models import init_variables, make_model
+from jaxfednas.algorithms.common import SupervisedConfig, evaluate_global, make_batch_grad, train_metrics
+from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_adapted, evaluate_clients_global
+from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import (

@@ -3,7 +3,7 @@ Reinforcement Learning" (AAAI 2024 as "Perfedrlnas: One-for-all personalized fed
 neural architecture search"; code: TL-System/plato, examples/model_search/pfedrlnas),
 Algorithm 1, Eqs. 4-9.
 
-A supernet A with D search dimensions (:mod:`search_spaces.choice`; DARTS edges, an
+A supernet A with D search dimensions (:mod:`jaxfednas.search_spaces.choice`; DARTS edges, an
 elastic MobileNetV3, a hybrid conv/attention net) lives on the server with one policy
 α_i (logits ``[D, max k_d]``, init 0, its own Adam state) per client, all K of them.
 Round t (Algorithm 1):
@@ -76,7 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms.common import client_batch_statistics, make_batch_grad
+from jaxfednas.algorithms.common import client_batch_statistics, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
@@ -86,8 +86,8 @@ from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
                                reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
                                scatter_rows)
-from search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
-from search_spaces.sampling import random_choice
+from jaxfednas.search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
+from jaxfednas.search_spaces.sampling import random_choice
 
 BN_MOMENTUM = 0.9  # every space's BatchNorm (Flax convention: running = 0.9 running + 0.1 batch)
 DESCRIPTION = "PerFedRLNAS (Yao & Li): per-client REINFORCE policies over one supernet, subnets trained by clients"
@@ -200,8 +200,8 @@ ROWS = ("policy", "policy_opt", "acc", "best_acc", "seen", "resources")
 def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
     """The choice space ``cfg`` names, for ``info``'s images and classes."""
     if cfg.space == "darts":
-        from search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork
-        from search_spaces.darts.space import DartsChoiceSpace
+        from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork
+        from jaxfednas.search_spaces.darts.space import DartsChoiceSpace
         net = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
                                  multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives],
                                  single_path=cfg.single_path)
@@ -211,9 +211,9 @@ def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
         if preset == "auto":
             preset = "small" if max(info.image_shape[:2]) <= 16 else "cifar"
         if cfg.space == "elastic":
-            from search_spaces.elastic import ElasticMobileNet as Space
+            from jaxfednas.search_spaces.elastic import ElasticMobileNet as Space
         else:
-            from search_spaces.hybrid import HybridViT as Space
+            from jaxfednas.search_spaces.hybrid import HybridViT as Space
         space = Space.from_preset(preset, num_classes=info.num_classes, image_shape=tuple(info.image_shape))
     check_space(space)
     return space
@@ -282,7 +282,7 @@ def policies_for(choices: jax.Array, max_choices: int) -> jax.Array:
 
 def random_subnets(key: jax.Array, space, budgets: np.ndarray | None = None, *, num_clients: int = 1,
                    batch_size: int = 32, max_tries: int = 10_000) -> np.ndarray:
-    """One uniformly random subnet per client ``[K, D]`` (:func:`search_spaces.sampling.random_choice`;
+    """One uniformly random subnet per client ``[K, D]`` (:func:`jaxfednas.search_spaces.sampling.random_choice`;
     client k's draws from ``fold_in(key, k)``). With ``budgets`` [K] (bytes) the same filter
     the learned subnets face (Eq. 9): client k's subnet is uniform among those whose training
     memory (:meth:`SubnetCost.memory_bytes` at ``batch_size``) fits its budget; without,
@@ -439,7 +439,7 @@ def recalibrated(cfg: PerFedRLNASConfig, space, info: DataInfo, variables: dict,
                  data: ClientData) -> dict:
     """``variables`` with subnet ``choice``'s BatchNorm statistics measured on ``data`` (up to
     ``bn_recalibration_batches`` batches of ``eval_batch_size``, training mode, padding
-    masked; :func:`algorithms.common.client_batch_statistics`); weights unchanged. What
+    masked; :func:`jaxfednas.algorithms.common.client_batch_statistics`); weights unchanged. What
     evaluation uses when ``aggregate_bn=False`` leaves the server's statistics at init.
     Statistics of layers outside the subnet come back 0 (the subnet never reads them)."""
     def stats_of(stats, x, mask):

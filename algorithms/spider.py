@@ -5,7 +5,7 @@ Neural Architecture for Federated Learning", arXiv:2112.13939; code: ErumMushtaq
 
 Every client k keeps two networks over one DARTS supernet (the s2 space by default):
 the global supernet w, shared by everyone, and a personal model v_k whose architecture
-A_k is a mask over the supernet's (edge, op) table (:mod:`search_spaces.darts.masks`).
+A_k is a mask over the supernet's (edge, op) table (:mod:`jaxfednas.search_spaces.darts.masks`).
 Each op's weight is the constant 1 (the authors' code: an edge outputs the plain sum of
 its kept ops). Round t (Algorithm 1), for every sampled client k:
 
@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from algorithms.common import make_batch_grad
+from jaxfednas.algorithms.common import make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
@@ -79,9 +79,9 @@ from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_ac
 from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
-from search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
+from jaxfednas.search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
                                  plot_genotype, PRIMITIVE_SETS, primitives_param, supernet_of)
-from search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
+from jaxfednas.search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
 DESCRIPTION = "SPIDER (Mushtaq et al.): FedAvg'd supernet + personal subnets pulled to it, perturbation search"
 CRITERIA = ("removal_hurts_most", "paper_text")
@@ -494,7 +494,7 @@ class PersonalArchitectures:
 
     def genotypes(self) -> dict:
         """Client id -> :class:`Genotype` for the clients whose search is final."""
-        from search_spaces.darts import Genotype
+        from jaxfednas.search_spaces.darts import Genotype
         return {int(k): Genotype.from_dict(v["genotype"]) for k, v in self.clients.items() if v["final"]}
 
     def to_json(self, **kwargs) -> str:

@@ -138,7 +138,7 @@ def worker_step(config: str, steps: int) -> dict:
     import jax
 
     import fednas_search as fs
-    from algorithms.fednas import FedNASConfig, cpu_scheduler
+    from jaxfednas.algorithms.fednas import FedNASConfig, cpu_scheduler
     from jaxfednas.runtime import compiler_options
 
     C, layers, batch = fs.CONFIGS[config]

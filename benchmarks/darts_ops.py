@@ -44,7 +44,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from search_spaces.darts import DartsSearchNetwork, MixedOp, PRIMITIVES, SepConv  # noqa: E402
+from jaxfednas.search_spaces.darts import DartsSearchNetwork, MixedOp, PRIMITIVES, SepConv  # noqa: E402
 from jaxfednas.nn import default_depthwise_impl  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"

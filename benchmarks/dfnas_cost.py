@@ -5,7 +5,7 @@ Configurations (cross_silo space: 20 choice blocks x 4 candidates; 32x32x3 synth
 inputs, 10 classes; batch ``--batch``, 64 = the paper's):
 
 * ``dfnas:single`` -- DFNAS' local search exactly as the algorithm runs it
-  (``algorithms.dfnas.make_local_search`` on one client, one local epoch of ``--steps``
+  (``jaxfednas.algorithms.dfnas.make_local_search`` on one client, one local epoch of ``--steps``
   minibatches = one jitted ``lax.scan``): sample a path from α, value_and_grad of the
   loss w.r.t. (weights, block gates), masked SGD with momentum, DSNAS' α gradient, Adam
   on α. Each block is a ``lax.switch``: only the sampled candidate runs. Blocks unrolled
@@ -24,7 +24,7 @@ inputs, 10 classes; batch ``--batch``, 64 = the paper's):
   ``Placement("vmap")`` (the switch index is batched, so it becomes a select over all
   candidates). Time per round.
 * ``fednas`` -- FedNAS' MiLeNAS step on the DARTS supernet at the FedNAS paper's
-  config (C=16, 8 cells, batch 64; ``algorithms.fednas.make_local_search``, as in
+  config (C=16, 8 cells, batch 64; ``jaxfednas.algorithms.fednas.make_local_search``, as in
   ``benchmarks/fednas_search.py``): ~1 min/step on 2 cores, so one warm-up step and one
   timed step (skipped with ``--quick``).
 
@@ -193,7 +193,7 @@ def worker_dfnas(args, mode: str, impl: str, batch: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from algorithms.dfnas import DFNASConfig, make_local_search, make_supernet
+    from jaxfednas.algorithms.dfnas import DFNASConfig, make_local_search, make_supernet
     from jaxfednas.runtime import jit
 
     cfg = DFNASConfig(space=args.space, batch_size=batch, local_epochs=1, dw_impl=impl,
@@ -229,12 +229,12 @@ def worker_child(args, cand: str, impl: str, batch: int) -> dict:
     import jax.numpy as jnp
     import optax
 
-    from algorithms.common import make_augment
-    from algorithms.dfnas import DFNASConfig
+    from jaxfednas.algorithms.common import make_augment
+    from jaxfednas.algorithms.dfnas import DFNASConfig
     from jaxfednas.data.augment import augment_batch
     from jaxfednas.data.federated import run_local_epochs
     from jaxfednas.runtime import jit
-    from search_spaces.shufflenet import build, uniform_arch
+    from jaxfednas.search_spaces.shufflenet import build, uniform_arch
 
     cfg = DFNASConfig(space=args.space, batch_size=batch, dw_impl=impl)
     data = _client_data(1, args.steps * batch, args.seed)
@@ -281,7 +281,7 @@ def worker_clients(args, placement: str, impl: str, batch: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from algorithms.dfnas import DFNASConfig, dfnas
+    from jaxfednas.algorithms.dfnas import DFNASConfig, dfnas
     from jaxfednas.runtime import Placement
 
     cfg = DFNASConfig(space=args.space, batch_size=batch, local_epochs=1, dw_impl=impl)
@@ -308,7 +308,7 @@ def worker_fednas(args) -> dict:
     import jax
 
     import fednas_search as fs
-    from algorithms.fednas import FedNASConfig, make_local_search, make_supernet
+    from jaxfednas.algorithms.fednas import FedNASConfig, make_local_search, make_supernet
     from jaxfednas.nn import default_depthwise_impl
     from jaxfednas.runtime import jit
 

@@ -3,7 +3,7 @@
 Every variant is the non-IID DFNAS run of ``examples/dfnas.py`` as it was before this
 study (digits, 8 clients, Dirichlet(0.5) unless ``--iid``, ``small`` space 4^7, batch 32,
 α lr 0.05, w lr 0.1; the example now uses α lr 0.2 and w lr 0.05) with one thing changed,
-run in this process through the library's API (``algorithms.dfnas.dfnas``, the same
+run in this process through the library's API (``jaxfednas.algorithms.dfnas.dfnas``, the same
 data, partition and keys as ``jaxfednas run``). Reported per variant: the final child's
 global test accuracy with its BatchNorm statistics recalibrated (the example's number)
 and with the search's running statistics, the child's accuracy at rounds ``--curve``,
@@ -37,15 +37,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import common
-from algorithms.dfnas import dfnas
+from jaxfednas.algorithms import common
+from jaxfednas.algorithms.dfnas import dfnas
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
 from jaxfednas.rng import init_key, round_key
-from search_spaces.shufflenet import CANDIDATES
+from jaxfednas.search_spaces.shufflenet import CANDIDATES
 
 # examples/dfnas.py's digits settings (DIGITS + NONIID) before this study: α lr 0.05, w lr 0.1
 BASE = {"data.dataset": "digits", "data.split": (0.75, 0.0, 0.25), "run.rounds": 20, "algo.space": "small",

@@ -107,7 +107,7 @@ def worker(args) -> dict:
     import numpy as np
 
     import fednas_search as fs
-    from search_spaces.elastic import ElasticMobileNet
+    from jaxfednas.search_spaces.elastic import ElasticMobileNet
 
     preset, program = args.worker.split("/")
     res = {"kind": args.worker, "load_start": bu.load_line()}

@@ -133,8 +133,8 @@ class LoopRound:
         import jax
         import numpy as np
 
-        from algorithms.common import make_local_train, train_metrics
-        from search_spaces.models import make_model
+        from jaxfednas.algorithms.common import make_local_train, train_metrics
+        from jaxfednas.search_spaces.models import make_model
         from jaxfednas.data.federated import ClientData
         from jaxfednas.runtime import resolve_clients_per_round, round_clients, weighted_mean
 
@@ -200,7 +200,7 @@ def run_worker(args) -> dict:
     fake = SPECS[name][3]
     if fake and jax.device_count() != args.devices:
         raise RuntimeError(f"expected {args.devices} fake devices, jax sees {jax.device_count()}")
-    from algorithms.fedavg import fedavg
+    from jaxfednas.algorithms.fedavg import fedavg
     from jaxfednas.rng import init_key, round_key
     from jaxfednas.runtime import Placement
 

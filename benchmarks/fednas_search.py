@@ -3,7 +3,7 @@ client placement, supernet compile time and memory per client.
 
 Parts (``--parts``, default all):
 
-* ``step``    -- one client's FedNAS local search (``algorithms.fednas.make_local_search``,
+* ``step``    -- one client's FedNAS local search (``jaxfednas.algorithms.fednas.make_local_search``,
   1 local epoch of ``--steps`` minibatches, i.e. one ``lax.scan`` of ``--steps`` MiLeNAS
   steps of Eq. 4: train batch -> ∇w, ∇α; own validation batch -> ∇α; optax update),
   AOT-compiled (lower + compile timed), then run ``1 + --repeats`` times (the first run is
@@ -135,7 +135,7 @@ def local_search_setup(cfg, steps: int, seed: int):
     XLA:CPU scheduler ``fednas()``'s round uses, ``variables`` from a jitted ``init``."""
     import jax
 
-    from algorithms.fednas import cpu_scheduler, make_local_search, make_supernet
+    from jaxfednas.algorithms.fednas import cpu_scheduler, make_local_search, make_supernet
     from jaxfednas.runtime import drop_compiled, jit
 
     info, train, val = _single_client_data(steps * cfg.batch_size, cfg.batch_size, seed)
@@ -152,7 +152,7 @@ def local_search_setup(cfg, steps: int, seed: int):
 def worker_jax_step(args, config: str, order: str) -> dict:
     import jax
 
-    from algorithms.fednas import FedNASConfig
+    from jaxfednas.algorithms.fednas import FedNASConfig
     from jaxfednas.cost import count_params
     from jaxfednas.nn import default_depthwise_impl
     from jaxfednas.runtime import release_memory_after_compiles
@@ -204,7 +204,7 @@ def worker_round(args, placement: str) -> dict:
     import jax
     import numpy as np
 
-    from algorithms.fednas import cpu_scheduler, FedNASConfig, fednas, make_local_search, make_supernet
+    from jaxfednas.algorithms.fednas import cpu_scheduler, FedNASConfig, fednas, make_local_search, make_supernet
     from jaxfednas.data import make_federated_data
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.data.federated import ClientData
@@ -386,7 +386,7 @@ def check_param_counts(configs) -> dict:
     import jax
 
     import torch_darts as td
-    from search_spaces.darts import DartsSearchNetwork
+    from jaxfednas.search_spaces.darts import DartsSearchNetwork
     from jaxfednas.cost import count_params
 
     out = {}
@@ -490,7 +490,7 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             "no augmentation). JAX: `make_local_search` of `algorithms/fednas.py` over one local epoch of "
             "`steps` minibatches = one jitted `lax.scan` of that many steps (train batch -> ∇w, ∇α; a batch of the "
             "client's own validation split -> ∇α; optax update), compiled with the XLA:CPU scheduler `fednas()` uses "
-            "(`algorithms.fednas.cpu_scheduler`), AOT lower + compile, one warm-up run, then "
+            "(`jaxfednas.algorithms.fednas.cpu_scheduler`), AOT lower + compile, one warm-up run, then "
             "`runs` timed runs; s/step = median over runs of run time / steps. PyTorch: "
             "`benchmarks/torch_darts.py`, eager, `torch.set_num_threads(2)`, one warm-up step then `runs` x `steps` "
             "steps (the warm-up column is that single step). Peak RSS = the process's high-water mark (JAX: "

@@ -4,7 +4,7 @@ the same subnet as a mask over the whole supernet (time, compile, memory).
 Rows (one subprocess each; 32x32x3 synthetic inputs, 10 classes, the 8-op DARTS space
 with ``none``, C = ``--C``, ``--layers`` cells, 4 nodes; batch ``--batch``):
 
-* ``single`` -- ``algorithms.perfedrlnas.make_client_train`` on one client, one local epoch
+* ``single`` -- ``jaxfednas.algorithms.perfedrlnas.make_client_train`` on one client, one local epoch
   of ``--steps`` minibatches (one jitted ``lax.scan``): the subnet's loss and gradient,
   masked SGD with momentum, BatchNorm statistics of its ops only. The supernet has
   ``single_path=True``: every op of every edge sits under a ``cond`` on its one-hot
@@ -45,7 +45,7 @@ def worker(args) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from algorithms import perfedrlnas as pf
+    from jaxfednas.algorithms import perfedrlnas as pf
     from jaxfednas.data.federated import ClientData, DataInfo
     from jaxfednas.registry import make_config
 

@@ -40,8 +40,8 @@ from pathlib import Path
 import jax
 
 from jaxfednas.cost import count_params
-from algorithms.dfnas import child_report
-from search_spaces.models import init_variables, make_model
+from jaxfednas.algorithms.dfnas import child_report
+from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data.datasets import load_dataset
@@ -51,9 +51,9 @@ from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
-from search_spaces.models import child_model_name, child_of_model_name
-from search_spaces.sampling import matched, random_shuffle_arch
-from search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
+from jaxfednas.search_spaces.models import child_model_name, child_of_model_name
+from jaxfednas.search_spaces.sampling import matched, random_shuffle_arch
+from jaxfednas.search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
 
 # Digits scaling (the paper gives no optimiser settings). DFNAS is one-stage: the child is
 # only as good as the steps its units ran as a single path after early fixing froze its
@@ -87,7 +87,7 @@ def _describe(row: dict) -> str:
 def plan(args, overrides: dict) -> list[tuple[str, str, dict]]:
     """``(run name, algorithm, overrides)`` of every run of this invocation."""
     if args.preset:
-        from algorithms.dfnas import PRESETS  # noqa: PLC0415
+        from jaxfednas.algorithms.dfnas import PRESETS  # noqa: PLC0415
 
         p = PRESETS[args.preset]
         data = {k: v for k, v in p.items() if k.startswith("data.") or k.startswith("run.")}
@@ -180,7 +180,7 @@ def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
 
 def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out: Path) -> tuple[str, dict]:
     """The searched child of the first DFNAS run, and ``args.random`` random children of the
-    same space with multiply-adds within ±10 % of its (:func:`search_spaces.sampling.matched`),
+    same space with multiply-adds within ±10 % of its (:func:`jaxfednas.search_spaces.sampling.matched`),
     each trained from scratch with the FedAvg baseline's recipe on the same clients. Appends
     their rows; returns the comparison's text and ``{"numbers", "points"}`` for ``--seeds``."""
     first = next(r for r in rows if r["algorithm"] == "dfnas")

@@ -66,8 +66,8 @@ from jaxfednas.experiment import make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import mean_std, over_seeds, parse_seeds, versus_random
-from search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
-from search_spaces.sampling import random_genotype
+from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
+from jaxfednas.search_spaces.sampling import random_genotype
 
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
 DIGITS_SEARCH = {

@@ -12,7 +12,7 @@ Global mode (Algorithm 1, then §3.2's "additional evaluation stage"):
   2. ``train/``   — the derived genotype's DARTS network trained from scratch with FedAvg
      on the same clients (each client's search-train + search-val examples);
   3. ``random_<i>/`` — the control (``--random N``, default 5): N cells drawn uniformly from
-     the same space (:func:`search_spaces.sampling.random_genotype`, keys
+     the same space (:func:`jaxfednas.search_spaces.sampling.random_genotype`, keys
      ``rng.random_arch_key(seed, i)``; ``--match-size``: within ±10 % of the searched cell's
      parameters), each trained with exactly the evaluation stage's recipe on the same clients;
   4. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
@@ -59,8 +59,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from algorithms.fednas import client_genotypes
-from algorithms.fednas_train import resolve_genotype
+from jaxfednas.algorithms.fednas import client_genotypes
+from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import partition as part
@@ -71,8 +71,8 @@ from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
 from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
-from search_spaces.darts import network_params, PRIMITIVE_SETS
-from search_spaces.sampling import matched, random_genotype
+from jaxfednas.search_spaces.darts import network_params, PRIMITIVE_SETS
+from jaxfednas.search_spaces.sampling import matched, random_genotype
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
 SEARCH = {"run.rounds": 10, "run.eval_every": 5, "algo.C": 8, "algo.layers": 5, "algo.local_epochs": 1,
@@ -103,9 +103,9 @@ def _model_params(cfg, ds) -> int:
     baseline's network), counted from shapes only; as DARTS counts, without the training-only
     auxiliary head (``algo.auxiliary_weight`` > 0)."""
     from jaxfednas.cost import count_params  # noqa: PLC0415
-    from algorithms.fednas import make_supernet  # noqa: PLC0415
-    from algorithms.fednas_train import make_network  # noqa: PLC0415
-    from search_spaces.models import init_variables, make_model  # noqa: PLC0415
+    from jaxfednas.algorithms.fednas import make_supernet  # noqa: PLC0415
+    from jaxfednas.algorithms.fednas_train import make_network  # noqa: PLC0415
+    from jaxfednas.search_spaces.models import init_variables, make_model  # noqa: PLC0415
 
     info = DataInfo.of(ds, cfg.data.num_clients)
     if cfg.algorithm == "fednas":

@@ -92,7 +92,7 @@ FedNAS 50 search rounds. CIFAR-100 (the paper's Dir(0.1)): add
 ``--set data.dataset=cifar100 --set data.alpha=0.1``. ``--resume`` continues whichever
 run was interrupted; a finished run is not trained again.
 
-Not included: Fig. 5 (new clients): :func:`algorithms.perfedrlnas.adapt_new_clients`
+Not included: Fig. 5 (new clients): :func:`jaxfednas.algorithms.perfedrlnas.adapt_new_clients`
 needs clients whose data the supernet never saw, and every client of the partition
 takes part in training here (no hold-out of clients in the sampler).
 
@@ -112,7 +112,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from algorithms import perfedrlnas as pf
+from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas import rng
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
@@ -201,9 +201,9 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def _model_params(cfg: ExperimentConfig, info: DataInfo, image_shape) -> int:
     """Weights of a fixed network (the baselines') or of FedNAS's supernet, from shapes only."""
-    from algorithms.fednas import make_supernet  # noqa: PLC0415
+    from jaxfednas.algorithms.fednas import make_supernet  # noqa: PLC0415
     from jaxfednas.cost import count_params  # noqa: PLC0415
-    from search_spaces.models import init_variables, make_model  # noqa: PLC0415
+    from jaxfednas.search_spaces.models import init_variables, make_model  # noqa: PLC0415
 
     model = make_supernet(cfg.algo, info) if cfg.algorithm == "fednas" else \
         make_model(cfg.algo.model, info.num_classes, cfg.data.dataset)

@@ -43,9 +43,9 @@ validation data from the global supernet's weights, ``--gain-epochs`` epochs; th
 
 The random control (``--random N``, default 3; needs ``spider`` in ``--only``): for each
 of N draws every client k gets a mask drawn uniformly from the same space
-(``search_spaces.sampling.random_mask``, key ``fold_in(rng.random_arch_key(seed, i), k)``),
+(``jaxfednas.search_spaces.sampling.random_mask``, key ``fold_in(rng.random_arch_key(seed, i), k)``),
 fine-tuned with exactly the gain matrix's recipe (same epochs, same minibatches, from the
-global supernet's weights; ``algorithms.spider.fine_tuned_accuracy``), so each client's
+global supernet's weights; ``jaxfednas.algorithms.spider.fine_tuned_accuracy``), so each client's
 searched mask (``p[k, k]``) is compared with random masks trained the same way: per
 client and mean over clients, searched − random and how many random masks the searched
 one beats (``results.md``), and ``plots/searched_vs_random.png`` (x: kept parameters).
@@ -86,7 +86,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from algorithms import spider as sp
+from jaxfednas.algorithms import spider as sp
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
 from jaxfednas.data.datasets import load_dataset
@@ -97,9 +97,9 @@ from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import random_arch_key
 from jaxfednas.runtime import Placement
 from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
-from search_spaces.darts import PRIMITIVE_SETS
-from search_spaces.darts.masks import CELLS
-from search_spaces.sampling import matched, random_mask
+from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
+from jaxfednas.search_spaces.darts.masks import CELLS
+from jaxfednas.search_spaces.sampling import matched, random_mask
 
 METHODS = ("spider", "local_nas", "fednas", "ditto", "perfedavg", "local_adaptation")
 LABELS = {"spider": "SPIDER", "local_nas": "local-only NAS (SPIDER λ=0, App. D.2)",
@@ -178,9 +178,9 @@ def _client_acc(run_dir: Path) -> np.ndarray:
 
 def _model_params(cfg: ExperimentConfig, info: DataInfo, image_shape) -> int:
     """Weights of a fixed network (the baselines', FedNAS-global's), from shapes only."""
-    from algorithms.fednas_train import make_network  # noqa: PLC0415
+    from jaxfednas.algorithms.fednas_train import make_network  # noqa: PLC0415
     from jaxfednas.cost import count_params  # noqa: PLC0415
-    from search_spaces.models import init_variables, make_model  # noqa: PLC0415
+    from jaxfednas.search_spaces.models import init_variables, make_model  # noqa: PLC0415
 
     model = make_network(cfg.algo, info) if cfg.algorithm == "fednas_train" else \
         make_model(cfg.algo.model, info.num_classes, cfg.data.dataset)

@@ -3,8 +3,9 @@
 The engine: data (:mod:`jaxfednas.data`), the runtime that places clients on
 devices and aggregates them (:mod:`jaxfednas.runtime`), evaluation, run
 management (:mod:`jaxfednas.experiment`) and the algorithm contract
-(:class:`FederatedAlgorithm`). Algorithms live in the top-level ``algorithms``
-package, search spaces in ``search_spaces``.
+(:class:`FederatedAlgorithm`). Algorithms live in :mod:`jaxfednas.algorithms`,
+search spaces in :mod:`jaxfednas.search_spaces` (the repository's top-level
+``algorithms/`` and ``search_spaces/`` folders, installed inside this package).
 
 Names are resolved lazily, so ``import jaxfednas.privacy`` (host-side
 accounting) does not import JAX.

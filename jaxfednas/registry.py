@@ -15,17 +15,17 @@ from types import ModuleType
 from jaxfednas.config import ConfigError, DataConfig, ExperimentConfig, RunConfig, apply_overrides
 
 ALGORITHMS: dict[str, str] = {
-    "fedavg": "algorithms.fedavg",
-    "local_only": "algorithms.local_only",
-    "fednas": "algorithms.fednas",
-    "fednas_train": "algorithms.fednas_train",
-    "dp_fnas": "algorithms.dp_fnas",
-    "dfnas": "algorithms.dfnas",
-    "local_adaptation": "algorithms.local_adaptation",
-    "ditto": "algorithms.ditto",
-    "perfedavg": "algorithms.perfedavg",
-    "spider": "algorithms.spider",
-    "perfedrlnas": "algorithms.perfedrlnas",
+    "fedavg": "jaxfednas.algorithms.fedavg",
+    "local_only": "jaxfednas.algorithms.local_only",
+    "fednas": "jaxfednas.algorithms.fednas",
+    "fednas_train": "jaxfednas.algorithms.fednas_train",
+    "dp_fnas": "jaxfednas.algorithms.dp_fnas",
+    "dfnas": "jaxfednas.algorithms.dfnas",
+    "local_adaptation": "jaxfednas.algorithms.local_adaptation",
+    "ditto": "jaxfednas.algorithms.ditto",
+    "perfedavg": "jaxfednas.algorithms.perfedavg",
+    "spider": "jaxfednas.algorithms.spider",
+    "perfedrlnas": "jaxfednas.algorithms.perfedrlnas",
 }
 
 

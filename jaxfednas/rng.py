@@ -25,7 +25,7 @@ draws (everything is a function of ``(seed, round, client, step)``)::
                                              a state twice gives the same numbers)
     PRNGKey(RANDOM_ARCH_SEED) ─ seed ─ i     random_arch_key(seed, i): the i-th random
                                              architecture of an experiment's control
-                                             (search_spaces.sampling; drawn on the host)
+                                             (jaxfednas.search_spaces.sampling; drawn on the host)
 
 The tag values are part of every result — changing one changes every number of every
 run — so they keep the values the library has always used. One pair shares a value

@@ -57,7 +57,7 @@ the speed, DP-FNAS 1.8x less at 0.93x, DFNAS 1.2x less at 1.11x. Memory first, b
 the paper's size XLA's default needs ~12 GiB per client in flight on CPU;
 ``JAXFEDNAS_CPU_SCHEDULER=default`` buys the speed back. FedNAS' round asks for XLA's own
 scheduler since its two passes run as one loop body and cannot overlap
-(:func:`algorithms.fednas.cpu_scheduler`: 6.2 instead of 3.0 GiB at that size, 13 % faster)."""
+(:func:`jaxfednas.algorithms.fednas.cpu_scheduler`: 6.2 instead of 3.0 GiB at that size, 13 % faster)."""
 
 SCHEDULERS = ("memory", "default")
 

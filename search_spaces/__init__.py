@@ -1,7 +1,7 @@
 """Search spaces (supernets as Flax modules, discrete architectures, derive/build).
 
 The DARTS space (FedNAS, SPIDER, DP-FNAS) and the ShuffleNetV2 choice-block space
-(DFNAS); search_spaces imports only jaxfednas. :func:`arch_entropy` measures any
+(DFNAS); it imports nothing from jaxfednas.algorithms. :func:`arch_entropy` measures any
 space's architecture parameters.
 """
 import jax

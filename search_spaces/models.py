@@ -70,7 +70,7 @@ class ResNet(nn.Module):
 
 
 SHUFFLENET_SPACES = ("tiny", "small", "cross_silo", "cross_device", "imagenet")
-"""The ShuffleNet search spaces (``search_spaces.shufflenet.SPACES``) whose all-k3 child is a
+"""The ShuffleNet search spaces (``jaxfednas.search_spaces.shufflenet.SPACES``) whose all-k3 child is a
 model here: ``shufflenetv2_<space>``."""
 MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2", *(f"shufflenetv2_{s}" for s in SHUFFLENET_SPACES))
 
@@ -80,7 +80,7 @@ def shufflenetv2(num_classes: int, dataset: str, space: str | None = None) -> nn
     child of ``space`` — by default of the ``small`` space for 8x8 digits/synthetic, of
     ``cross_silo`` otherwise — the hand-designed network DFNAS is compared with (paper
     Fig. 2; the DFNAS example trains the child of the space it searched)."""
-    from search_spaces.shufflenet import auto_depthwise_impl, build, uniform_arch  # noqa: PLC0415
+    from jaxfednas.search_spaces.shufflenet import auto_depthwise_impl, build, uniform_arch  # noqa: PLC0415
 
     small = dataset in ("digits", "synthetic")  # 8x8 images; the others are 32x32
     impl = auto_depthwise_impl(8 if small else 32)
@@ -89,14 +89,14 @@ def shufflenetv2(num_classes: int, dataset: str, space: str | None = None) -> nn
 
 
 def child_model_name(arch) -> str:
-    """The model name of a ShuffleNetV2 child (a :class:`search_spaces.shufflenet.ShuffleArch`):
+    """The model name of a ShuffleNetV2 child (a :class:`jaxfednas.search_spaces.shufflenet.ShuffleArch`):
     ``shufflenetv2_<space>:<c_1>,<c_2>,...``, one candidate index per block."""
     return f"shufflenetv2_{arch.space}:{','.join(str(c) for c in arch.choices)}"
 
 
 def child_of_model_name(name: str):
     """The ShuffleArch a ``shufflenetv2_<space>:<indices>`` name denotes; ValueError if malformed."""
-    from search_spaces.shufflenet import ShuffleArch  # noqa: PLC0415
+    from jaxfednas.search_spaces.shufflenet import ShuffleArch  # noqa: PLC0415
 
     head, _, tail = name.partition(":")
     space = head.removeprefix("shufflenetv2_")
@@ -123,7 +123,7 @@ def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
     ``resnet_tiny`` (one block per stage, width 8) is for tests. ``shufflenetv2_<space>:<c_1>,...``
     is any child of a DFNAS space (:func:`child_model_name`): a searched or a random one."""
     if ":" in name:
-        from search_spaces.shufflenet import auto_depthwise_impl, build  # noqa: PLC0415
+        from jaxfednas.search_spaces.shufflenet import auto_depthwise_impl, build  # noqa: PLC0415
 
         return build(child_of_model_name(name), num_classes,
                      dw_impl=auto_depthwise_impl(8 if dataset in ("digits", "synthetic") else 32))

@@ -12,7 +12,7 @@ None of the five papers' codes ships one; each space here has a sampler:
 * :func:`random_mask` -- the same cell pair as a SPIDER 0/1 mask over the supernet;
 * :func:`random_shuffle_arch` -- a ShuffleNetV2 choice path (DFNAS), one uniform
   candidate per block;
-* :func:`random_choice` -- a subnet of any :mod:`search_spaces.choice` space
+* :func:`random_choice` -- a subnet of any :mod:`jaxfednas.search_spaces.choice` space
   (PerFedRLNAS: DARTS, elastic, hybrid), one uniform choice per dimension;
 * :func:`matched` -- rejection sampling of any of these until a cost (parameters,
   multiply-adds) lies within ``rel_tol`` of a target's, so that "searched vs random"
@@ -30,12 +30,12 @@ import jax
 import numpy as np
 
 from jaxfednas.rng import host_generator
-from search_spaces.choice import check_choice, Dimension, num_choices
-from search_spaces.darts.genotypes import Genotype
-from search_spaces.darts.masks import mask_from_genotype
-from search_spaces.darts.operations import PRIMITIVES
-from search_spaces.shufflenet.arch import ShuffleArch
-from search_spaces.shufflenet.network import get_space
+from jaxfednas.search_spaces.choice import check_choice, Dimension, num_choices
+from jaxfednas.search_spaces.darts.genotypes import Genotype
+from jaxfednas.search_spaces.darts.masks import mask_from_genotype
+from jaxfednas.search_spaces.darts.operations import PRIMITIVES
+from jaxfednas.search_spaces.shufflenet.arch import ShuffleArch
+from jaxfednas.search_spaces.shufflenet.network import get_space
 
 A = TypeVar("A")
 

@@ -1,5 +1,5 @@
 """Pieces shared by the choice spaces whose subnets are slices of the supernet's weights
-(:mod:`search_spaces.elastic`, :mod:`search_spaces.hybrid`): choice checking, a convolution
+(:mod:`jaxfednas.search_spaces.elastic`, :mod:`jaxfednas.search_spaces.hybrid`): choice checking, a convolution
 with a CPU-friendly gradient, a branch
 pick that stays a real branch for traced indices, zero padding to a static width, and
 Flax's ``apply`` convention for functional subnets."""
@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 from jaxfednas.nn import conv_canonical_grad, use_fast_grad
-from search_spaces.choice import check_choice
+from jaxfednas.search_spaces.choice import check_choice
 
 
 def as_choice(dims, choice):

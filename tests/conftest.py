@@ -154,3 +154,14 @@ def tiny_federation(name: str, **overrides):
     cfg = make_config(name, overrides={**over, **overrides})
     ds = load_dataset("synthetic", num_train=256, num_test=64)
     return cfg, make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _installed_names_only():
+    """The repository's ``algorithms/`` and ``search_spaces/`` install as ``jaxfednas.algorithms``
+    and ``jaxfednas.search_spaces``. From a source checkout a stray ``import algorithms`` would
+    still work (the current directory is on sys.path) and load a second copy of the module;
+    fail the session instead."""
+    yield
+    stray = sorted(m for m in list(__import__("sys").modules) if m.split(".")[0] in ("algorithms", "search_spaces"))
+    assert not stray, f"imported outside the jaxfednas namespace: {stray}"

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms.dp_fnas import DPFNASConfig, dp_fnas
+from jaxfednas.algorithms.dp_fnas import DPFNASConfig, dp_fnas
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset

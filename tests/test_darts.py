@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxfednas.cost import count_params
-from search_spaces.darts import (
+from jaxfednas.search_spaces.darts import (
     AvgPool3x3,
     DARTS_V1,
     DARTS_V2,

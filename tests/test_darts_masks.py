@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from search_spaces.darts import DARTS_V2, FEDNAS_V1, PRIMITIVE_SETS, PRIMITIVES, DartsSearchNetwork, Genotype
-from search_spaces.darts.masks import check_mask, full_mask, genotype_from_mask, mask_from_genotype, mask_weights
-from search_spaces.darts.operations import ReLUConvBN, make_op
-from search_spaces.darts.search import SearchCell, edge_table, unroll_variables
+from jaxfednas.search_spaces.darts import DARTS_V2, FEDNAS_V1, PRIMITIVE_SETS, PRIMITIVES, DartsSearchNetwork, Genotype
+from jaxfednas.search_spaces.darts.masks import check_mask, full_mask, genotype_from_mask, mask_from_genotype, mask_weights
+from jaxfednas.search_spaces.darts.operations import ReLUConvBN, make_op
+from jaxfednas.search_spaces.darts.search import SearchCell, edge_table, unroll_variables
 
 TINY = PRIMITIVE_SETS["tiny"]  # skip_connect, avg_pool_3x3, sep_conv_3x3
 

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from search_spaces.darts.operations import PRIMITIVES
-from search_spaces.darts.search import DartsSearchNetwork, SearchCell
+from jaxfednas.search_spaces.darts.operations import PRIMITIVES
+from jaxfednas.search_spaces.darts.search import DartsSearchNetwork, SearchCell
 from jaxfednas.nn import batch_norm_train
-from search_spaces.darts.wide import max_pool_3x3
+from jaxfednas.search_spaces.darts.wide import max_pool_3x3
 
 
 def _rel(a, b):  # on the host: eager jnp ops would compile a program per leaf shape
@@ -120,7 +120,7 @@ def test_batch_norm_backward_equals_autodiff_of_its_forward():
 
 
 def test_cells_of_equal_shapes_share_one_trace(monkeypatch):
-    from search_spaces.darts import wide
+    from jaxfednas.search_spaces.darts import wide
     runs = []
     real = wide.WideCell.run
     monkeypatch.setattr(wide.WideCell, "run", lambda self, *a: runs.append(self.reduction) or real(self, *a))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from search_spaces.models import ResNet
+from jaxfednas.search_spaces.models import ResNet
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import (ClientData, epoch_permutation, run_local_epochs, run_local_epochs_selected,
                                      stack_clients)

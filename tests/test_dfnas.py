@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import algorithms.dfnas as dfnas_module
-from algorithms.common import client_batch_statistics, pool_batch_statistics
-from algorithms.dfnas import (
+import jaxfednas.algorithms.dfnas as dfnas_module
+from jaxfednas.algorithms.common import client_batch_statistics, pool_batch_statistics
+from jaxfednas.algorithms.dfnas import (
     cost_table,
     DFNASConfig,
     dfnas,
@@ -35,7 +35,7 @@ from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
 from jaxfednas import rng
 from jaxfednas.runtime import Placement, round_clients
-from search_spaces.shufflenet import ShuffleNetwork, ShuffleSpace, SPACES
+from jaxfednas.search_spaces.shufflenet import ShuffleNetwork, ShuffleSpace, SPACES
 from conftest import assert_accuracy, tiny_federation
 
 TINY = dict(space="tiny", batch_size=16, local_epochs=1, eval_batch_size=64, bn_recalibration_batches=2)

@@ -240,7 +240,7 @@ def test_cli_reports_bad_multiprocess_flags(capsys):
 def test_per_client_rows_split_along_the_mesh(count_traces):
     # Ditto's personal models (8 clients, 8 devices): each device keeps its own client's
     # row between rounds; round 2 compiles nothing; the values are those of one device
-    from algorithms.ditto import ditto, DittoConfig
+    from jaxfednas.algorithms.ditto import ditto, DittoConfig
     from jaxfednas.runtime import Placement
 
     ds = load_dataset("synthetic", num_train=256, num_test=32)

@@ -314,7 +314,7 @@ def _host_init(net, x, seed=0):
 
 @pytest.mark.parametrize("norm", ["group", "layer"])
 def test_search_network_with_per_example_norm_does_not_couple_examples(norm):
-    from search_spaces.darts import DartsSearchNetwork
+    from jaxfednas.search_spaces.darts import DartsSearchNetwork
 
     # two reduction cells: FactorizedReduce and ReLUConvBN preprocessing, pool + norm, sep conv
     net = DartsSearchNetwork(C=4, num_classes=3, layers=2, steps=2, multiplier=2, norm=norm,

@@ -7,7 +7,7 @@ import optax
 import pytest
 from dp_fnas_setup import TINY, make_data2, make_s0
 
-from algorithms.dp_fnas import DPFNASConfig, dp_fnas, make_supernet
+from jaxfednas.algorithms.dp_fnas import DPFNASConfig, dp_fnas, make_supernet
 from jaxfednas.config import ConfigError
 from jaxfednas.optim import darts_arch_grad
 from jaxfednas.registry import algorithm_module, make_config

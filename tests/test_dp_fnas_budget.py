@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from dp_fnas_setup import TINY, make_data2, make_s0
 
-from algorithms.dp_fnas import (Accountant, DPFNASConfig, dp_fnas, make_parties, max_iterations, physical_batch,
+from jaxfednas.algorithms.dp_fnas import (Accountant, DPFNASConfig, dp_fnas, make_parties, max_iterations, physical_batch,
                                 privacy_report)
 from jaxfednas import privacy, rng
 from jaxfednas.runtime import Placement
-from search_spaces.darts import Genotype
+from jaxfednas.search_spaces.darts import Genotype
 from conftest import assert_accuracy
 
 DELTA = 1e-5

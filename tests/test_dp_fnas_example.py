@@ -10,8 +10,8 @@ import pytest
 from conftest import assert_accuracy
 from jaxfednas import privacy
 from jaxfednas.rng import random_arch_key
-from search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
-from search_spaces.sampling import random_genotype
+from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
+from jaxfednas.search_spaces.sampling import random_genotype
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_TEST = 360  # scikit-learn's digits: 1437 training and 360 test images

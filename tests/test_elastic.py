@@ -17,8 +17,8 @@ import pytest
 from jax import lax
 
 from jaxfednas.cost import count_conv_outputs, count_macs, count_params
-from search_spaces.choice import check_space
-from search_spaces.elastic import ElasticMobileNet, SPACES
+from jaxfednas.search_spaces.choice import check_space
+from jaxfednas.search_spaces.elastic import ElasticMobileNet, SPACES
 
 IMAGE = (8, 8, 1)
 CLASSES = 10
@@ -287,7 +287,7 @@ def test_bad_input_one_line_errors(space, setup):
 def test_depthwise_taps_matches_grouped_convolution():
     """The CPU depthwise form (hand-written backward) against a grouped convolution:
     values and both gradients, 7x7 kernel, stride 2, odd input size."""
-    from search_spaces.elastic import depthwise_taps
+    from jaxfednas.search_spaces.elastic import depthwise_taps
 
     kx, kw, kg = jax.random.split(jax.random.key(1), 3)
     x, w = jax.random.normal(kx, (2, 7, 7, 3)), jax.random.normal(kw, (7, 7, 1, 3))

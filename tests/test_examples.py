@@ -12,8 +12,8 @@ import pytest
 from conftest import assert_accuracy, assert_summary_consistent
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.rng import random_arch_key
-from search_spaces.darts import Genotype, PRIMITIVE_SETS
-from search_spaces.sampling import random_genotype
+from jaxfednas.search_spaces.darts import Genotype, PRIMITIVE_SETS
+from jaxfednas.search_spaces.sampling import random_genotype
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=1",

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.fednas import (cpu_scheduler, FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet,
+from jaxfednas.algorithms.fednas import (cpu_scheduler, FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet,
                                recalibrated_batch_stats)
-from algorithms.fednas_train import FedNASTrainConfig, fednas_train, resolve_genotype
+from jaxfednas.algorithms.fednas_train import FedNASTrainConfig, fednas_train, resolve_genotype
 from jaxfednas.config import ConfigError
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
@@ -20,8 +20,8 @@ from jaxfednas.evaluation import select_by_validation
 from jaxfednas.experiment import make_partition, run_experiment
 from jaxfednas.registry import algorithm_module, make_config
 from jaxfednas.runtime import Placement, round_clients
-from search_spaces.darts import FEDNAS_V1, Genotype
-from search_spaces.darts.operations import unbiased_running_var
+from jaxfednas.search_spaces.darts import FEDNAS_V1, Genotype
+from jaxfednas.search_spaces.darts.operations import unbiased_running_var
 from conftest import assert_accuracy, assert_client_summary
 
 TINY = dict(C=4, layers=1, steps=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,

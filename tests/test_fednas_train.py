@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from algorithms.common import make_batch_grad, make_client_optimizer, make_local_train
-from algorithms.fednas_train import FedNASTrainConfig, drop_path_schedule, fednas_train, make_network
+from jaxfednas.algorithms.common import make_batch_grad, make_client_optimizer, make_local_train
+from jaxfednas.algorithms.fednas_train import FedNASTrainConfig, drop_path_schedule, fednas_train, make_network
 from jaxfednas.config import ConfigError
 from jaxfednas.data import make_federated_data
 from jaxfednas.data import partition as part
@@ -21,8 +21,8 @@ from jaxfednas.data.federated import run_local_epochs
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import Placement
-from search_spaces.darts import AuxiliaryHeadCIFAR, Genotype, aux_input_size, aux_pool, drop_path
-from search_spaces.models import init_variables
+from jaxfednas.search_spaces.darts import AuxiliaryHeadCIFAR, Genotype, aux_input_size, aux_pool, drop_path
+from jaxfednas.search_spaces.models import init_variables
 
 CELL = Genotype(normal=(("sep_conv_3x3", 0), ("skip_connect", 1), ("avg_pool_3x3", 2), ("sep_conv_3x3", 0)),
                 normal_concat=(2, 3),

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxfednas.cost import count_conv_outputs, count_macs, count_params
-from search_spaces.choice import check_space
-from search_spaces.hybrid import BN_EPS, BN_MOMENTUM, get_space, HybridViT, LN_EPS, SPACES
+from jaxfednas.search_spaces.choice import check_space
+from jaxfednas.search_spaces.hybrid import BN_EPS, BN_MOMENTUM, get_space, HybridViT, LN_EPS, SPACES
 
 SPACE = SPACES["tiny"]
 B = 6

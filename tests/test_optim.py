@@ -51,7 +51,7 @@ def test_milenas_update_equals_eq4():
 def test_milenas_passes_loop_equals_inline_on_a_grouped_darts_cell():
     # the loop form (one compiled pass; the validation pass skips its kernel gradients)
     # against the two inline passes, on a supernet with convolutions, BatchNorm and masks
-    from search_spaces.darts.search import DartsSearchNetwork
+    from jaxfednas.search_spaces.darts.search import DartsSearchNetwork
 
     net = DartsSearchNetwork(C=4, num_classes=3, layers=2, steps=2, multiplier=2, group_edges=True,
                              primitives=("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"))

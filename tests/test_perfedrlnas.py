@@ -19,14 +19,14 @@ import numpy as np
 import optax
 import pytest
 
-from algorithms import perfedrlnas as pf
+from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas.config import ConfigError
 from jaxfednas.cost import count_macs, count_params
 from jaxfednas.registry import algorithm_module, make_config
 from jaxfednas.rng import init_key, policy_keys, round_key
 from jaxfednas.runtime import round_clients
-from search_spaces.choice import choice_mask
-from search_spaces.darts.masks import CELLS
+from jaxfednas.search_spaces.choice import choice_mask
+from jaxfednas.search_spaces.darts.masks import CELLS
 
 TINY = {"data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2, "algo.C": 4,
         "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny", "algo.local_epochs": 1}

@@ -13,12 +13,12 @@ import numpy as np
 import optax
 import pytest
 
-from algorithms.common import make_local_train
-from algorithms.ditto import DittoConfig, ditto, make_personal_train
-from algorithms.fedavg import FedAvgConfig, fedavg
-from algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
-from search_spaces.models import CNN, init_variables
-from algorithms.perfedavg import PerFedAvgConfig, make_adapt, make_meta_step, make_outer_optimizer, perfedavg
+from jaxfednas.algorithms.common import make_local_train
+from jaxfednas.algorithms.ditto import DittoConfig, ditto, make_personal_train
+from jaxfednas.algorithms.fedavg import FedAvgConfig, fedavg
+from jaxfednas.algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
+from jaxfednas.search_spaces.models import CNN, init_variables
+from jaxfednas.algorithms.perfedavg import PerFedAvgConfig, make_adapt, make_meta_step, make_outer_optimizer, perfedavg
 from jaxfednas.experiment import run_experiment
 from jaxfednas import rng
 from jaxfednas.runtime import Placement, sample_clients, weighted_mean

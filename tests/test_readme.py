@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas import registry
 from jaxfednas.experiment import run_experiment
 from jaxfednas.runtime import Placement

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.common import make_local_train
-from algorithms.fedavg import FedAvgConfig, fedavg
-from algorithms.local_only import LocalOnlyConfig, local_only
+from jaxfednas.algorithms.common import make_local_train
+from jaxfednas.algorithms.fedavg import FedAvgConfig, fedavg
+from jaxfednas.algorithms.local_only import LocalOnlyConfig, local_only
 from jaxfednas import rng
 from jaxfednas import runtime
 from jaxfednas.runtime import (
@@ -84,7 +84,7 @@ def test_dropped_clients_are_left_out_of_the_aggregate_and_keep_their_rows(tiny_
     s0 = algo.init(jax.random.PRNGKey(0))
     s1, m1 = algo.round(s0, data, rk)
     assert int(m1["clients_reported"]) == rep.sum() and float(m1["server_update_skipped"]) == 0.0
-    from search_spaces.models import make_model
+    from jaxfednas.search_spaces.models import make_model
 
     local = jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))  # the round's options
     keys = client_keys(rk, ids)
@@ -199,7 +199,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
     cfg = FedAvgConfig(batch_size=16)
     algo = fedavg(cfg, data.info, clients_per_round=3, placement=Placement("vmap"))
     init_vars = algo.init(jax.random.PRNGKey(0)).variables
-    from search_spaces.models import make_model
+    from jaxfednas.search_spaces.models import make_model
 
     local = jit(make_local_train(make_model(cfg.model, 10, data.info.name), data.info, cfg))  # the round's options
     rk = jax.random.PRNGKey(7)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from jaxfednas.rng import host_generator, random_arch_key
-from search_spaces.choice import Dimension
-from search_spaces.darts import FEDNAS_V1, Genotype, network_params, PRIMITIVES, PRIMITIVES_S2
-from search_spaces.darts.masks import CELLS, genotype_from_mask
-from search_spaces.sampling import matched, random_choice, random_genotype, random_mask, random_shuffle_arch
-from search_spaces.shufflenet.network import get_space
+from jaxfednas.search_spaces.choice import Dimension
+from jaxfednas.search_spaces.darts import FEDNAS_V1, Genotype, network_params, PRIMITIVES, PRIMITIVES_S2
+from jaxfednas.search_spaces.darts.masks import CELLS, genotype_from_mask
+from jaxfednas.search_spaces.sampling import matched, random_choice, random_genotype, random_mask, random_shuffle_arch
+from jaxfednas.search_spaces.shufflenet.network import get_space
 
 N = 10_000
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxfednas.cost import count_macs
-from search_spaces.shufflenet import (
+from jaxfednas.search_spaces.shufflenet import (
     build,
     channel_split,
     child_cost,
@@ -129,7 +129,7 @@ def test_arch_type_derive_and_json():
 
 
 def test_shufflenetv2_models_are_each_spaces_all_k3_child():
-    from search_spaces.models import make_model, SHUFFLENET_SPACES
+    from jaxfednas.search_spaces.models import make_model, SHUFFLENET_SPACES
 
     def arch(name, dataset):
         m = make_model(name, 10, dataset)
@@ -254,7 +254,7 @@ def test_scanned_blocks_child_all_paths_and_remat():
 
 
 def test_equal_shaped_blocks_share_one_trace(monkeypatch):
-    from search_spaces.shufflenet import network
+    from jaxfednas.search_spaces.shufflenet import network
     calls = []
     real = network.ChoiceBlock.__call__
     monkeypatch.setattr(network.ChoiceBlock, "__call__", lambda self, *a, **k: calls.append(self.spec) or real(self, *a, **k))

@@ -17,14 +17,14 @@ import numpy as np
 import optax
 import pytest
 
-from algorithms import spider as sp
+from jaxfednas.algorithms import spider as sp
 from jaxfednas.config import ConfigError
 from jaxfednas.experiment import load_run, run_experiment
 from jaxfednas.registry import make_config
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import round_clients
-from search_spaces.darts import supernet_of
-from search_spaces.darts.masks import CELLS
+from jaxfednas.search_spaces.darts import supernet_of
+from jaxfednas.search_spaces.darts.masks import CELLS
 
 # Compiling a DARTS supernet dominates these tests' time on CPU: one reduction cell.
 TINY = {"algo.C": 4, "algo.layers": 1, "algo.steps": 2, "algo.primitives": "tiny", "algo.augment": "none"}

@@ -16,14 +16,14 @@ import jax
 import numpy as np
 import pytest
 
-from algorithms.spider import personalization_gain
+from jaxfednas.algorithms.spider import personalization_gain
 from conftest import assert_accuracy
 from jaxfednas.config import ConfigError
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
-from search_spaces.darts import PRIMITIVE_SETS
-from search_spaces.darts.masks import CELLS, genotype_from_mask
-from search_spaces.sampling import random_mask
+from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
+from jaxfednas.search_spaces.darts.masks import CELLS, genotype_from_mask
+from jaxfednas.search_spaces.sampling import random_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "3", "--fednas-rounds", "1", "--gain-epochs", "1",

@@ -12,7 +12,7 @@ guarantee is the maximum over the two (parallel composition; assumption 4 of
 * :func:`max_iterations` — the iterations a ``target_epsilon`` allows.
 
 The functions taking ``cfg`` read these attributes of a DP-FNAS configuration
-(``algorithms.dp_fnas.DPFNASConfig``): ``sampling_prob``, ``noise_multiplier``,
+(``jaxfednas.algorithms.dp_fnas.DPFNASConfig``): ``sampling_prob``, ``noise_multiplier``,
 ``p_val``, ``tau``, ``delta``, ``accountant``, ``target_epsilon``.
 
 Unit of privacy: one example of one party; add/remove neighbours (see

@@ -3,7 +3,7 @@ it (FedNAS, SPIDER, DP-FNAS).
 
 An algorithm's config inherits :class:`DartsSpaceConfig` (the supernet's geometry and
 candidate ops, first in its field list) and adds its own fields;
-:func:`~search_spaces.darts.search.supernet_of` builds the supernet such a config
+:func:`~jaxfednas.search_spaces.darts.search.supernet_of` builds the supernet such a config
 describes. A different default or help text is a redeclaration in the subclass, which
 keeps the field's place::
 

@@ -2,9 +2,9 @@
 
 A client's architecture (SPIDER's personal subnet, PerFedRLNAS's sampled subnet) is a
 0/1 table per cell type, ``{"normal": [E, |O|], "reduce": [E, |O|]}`` with ``E =``
-:func:`~search_spaces.darts.search.num_edges` in DARTS edge order
-(:func:`~search_spaces.darts.search.edge_table`). Passed as ``arch_weights`` to
-:class:`~search_spaces.darts.search.DartsSearchNetwork`, every edge computes
+:func:`~jaxfednas.search_spaces.darts.search.num_edges` in DARTS edge order
+(:func:`~jaxfednas.search_spaces.darts.search.edge_table`). Passed as ``arch_weights`` to
+:class:`~jaxfednas.search_spaces.darts.search.DartsSearchNetwork`, every edge computes
 ``sum_{o kept} o(x)`` with the supernet's own weights: the network with the other ops
 removed, at static shapes, so one compiled program serves every client's architecture
 (the ops removed are still computed and multiplied by zero: masks trade compute for

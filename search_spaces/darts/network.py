@@ -11,7 +11,7 @@ its loss weight in DARTS is :data:`AUX_WEIGHT`. DARTS sizes the head for the 8x8
 (:func:`aux_pool`).
 
 ``build(genotype, ...)`` is an alias of the constructor. Repeated normal cells are
-scanned exactly as in :mod:`search_spaces.darts.search`.
+scanned exactly as in :mod:`jaxfednas.search_spaces.darts.search`.
 """
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def build(genotype: Genotype, C: int, num_classes: int, layers: int, **kwargs) -
 @functools.lru_cache(maxsize=4096)
 def network_params(genotype: Genotype, C: int, num_classes: int, layers: int, image_shape: tuple[int, ...]) -> int:
     """Weights of :func:`build`'s network without the auxiliary head (as DARTS counts them),
-    from shapes only (no compile): the cost :func:`search_spaces.sampling.matched` compares
+    from shapes only (no compile): the cost :func:`jaxfednas.search_spaces.sampling.matched` compares
     when a random cell is drawn at a searched cell's size."""
     net = DartsNetwork(genotype, C, num_classes, layers)
     x = jax.ShapeDtypeStruct((1,) + tuple(image_shape), jnp.float32)

@@ -289,7 +289,7 @@ def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None
 
     ``module_name`` is the Flax name of the returned module (its parameter scope);
     ``norm`` its normalisation (``"batch"``, or per-example ``"group"`` / ``"layer"``).
-    Pooling ops come without BN; the search :class:`~search_spaces.darts.search.MixedOp`
+    Pooling ops come without BN; the search :class:`~jaxfednas.search_spaces.darts.search.MixedOp`
     adds BN(affine=False) after them, the evaluation network does not.
     """
     if stride not in (1, 2):

@@ -516,7 +516,7 @@ class DartsSearchNetwork(nn.Module):
 def supernet_of(cfg: Any, num_classes: int, **options) -> DartsSearchNetwork:
     """The supernet an algorithm config describes: ``cfg.C``, ``cfg.layers``, ``cfg.steps``
     and ``cfg.primitives`` (a name in ``PRIMITIVE_SETS``; the fields of
-    :class:`~search_spaces.darts.config.DartsSpaceConfig`), every intermediate node
+    :class:`~jaxfednas.search_spaces.darts.config.DartsSpaceConfig`), every intermediate node
     concatenated as in DARTS (``multiplier = steps``); ``options`` pass on the rest
     (``scan_edges``, ``norm``, ...); a ``cfg.group_edges`` of ``"auto"`` / ``"on"`` / ``"off"``
     becomes ``group_edges`` None / True / False. One constructor for FedNAS, DP-FNAS and SPIDER."""

@@ -1,10 +1,10 @@
-"""The DARTS supernet as a choice space (:mod:`search_spaces.choice`): one dimension per
+"""The DARTS supernet as a choice space (:mod:`jaxfednas.search_spaces.choice`): one dimension per
 edge of each cell type, its choices the candidate ops — PerFedRLNAS's DARTS space.
 
 A subnet keeps exactly one op on every edge (all ``2 × E`` edges, no top-2 pruning while
 searching; ``none`` may be chosen where it is a candidate, as in the authors' code,
 docs/authors_code.md §4.1), the same op for every cell of a type. It runs as the
-supernet under a one-hot mask (:class:`~search_spaces.darts.masks.Subnet`): one compiled
+supernet under a one-hot mask (:class:`~jaxfednas.search_spaces.darts.masks.Subnet`): one compiled
 program serves every subnet. Built on a supernet with ``single_path=True`` every op sits
 under a ``cond`` on its mask entry, so a client mapped on its own computes only its
 chosen op per edge (forward, backward, BatchNorm statistics); with ``single_path=False``
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfednas.cost import count_conv_outputs, count_macs
-from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
+from jaxfednas.search_spaces.choice import Dimension, SubnetCost, check_choice, describe
 from .masks import CELLS, Subnet, variable_mask
 from .operations import make_op
 from .search import DartsSearchNetwork, cell_plan, edge_table, num_edges

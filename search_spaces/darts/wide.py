@@ -1,5 +1,5 @@
 """A search cell's edges grouped by the state they leave: the same variables and the same
-math as the scanned cell (:class:`~search_spaces.darts.search.SearchCell`), fewer and wider
+math as the scanned cell (:class:`~jaxfednas.search_spaces.darts.search.SearchCell`), fewer and wider
 operations (``group_edges``; the default on CPU for images of 16x16 pixels and more).
 
 Every edge leaving a state reads the same input. Grouped by source state (a normal cell
@@ -31,7 +31,7 @@ Measured on the 2-core CPU (C=8, 5 cells, batch 32, the MiLeNAS step of
 ``benchmarks/RESULTS.md``). Variables (``params`` /
 ``batch_stats`` ``edges``, or ``input_edges`` / ``node_edges`` in a reduction cell, with a
 leading edge axis) are those of the scanned layout, so checkpoints, masks and
-:func:`~search_spaces.darts.search.unroll_variables` are unchanged; results equal the
+:func:`~jaxfednas.search_spaces.darts.search.unroll_variables` are unchanged; results equal the
 scanned cell's to float rounding (``tests/test_darts_wide.py``).
 """
 from __future__ import annotations

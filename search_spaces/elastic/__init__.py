@@ -1,5 +1,5 @@
 """Elastic (Once-for-All-style) search spaces as choice spaces for PerFedRLNAS
-(:mod:`search_spaces.choice`).
+(:mod:`jaxfednas.search_spaces.choice`).
 
 * :mod:`.mobilenet` — :class:`ElasticMobileNet`: an OFA MobileNetV3 supernet with an
   elastic depth, kernel size, expand ratio and width per stage (Cai et al.,

@@ -1,5 +1,5 @@
 """An elastic MobileNetV3 supernet in the style of Once-for-All, as a choice space
-(:mod:`search_spaces.choice`) for PerFedRLNAS.
+(:mod:`jaxfednas.search_spaces.choice`) for PerFedRLNAS.
 
 PerFedRLNAS (Yao & Li, "PerFedRLNAS: One-for-All Personalized Federated Neural
 Architecture Search", AAAI 2024) searches, besides DARTS and NASViT, the MobileNetV3
@@ -111,8 +111,8 @@ import numpy as np
 from jax import lax
 
 from jaxfednas.nn import depthwise_conv, resolve_depthwise_impl
-from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
-from search_spaces.sliced import as_choice, conv_nhwc, flax_apply, pad, select
+from jaxfednas.search_spaces.choice import Dimension, SubnetCost, check_choice, describe
+from jaxfednas.search_spaces.sliced import as_choice, conv_nhwc, flax_apply, pad, select
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)

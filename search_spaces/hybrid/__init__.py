@@ -3,7 +3,7 @@ ICLR 2022) as a choice space for PerFedRLNAS (Yao & Li, AAAI 2024, Table 1): ela
 width / depth / heads / MLP ratio per transformer stage, single path.
 
 * :class:`HybridViT` — the space (``init``, ``subnet``, ``variable_mask``, ``cost``,
-  ``describe``; :mod:`search_spaces.choice` protocol), :data:`SPACES` its presets;
+  ``describe``; :mod:`jaxfednas.search_spaces.choice` protocol), :data:`SPACES` its presets;
 * :class:`HybridSubnet` — a subnet over the supernet's variables, applied like a Flax
   module.
 """

@@ -1,5 +1,5 @@
 """A small hybrid convolution / attention supernet in the spirit of NASViT, as a choice
-space (:mod:`search_spaces.choice`) for PerFedRLNAS.
+space (:mod:`jaxfednas.search_spaces.choice`) for PerFedRLNAS.
 
 NASViT (Gong et al., "NASViT: Neural Architecture Search for Efficient Vision
 Transformers with Gradient Conflict-Aware Supernet Training", ICLR 2022) searches a
@@ -74,8 +74,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from search_spaces.choice import Dimension, SubnetCost, check_choice, describe
-from search_spaces.sliced import as_choice, conv_nhwc, flax_apply, pad, select
+from jaxfednas.search_spaces.choice import Dimension, SubnetCost, check_choice, describe
+from jaxfednas.search_spaces.sliced import as_choice, conv_nhwc, flax_apply, pad, select
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch

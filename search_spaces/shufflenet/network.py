@@ -36,7 +36,7 @@ variables do not change: ``init`` builds every block as ``block{l}`` (unrolled),
 ``apply`` stacks the run's variables (``jnp.stack``: each block gets its own gradient),
 scans a functional :class:`ChoiceBlock` over them with the per-block path index (still a
 ``lax.switch``: one unit runs) and gate, and writes each block's new BatchNorm statistics
-back under ``block{l}``; checkpoints, :func:`~search_spaces.shufflenet.child_variables`,
+back under ``block{l}``; checkpoints, :func:`~jaxfednas.search_spaces.shufflenet.child_variables`,
 the cost tables and DFNAS' masks are the same either way. ``all_paths`` and ``remat``
 networks and children scan too. Outputs, statistics and gradients equal the unrolled
 network's to float rounding (tests/test_shufflenet.py). Off by default: on the
