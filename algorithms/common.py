@@ -25,12 +25,13 @@ class SupervisedConfig(Validated):
     """Local training of a fixed network (shared by FedAvg and local-only training)."""
 
     SECTION = "algo"
+    RENAMED = {"client_lr": "lr"}
     model: str = param("auto", f"network, one of {{{', '.join(MODELS)}}} (auto: cnn for digits/synthetic, "
                        "resnet18 for CIFAR; shufflenetv2_<space>: the all-3x3 child of a DFNAS space; "
                        "shufflenetv2_<space>:<i_1>,...,<i_B>: the child with candidate i_b in block b)")
     local_epochs: int = param(1, "local epochs E per round", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size B", range=(1, 1_000_000))
-    client_lr: float = param(0.05, "client SGD learning rate", range=(0.0, 100.0))
+    lr: float = param(0.05, "client SGD learning rate", range=(0.0, 100.0))
     momentum: float = param(0.9, "client SGD momentum", range=(0.0, 1.0))
     weight_decay: float = param(5e-4, "client weight decay (added to the gradient)", range=(0.0, 1.0))
     grad_clip: float = param(0.0, "global-norm gradient clipping (0: off)", range=(0.0, None))
@@ -58,7 +59,7 @@ def make_client_optimizer(cfg: SupervisedConfig) -> optax.GradientTransformation
     parts = []
     if cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
-    parts += [optax.add_decayed_weights(cfg.weight_decay), optax.sgd(cfg.client_lr, momentum=cfg.momentum or None)]
+    parts += [optax.add_decayed_weights(cfg.weight_decay), optax.sgd(cfg.lr, momentum=cfg.momentum or None)]
     return optax.chain(*parts)
 
 

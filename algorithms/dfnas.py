@@ -28,7 +28,7 @@ In the federated setting the rule is applied by the server to the aggregated α 
 every round (DSNAS applies it at every epoch start; a round is one start of local
 search from the shared α) and fixed blocks never unfix.
 
-Resource constraint (DSNAS §3.3, optional: ``flops_coef`` > 0). The search loss gains
+Resource constraint (DSNAS §3.3, optional: ``macs_coef`` > 0). The search loss gains
 a penalty on the multiply-adds C(Z) of the sampled child above a target t, L + λ·C(Z)
 while C(Z) > t. C(Z) is a sum of table lookups, C(Z) = C_0 + Σ_l F[l, Z_l]
 (:func:`jaxfednas.search_spaces.shufflenet.macs_table`; stem and head C_0 are fixed), and is not
@@ -42,8 +42,8 @@ term is an unbiased estimate of ∇α λ·E[C(Z)]; near the target it is DSNAS' 
 penalising only the samples over it (its code: 290 MFLOPs of blocks). w is unaffected.
 Two differences from DSNAS' code, which backpropagates λ·Σ_l p_l[Z_l]·F[l, Z_l]: the
 code's α gradient is the score times p_l[Z_l] (a rescaling of λ that grows as a block
-concentrates) and has no baseline. Round metrics report ``expected_madds`` (the
-expected C(Z) under softmax(α), fixed blocks at their choice) and ``child_madds``
+concentrates) and has no baseline. Round metrics report ``expected_macs`` (the
+expected C(Z) under softmax(α), fixed blocks at their choice) and ``child_macs``
 (argmax(α)'s).
 
 Single-path cost: on a device clients must run one after another so that a per-client
@@ -88,14 +88,16 @@ DESCRIPTION = "DFNAS (Garg et al.): DSNAS single-path search on a ShuffleNetV2 s
 @dataclasses.dataclass(frozen=True)
 class DFNASConfig(Validated):
     SECTION = "algo"
+    RENAMED = {"w_lr": "lr", "w_momentum": "momentum", "w_weight_decay": "weight_decay",
+               "flops_coef": "macs_coef", "flops_target": "macs_target"}
     space: str = param("small", "choice-block space (cross_silo: 20x4 CIFAR, cross_device: 12x3, small: digits)",
                        choices=tuple(SPACES))
     local_epochs: int = param(1, "local epochs E per round", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size", range=(1, 1_000_000))
-    w_lr: float = param(0.1, "weight SGD learning rate (round 0)", range=(0.0, 100.0))
+    lr: float = param(0.1, "weight SGD learning rate (round 0)", range=(0.0, 100.0))
     lr_schedule: str = param("cosine", "cosine: anneal to 0 over the rounds; constant", choices=("cosine", "constant"))
-    w_momentum: float = param(0.9, "weight SGD momentum", range=(0.0, 1.0))
-    w_weight_decay: float = param(4e-5, "weight decay on conv/linear kernels (not BatchNorm)", range=(0.0, 1.0))
+    momentum: float = param(0.9, "weight SGD momentum", range=(0.0, 1.0))
+    weight_decay: float = param(4e-5, "weight decay on conv/linear kernels (not BatchNorm)", range=(0.0, 1.0))
     label_smoothing: float = param(0.1, "label smoothing of the cross entropy", range=(0.0, 1.0))
     arch_lr: float = param(1e-3, "α Adam learning rate (DSNAS 1e-3)", range=(0.0, 10.0))
     fix_threshold: float = param(0.3, "fix a block once top-1 minus top-2 probability >= this (0: never)",
@@ -111,17 +113,17 @@ class DFNASConfig(Validated):
         20, "evaluate the child with BatchNorm statistics re-estimated on up to this many training batches per "
         "client, averaged n_i/n (0: the running statistics of the search)", range=(0, None))
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
-    flops_coef: float = param(
+    macs_coef: float = param(
         0.0, "DSNAS' resource constraint: α penalty λ per million multiply-adds of the sampled child while it is "
-        "over flops_target (0: off; DSNAS' ImageNet search: 1e-6 to 1e-5)", range=(0.0, None))
-    flops_target: int | float = param(
+        "over macs_target (0: off; DSNAS' ImageNet search: 1e-6 to 1e-5)", range=(0.0, None))
+    macs_target: int | float = param(
         0.82, "multiply-adds per image above which a sampled child is penalised: an integer count, or a float "
         "fraction in [0, 1] of the space's largest child (0.82: DSNAS' 290M of blocks on ImageNet)",
         range=(0, None))
 
     def check(self):
-        if isinstance(self.flops_target, float) and self.flops_target > 1.0:
-            raise ConfigError(f"algo.flops_target={self.flops_target!r}: a float is a fraction of the largest "
+        if isinstance(self.macs_target, float) and self.macs_target > 1.0:
+            raise ConfigError(f"algo.macs_target={self.macs_target!r}: a float is a fraction of the largest "
                               "child in [0, 1]; give multiply-adds as an integer")
 
 
@@ -161,7 +163,7 @@ def dsnas_arch_grad(credit: jax.Array, path: jax.Array, alpha: jax.Array) -> jax
     return credit[:, None] * (z - jax.nn.softmax(alpha, -1))
 
 
-def flops_credit(path: jax.Array, alpha: jax.Array, table: jax.Array, fixed_cost: float, target: float,
+def macs_credit(path: jax.Array, alpha: jax.Array, table: jax.Array, fixed_cost: float, target: float,
                  coef: float) -> jax.Array:
     """The resource constraint's block credits (module docstring): λ·1[C(Z) > t]·(F[l, Z_l]
     − E_{softmax(α_l)} F[l]); ``table`` [blocks, candidates] and the costs in millions of
@@ -185,23 +187,23 @@ def cost_table(cfg: DFNASConfig, info: DataInfo) -> MacsTable:
     return macs_table(cfg.space, info.num_classes, tuple(info.image_shape))
 
 
-def flops_target_macs(cfg: DFNASConfig, table: MacsTable) -> float:
-    """``cfg.flops_target`` in multiply-adds (a float is a fraction of the largest child)."""
-    if isinstance(cfg.flops_target, float):
-        return cfg.flops_target * float(table.fixed + table.blocks.max(-1).sum())
-    return float(cfg.flops_target)
+def target_macs(cfg: DFNASConfig, table: MacsTable) -> float:
+    """``cfg.macs_target`` in multiply-adds (a float is a fraction of the largest child)."""
+    if isinstance(cfg.macs_target, float):
+        return cfg.macs_target * float(table.fixed + table.blocks.max(-1).sum())
+    return float(cfg.macs_target)
 
 
-def flops_penalty(cfg: DFNASConfig, info: DataInfo) -> Callable:
-    """``penalty(path, alpha) -> [blocks]``: :func:`flops_credit` with ``cfg``'s λ, target and
+def macs_penalty(cfg: DFNASConfig, info: DataInfo) -> Callable:
+    """``penalty(path, alpha) -> [blocks]``: :func:`macs_credit` with ``cfg``'s λ, target and
     the space's cost table in millions of multiply-adds."""
     table = cost_table(cfg, info)
-    target = flops_target_macs(cfg, table)
+    target = target_macs(cfg, table)
     if target >= table.fixed + table.blocks.max(-1).sum():
-        warnings.warn(f"algo.flops_target={cfg.flops_target!r} ({target:,.0f} multiply-adds) is not below the "
+        warnings.warn(f"algo.macs_target={cfg.macs_target!r} ({target:,.0f} multiply-adds) is not below the "
                       f"largest child of space {cfg.space!r}: the FLOPs penalty never applies", stacklevel=3)
     mega = jnp.asarray(table.blocks / 1e6, jnp.float32)
-    return lambda path, alpha: flops_credit(path, alpha, mega, table.fixed / 1e6, target / 1e6, cfg.flops_coef)
+    return lambda path, alpha: macs_credit(path, alpha, mega, table.fixed / 1e6, target / 1e6, cfg.macs_coef)
 
 
 def fix_blocks(alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array, threshold: float):
@@ -245,7 +247,7 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
     aug = make_augment(cfg.augment, info.name)
     nc = model.space.num_candidates
     arch_tx = optax.adam(cfg.arch_lr, b1=0.5, b2=0.999)
-    penalty = flops_penalty(cfg, info) if cfg.flops_coef > 0 else None  # static: off compiles today's program
+    penalty = macs_penalty(cfg, info) if cfg.macs_coef > 0 else None  # static: off compiles today's program
 
     def loss_fn(params, gates, stats, batch, path):
         logits, new = model.apply({"params": params, "batch_stats": stats}, batch["x"], path, gates, train=True,
@@ -261,8 +263,8 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
         # 5: SGD on the units that ran (others keep weights and momentum, as PyTorch skips
         # parameters without a gradient); weight decay on kernels only.
         kernels = lambda tree: jax.tree.map(lambda v: v.ndim > 1, tree)  # noqa: E731
-        w_tx = optax.chain(optax.add_decayed_weights(cfg.w_weight_decay, mask=kernels),
-                           active_momentum(cfg.w_momentum), optax.scale_by_learning_rate(lr))
+        w_tx = optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=kernels),
+                           active_momentum(cfg.momentum), optax.scale_by_learning_rate(lr))
 
         def step(carry, batch, k):
             params, w_state, stats, alpha, arch_state = carry
@@ -309,7 +311,7 @@ def dfnas(
         return DFNASState(variables=v, fixed=jnp.zeros((nb,), bool), fixed_choice=jnp.zeros((nb,), jnp.int32),
                           round=jnp.int32(0))
 
-    learning_rate = cosine_lr(cfg.w_lr, 0.0, rounds) if cfg.lr_schedule == "cosine" else lambda t: jnp.float32(cfg.w_lr)
+    learning_rate = cosine_lr(cfg.lr, 0.0, rounds) if cfg.lr_schedule == "cosine" else lambda t: jnp.float32(cfg.lr)
 
     def round_fn(state: DFNASState, data: FederatedData, key):
         idx, keys = round_clients(key, info.num_clients, m)  # Alg. 2: select S_t
@@ -332,8 +334,8 @@ def dfnas(
             "lr": lr,
             "arch_entropy": arch_entropy(avg["arch"]["alpha"]),
             "fixed_blocks": fixed.sum(),
-            "expected_madds": expected_cost(avg["arch"]["alpha"], fixed, choice, madds, table.fixed),
-            "child_madds": table.fixed + jnp.take_along_axis(
+            "expected_macs": expected_cost(avg["arch"]["alpha"], fixed, choice, madds, table.fixed),
+            "child_macs": table.fixed + jnp.take_along_axis(
                 madds, jnp.argmax(avg["arch"]["alpha"], -1)[:, None], -1).sum(),
             **reported_metrics(weights, key, idx, dropout_rate),
         }
@@ -357,18 +359,23 @@ def dfnas(
 
     def evaluate(state: DFNASState, data: FederatedData):
         """The final child argmax(α), run inside the supernet (its output equals the built
-        child's, tested), on the global test set and on every client's test split."""
+        child's, tested), on the global test set and on every client's test split: with the
+        supernet's averaged running BatchNorm statistics (``global_test_acc``,
+        ``client_test_acc*``, as every algorithm) and, when ``bn_recalibration_batches`` > 0,
+        with the child's statistics re-estimated on the clients' training data
+        (``global_test_acc_bn_recal``, ``client_test_acc_bn_recal*``)."""
         v = state.variables
         path = jnp.argmax(v["arch"]["alpha"], -1)
 
         def logits(variables):
             return lambda x: model.apply(variables, info.normalize(x), path, train=False)
 
-        child = recalibrated(v, path, data) if cfg.bn_recalibration_batches else v
-        out = global_accuracy(logits(child), data, cfg.eval_batch_size)
+        out = global_accuracy(logits(v), data, cfg.eval_batch_size)
+        out.update(client_accuracies(logits, v, data, cfg.eval_batch_size, placement=placement))
         if cfg.bn_recalibration_batches:
-            out["global_test_acc_running_bn"] = global_accuracy(logits(v), data, cfg.eval_batch_size)["global_test_acc"]
-        out.update(client_accuracies(logits, child, data, cfg.eval_batch_size, placement=placement))
+            child = recalibrated(v, path, data)
+            out["global_test_acc_bn_recal"] = global_accuracy(logits(child), data, cfg.eval_batch_size)["global_test_acc"]
+            out.update(client_accuracies(logits, child, data, cfg.eval_batch_size, placement=placement, tag="_bn_recal"))
         out["arch_entropy"] = arch_entropy(v["arch"]["alpha"])
         out["fixed_blocks"] = state.fixed.sum()
         return out

@@ -17,7 +17,7 @@ with G the FedAvg objective. Each round t (Algorithm 1), every sampled client k
 
       where w_t is the global model received at the start of the round.
 
-η is ``client_lr`` and ∇F_k goes through the same client optimizer as FedAvg's local
+η is ``lr`` and ∇F_k goes through the same client optimizer as FedAvg's local
 training (weight decay, momentum, clipping as configured), so with λ = 0 step (b) is
 plain local training of v_k. Personal models start as copies of the initial global
 model, keep their own BatchNorm statistics, and change only in rounds where their
@@ -58,7 +58,8 @@ DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client perso
 
 @dataclasses.dataclass(frozen=True)
 class DittoConfig(FedAvgConfig):
-    lam: float = param(
+    RENAMED = {**FedAvgConfig.RENAMED, "lam": "prox_lambda"}
+    prox_lambda: float = param(
         0.1, "λ: weight of the proximal term pulling personal models v_k toward the global model "
         "(paper grid {2, 1, 0.1, 0.01, 0.001}); 0 = local training of v_k", range=(0.0, 1e4),
     )
@@ -96,7 +97,7 @@ def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> C
             params, stats, opt_state = carry
             grads, stats, metrics = batch_grad(params, stats, batch, key)
             # ∇h_k(v) = ∇F_k(v) + λ(v − w): the proximal gradient is added in closed form.
-            grads = jax.tree.map(lambda g, v, a: g + cfg.lam * (v - a), grads, params, w)
+            grads = jax.tree.map(lambda g, v, a: g + cfg.prox_lambda * (v - a), grads, params, w)
             updates, opt_state = opt.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
             return (params, stats, opt_state), metrics

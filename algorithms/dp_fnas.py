@@ -105,7 +105,10 @@ ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
 
 @dataclasses.dataclass(frozen=True)
 class DPFNASConfig(DartsSpaceConfig):
-    """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, steps, primitives), then DP-FNAS' own."""
+    """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, nodes, primitives), then DP-FNAS' own."""
+    RENAMED = {**DartsSpaceConfig.RENAMED, "w_lr": "lr", "w_lr_min": "lr_min",
+               "w_lr_decay_iterations": "lr_decay_iterations", "w_momentum": "momentum",
+               "w_weight_decay": "weight_decay", "w_clip": "grad_clip"}
     norm: str = param("group", "per-example normalisation replacing BatchNorm (BN would couple examples)",
                       choices=("group", "layer"))
     iterations_per_round: int = param(10, "Algorithm 1 iterations per round (one compiled call)", range=(1, 100_000))
@@ -128,13 +131,13 @@ class DPFNASConfig(DartsSpaceConfig):
                           range=(1e-12, None))
     aggregation: str = param("sum", "server combines party gradients by their sum (Algorithm 1) or mean",
                              choices=("sum", "mean"))
-    w_lr: float = param(0.025, "server weight learning rate xi at the first iteration", range=(0.0, 100.0))
-    w_lr_min: float = param(0.001, "cosine floor of xi", range=(0.0, 100.0))
-    w_lr_decay_iterations: int = param(0, "iterations over which xi decays from w_lr to w_lr_min by a cosine "
-                                       "(0: constant w_lr)", range=(0, None))
-    w_momentum: float = param(0.9, "server weight SGD momentum", range=(0.0, 1.0))
-    w_weight_decay: float = param(3e-4, "weight decay (server side, post-processing)", range=(0.0, 1.0))
-    w_clip: float = param(5.0, "global-norm clip of the aggregated weight gradient (0: off)", range=(0.0, None))
+    lr: float = param(0.025, "server weight learning rate xi at the first iteration", range=(0.0, 100.0))
+    lr_min: float = param(0.001, "cosine floor of xi", range=(0.0, 100.0))
+    lr_decay_iterations: int = param(0, "iterations over which xi decays from lr to lr_min by a cosine "
+                                       "(0: constant lr)", range=(0, None))
+    momentum: float = param(0.9, "server weight SGD momentum", range=(0.0, 1.0))
+    weight_decay: float = param(3e-4, "weight decay (server side, post-processing)", range=(0.0, 1.0))
+    grad_clip: float = param(5.0, "global-norm clip of the aggregated weight gradient (0: off)", range=(0.0, None))
     arch_optimizer: str = param("adam", "server optimizer of A: adam (DARTS, the authors' code) or sgd "
                                 "(A <- A - eta sum_k H_k, Algorithm 1 as printed)", choices=("adam", "sgd"))
     arch_lr: float = param(3e-4, "architecture learning rate eta", range=(0.0, 10.0))
@@ -176,7 +179,7 @@ CONFIG = DPFNASConfig
 # reported ε = max over M^G and M^H (parallel composition) needs it.
 DEFAULTS = {"data.split": (0.5, 0.25, 0.25), "data.partition": "iid", "data.split_method": "independent"}
 PRESETS = {
-    "smoke": {"run.rounds": 2, "algo.C": 4, "algo.layers": 2, "algo.steps": 2, "algo.primitives": "tiny",
+    "smoke": {"run.rounds": 2, "algo.C": 4, "algo.layers": 2, "algo.nodes": 2, "algo.primitives": "tiny",
               "algo.iterations_per_round": 2},
     # Paper §4.1 / docs/authors_code.md §6.4: CIFAR-10, train 25k / val 25k split IID over the
     # parties (4, as Table 2), test set on the server; C=16, 8 cells; R^G=0.01,
@@ -191,7 +194,7 @@ PRESETS = {
         "data.dataset": "cifar10", "data.num_clients": 4, "data.partition": "iid", "data.split": (0.5, 0.5, 0.0),
         "run.rounds": 49, "algo.iterations_per_round": 25, "algo.C": 16, "algo.layers": 8,
         "algo.sampling_prob": 0.04, "algo.clip_norm": 0.01, "algo.arch_clip_norm": 0.1,
-        "algo.noise_multiplier": 1.0, "algo.w_lr": 0.05, "algo.w_lr_min": 0.002, "algo.w_lr_decay_iterations": 1225,
+        "algo.noise_multiplier": 1.0, "algo.lr": 0.05, "algo.lr_min": 0.002, "algo.lr_decay_iterations": 1225,
         "algo.per_example_chunk": 32,
         "algo.arch_gradient": "first",
     },
@@ -340,13 +343,13 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
     accountant = Accountant(cfg)
     if cfg.accountant == "clt" and cfg.target_epsilon > 0:
         warnings.warn(_clt_budget_warning(cfg, cap, accountant), stacklevel=2)
-    if cfg.w_lr_decay_iterations:
-        xi_schedule = cosine_lr(cfg.w_lr, cfg.w_lr_min, cfg.w_lr_decay_iterations)
+    if cfg.lr_decay_iterations:
+        xi_schedule = cosine_lr(cfg.lr, cfg.lr_min, cfg.lr_decay_iterations)
     else:
-        xi_schedule = optax.constant_schedule(cfg.w_lr)
-    w_parts = [optax.clip_by_global_norm(cfg.w_clip)] if cfg.w_clip else []
-    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.w_weight_decay),
-                       optax.sgd(xi_schedule, momentum=cfg.w_momentum or None))
+        xi_schedule = optax.constant_schedule(cfg.lr)
+    w_parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.weight_decay),
+                       optax.sgd(xi_schedule, momentum=cfg.momentum or None))
     a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
              else optax.sgd(cfg.arch_lr))
     a_tx = optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
@@ -403,7 +406,7 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
             "train_overflow": s["train_overflow"], "val_overflow": s["val_overflow"],
             "train_clipped_frac": s["train_clipped"] / n_tr, "val_clipped_frac": s["val_clipped"] / n_val,
             "iterations": it, "iterations_run": s["iterations_run"], "max_iterations": jnp.int32(cap),
-            "budget_exhausted": (it >= cap).astype(jnp.int32), "xi": xi_schedule(it),
+            "budget_exhausted": (it >= cap).astype(jnp.int32), "lr": xi_schedule(it),
             "arch_entropy": arch_entropy(variables["arch"]),
         }
         new = state.replace(variables=variables, w_opt_state=w_state, a_opt_state=a_state, iteration=it,
@@ -434,8 +437,8 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
 
     def export(state: DPFNASState):
         arch = jax.device_get(state.variables["arch"])
-        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
-                      multiplier=cfg.steps)
+        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.nodes,
+                      multiplier=cfg.nodes)
 
     return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jit(round_fn),
                               evaluate=jit(evaluate),

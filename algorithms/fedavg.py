@@ -52,7 +52,7 @@ PRESETS = {
     "paper": {
         "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
         "data.split": (1.0, 0.0, 0.0), "run.rounds": 100, "algo.model": "resnet18",
-        "algo.local_epochs": 20, "algo.batch_size": 64, "algo.client_lr": 0.01,
+        "algo.local_epochs": 20, "algo.batch_size": 64, "algo.lr": 0.01,
     },
 }
 

@@ -16,7 +16,7 @@ Deviations of the authors' code that are available as options for parity
 (docs/authors_code.md §2.2-2.3, §7 rows 5-7), all off by default:
   * ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
   * ``order="alpha_first"`` — the code steps α first, then w at the new α;
-  * ``w_clip=0`` — the code clips α's gradients and never the weights'; this option only
+  * ``grad_clip=0`` — the code clips α's gradients and never the weights'; this option only
     removes the weight clip (α's gradient is not clipped in either setting);
   * ``bn_stats_updates="code"`` — the paper does not say how BatchNorm running statistics
     move; by default they take one momentum update per step, from the training forward,
@@ -65,17 +65,19 @@ DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, Fed
 
 @dataclasses.dataclass(frozen=True)
 class FedNASConfig(DartsSpaceConfig):
-    """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, steps, primitives), then FedNAS' own."""
+    """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, nodes, primitives), then FedNAS' own."""
+    RENAMED = {**DartsSpaceConfig.RENAMED, "w_lr": "lr", "w_lr_min": "lr_min", "w_momentum": "momentum",
+               "w_weight_decay": "weight_decay", "w_clip": "grad_clip", "lam": "milenas_lambda"}
     local_epochs: int = param(1, "local epochs E per round (paper 5)", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size (paper 64)", range=(1, 1_000_000))
-    w_lr: float = param(0.025, "weight learning rate at the first local epoch", range=(0.0, 100.0))
-    w_lr_min: float = param(0.001, "cosine floor of the weight learning rate", range=(0.0, 100.0))
-    w_momentum: float = param(0.9, "weight SGD momentum", range=(0.0, 1.0))
-    w_weight_decay: float = param(3e-4, "weight decay", range=(0.0, 1.0))
-    w_clip: float = param(5.0, "weight gradient global-norm clip (0: off, as the authors' code)", range=(0.0, None))
+    lr: float = param(0.025, "weight learning rate at the first local epoch", range=(0.0, 100.0))
+    lr_min: float = param(0.001, "cosine floor of the weight learning rate", range=(0.0, 100.0))
+    momentum: float = param(0.9, "weight SGD momentum", range=(0.0, 1.0))
+    weight_decay: float = param(3e-4, "weight decay", range=(0.0, 1.0))
+    grad_clip: float = param(5.0, "weight gradient global-norm clip (0: off, as the authors' code)", range=(0.0, None))
     arch_lr: float = param(3e-4, "architecture Adam learning rate", range=(0.0, 10.0))
     arch_weight_decay: float = param(1e-3, "architecture weight decay", range=(0.0, 1.0))
-    lam: float = param(1.0, "λ: weight of ∇α L_val in Eq. 4", range=(0.0, None))
+    milenas_lambda: float = param(1.0, "λ: weight of ∇α L_val in Eq. 4", range=(0.0, None))
     order: str = param("simultaneous", "simultaneous (Eq. 4) or alpha_first (authors' code)",
                        choices=("simultaneous", "alpha_first"))
     passes: str = param("auto", "how Eq. 4's two passes are compiled: loop (one loop body, compiled once; the "
@@ -169,9 +171,9 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
 
     def local_search(variables, train: ClientData, val: ClientData, key, select: Callable | None = None):
         steps_per_epoch = jnp.maximum(num_steps(train.count, cfg.batch_size), 1)
-        lr = cosine_lr(cfg.w_lr, cfg.w_lr_min, epochs)
-        w_tx = weight_optimizer(lr=lambda count: lr(count // steps_per_epoch), momentum=cfg.w_momentum,
-                                weight_decay=cfg.w_weight_decay, clip=cfg.w_clip or None)
+        lr = cosine_lr(cfg.lr, cfg.lr_min, epochs)
+        w_tx = weight_optimizer(lr=lambda count: lr(count // steps_per_epoch), momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay, clip=cfg.grad_clip or None)
         a_tx = arch_optimizer(lr=cfg.arch_lr, b1=0.5, b2=0.999, weight_decay=cfg.arch_weight_decay)
         tree = {"params": variables["params"], "arch": variables["arch"]}
 
@@ -191,7 +193,7 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
             tr = {**batch, "x": augment_batch(k_tr, info.normalize(batch["x"]), aug)}
             vb = random_batch(val, k_val, cfg.batch_size)  # the client's own validation split
             vb["x"] = augment_batch(k_aug, info.normalize(vb["x"]), aug)
-            grads, new, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.lam,
+            grads, new, ms = milenas_grads(loss_fn, tree["params"], tree["arch"], stats, tr, vb, lam=cfg.milenas_lambda,
                                            passes=cfg.passes, val_stats=code_bn)
             after_tr, after_val = new if code_bn else (new, None)  # each forward's update of `stats`
             if cfg.order == "simultaneous":  # Eq. 4: both gradients at the same (w, α)
@@ -360,8 +362,8 @@ def fednas(
 
     def export(state: FedNASState):
         arch = jax.device_get(state.variables["arch"])
-        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.steps,
-                      multiplier=cfg.steps)
+        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.nodes,
+                      multiplier=cfg.nodes)
 
     scheduler = cpu_scheduler(cfg)
     return FederatedAlgorithm(
@@ -375,7 +377,7 @@ def client_genotypes(cfg: FedNASConfig, arch_rows: dict) -> list[Genotype]:
     """The genotype of every client's row of α (leading client axis), e.g. after ``personalize``."""
     arch = jax.device_get(arch_rows)
     prims = PRIMITIVE_SETS[cfg.primitives]
-    return [derive(n, r, primitives=prims, steps=cfg.steps, multiplier=cfg.steps)
+    return [derive(n, r, primitives=prims, steps=cfg.nodes, multiplier=cfg.nodes)
             for n, r in zip(arch["alphas_normal"], arch["alphas_reduce"])]
 
 

@@ -80,7 +80,7 @@ CONFIG = FedNASTrainConfig
 _AUTHORS = {
     "data.dataset": "cifar10", "data.num_clients": 16, "data.partition": "dirichlet", "data.alpha": 0.5,
     "data.split": (1.0, 0.0, 0.0), "run.rounds": 500, "algo.C": 16, "algo.layers": 8,
-    "algo.local_epochs": 15, "algo.batch_size": 64, "algo.client_lr": 0.025, "algo.weight_decay": 3e-4,
+    "algo.local_epochs": 15, "algo.batch_size": 64, "algo.lr": 0.025, "algo.weight_decay": 3e-4,
 }
 PRESETS = {
     "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 3},

@@ -45,7 +45,7 @@ PAPER_SETTING = {
     "data.dataset": "cifar10", "data.num_clients": 20, "data.partition": "label_skew",
     "data.classes_per_client": 5, "data.split": (0.75, 0.0, 0.25), "run.clients_per_round": 4,
     "run.rounds": 100, "algo.model": "resnet18", "algo.local_epochs": 5, "algo.batch_size": 32,
-    "algo.client_lr": 0.01,
+    "algo.lr": 0.01,
 }
 
 

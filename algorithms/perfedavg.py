@@ -15,7 +15,7 @@ of B examples from the client's train split) and takes the first-order step
     temp = w − α ∇f_k(w; D)
     w    ← w − β ∇f_k(temp; D')           (FO-MAML: the Hessian term is dropped)
 
-β is ``client_lr`` and α = ``inner_lr_multiple`` · β. The server averages the clients'
+β is ``lr`` and α = ``inner_lr_multiple`` · β. The server averages the clients'
 w with weights n_k, as FedAvg does. f_k includes the L2 term (weight_decay/2)·||w||²,
 so ∇f_k = ∇CE + weight_decay · w at the point where it is evaluated. The outer step is
 SGD with the configured ``momentum`` (0 gives Algorithm 1 exactly; the ``paper`` preset
@@ -63,7 +63,7 @@ DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; cl
 @dataclasses.dataclass(frozen=True)
 class PerFedAvgConfig(SupervisedConfig):
     inner_lr_multiple: float = param(
-        5.0, "α / β: the inner (adaptation) step size α as a multiple of client_lr = β (paper grid {1, 3, 5, 7, 10})",
+        5.0, "α / β: the inner (adaptation) step size α as a multiple of lr = β (paper grid {1, 3, 5, 7, 10})",
         range=(0.0, 1000.0),
     )
     adapt_steps: int = param(
@@ -74,7 +74,7 @@ class PerFedAvgConfig(SupervisedConfig):
     @property
     def alpha(self) -> float:
         """Inner (adaptation) step size α."""
-        return self.inner_lr_multiple * self.client_lr
+        return self.inner_lr_multiple * self.lr
 
 
 CONFIG = PerFedAvgConfig
@@ -107,7 +107,7 @@ def make_grad(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callabl
 def make_outer_optimizer(cfg: PerFedAvgConfig) -> optax.GradientTransformation:
     """The β step: optional clipping, then SGD (weight decay is already inside ∇f)."""
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-    return optax.chain(*parts, optax.sgd(cfg.client_lr, momentum=cfg.momentum or None))
+    return optax.chain(*parts, optax.sgd(cfg.lr, momentum=cfg.momentum or None))
 
 
 def make_meta_step(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:

@@ -97,12 +97,13 @@ SPACES = ("darts", "elastic", "hybrid")
 @dataclasses.dataclass(frozen=True)
 class PerFedRLNASConfig(Validated):
     SECTION = "algo"
+    RENAMED = {"steps": "nodes"}
     space: str = param("darts", "search space: DARTS edges, elastic MobileNetV3, hybrid conv/attention", choices=SPACES)
     space_preset: str = param("auto", "geometry of the elastic/hybrid space (auto: small for <= 16 px images, "
                               "cifar otherwise; tiny for tests)", choices=("auto", "tiny", "small", "cifar"))
     C: int = param(8, "DARTS: initial channels (paper/code 16)", range=(2, 512))
     layers: int = param(5, "DARTS: cells (paper/code 8)", range=(1, 64))
-    steps: int = param(4, "DARTS: intermediate nodes per cell", range=(1, 8))
+    nodes: int = param(4, "DARTS: intermediate nodes per cell", range=(1, 8))
     primitives: str = param("darts", "DARTS: candidate ops per edge ('none' can be sampled, as the code)",
                             choices=("darts", "s2", "tiny"))
     single_path: bool = param(True, "DARTS: compute only each subnet's chosen op per edge (clients mapped one "
@@ -161,7 +162,7 @@ CONFIG = PerFedRLNASConfig
 # train / local test (the paper: no validation split); reward_split="val" needs one
 DEFAULTS = {"data.split": (0.8, 0.0, 0.2), "run.clients_per_round": 0.25}
 PRESETS = {
-    "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+    "smoke": {"run.rounds": 3, "algo.C": 4, "algo.layers": 1, "algo.nodes": 1, "algo.primitives": "tiny",
               "algo.local_epochs": 1},
     # docs/authors_code.md §4.4 (DARTS config): CIFAR-10, 100 clients Dir(0.3), 5 per round,
     # 1500 rounds of 5 local epochs, batch 32, C=16 with 8 cells.
@@ -202,8 +203,8 @@ def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
     if cfg.space == "darts":
         from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork
         from jaxfednas.search_spaces.darts.space import DartsChoiceSpace
-        net = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.steps,
-                                 multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives],
+        net = DartsSearchNetwork(C=cfg.C, num_classes=info.num_classes, layers=cfg.layers, steps=cfg.nodes,
+                                 multiplier=cfg.nodes, primitives=PRIMITIVE_SETS[cfg.primitives],
                                  single_path=cfg.single_path)
         space = DartsChoiceSpace(net, tuple(info.image_shape))
     else:

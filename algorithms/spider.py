@@ -43,7 +43,7 @@ of 20 ≥ 30), as in the code. Every 0/1 mask has the supernet's static shape, s
 compiled round serves every client's architecture; removed ops are computed and
 multiplied by 0, and their weights are frozen in v_k.
 
-Options for parity with the authors' code (docs/authors_code.md §5): ``local_grad_clip=0``
+Options for parity with the authors' code (docs/authors_code.md §5): ``personal_grad_clip=0``
 (its personal-model clip never runs), ``projection="one_shot"``,
 ``personal_init="independent"`` (default: personal supernets start from one initialisation
 independent of the global one), ``search_batch_size=32`` (the search's BatchNorm batch;
@@ -91,20 +91,22 @@ PROJECTIONS = ("greedy", "one_shot")
 @dataclasses.dataclass(frozen=True)
 class SpiderConfig(DartsSpaceConfig):
     """The supernet's geometry (:class:`DartsSpaceConfig`; SPIDER's default ops: s2), then SPIDER's own."""
+    RENAMED = {**DartsSpaceConfig.RENAMED, "local_lr": "personal_lr", "local_grad_clip": "personal_grad_clip",
+               "lam": "prox_lambda"}
     primitives: str = primitives_param("s2", "candidate ops (paper: s2 = skip_connect, sep_conv_3x3); a zero op "
                                        "'none' is never kept (removal is a mask zero)")
     local_epochs: int = param(1, "local epochs per round (code 1)", range=(1, 10_000))
     batch_size: int = param(32, "local minibatch size (paper 32)", range=(1, 1_000_000))
     lr: float = param(0.01, "global-model SGD learning rate at round 0 (paper grid {0.01, 0.03})", range=(0.0, 100.0))
-    local_lr: float = param(0.01, "personal-model SGD learning rate at round 0", range=(0.0, 100.0))
+    personal_lr: float = param(0.01, "personal-model SGD learning rate at round 0", range=(0.0, 100.0))
     lr_min: float = param(0.0, "floor of both learning rates' per-round cosine over run.rounds (code: 0)",
                           range=(0.0, 100.0))
     momentum: float = param(0.9, "SGD momentum of both models", range=(0.0, 1.0))
     weight_decay: float = param(1e-3, "weight decay of both models (the code's hard-coded 1e-3)", range=(0.0, 1.0))
     grad_clip: float = param(5.0, "global-norm clip of the global model's gradient (0: off)", range=(0.0, None))
-    local_grad_clip: float = param(5.0, "global-norm clip of the personal model's gradient (0: off, as the "
+    personal_grad_clip: float = param(5.0, "global-norm clip of the personal model's gradient (0: off, as the "
                                    "authors' code, whose personal clip never runs)", range=(0.0, None))
-    lam: float = param(0.01, "λ of Eq. 4, the pull of v_k toward w_share (paper grid {0.01, 0.1, 1}); "
+    prox_lambda: float = param(0.01, "λ of Eq. 4, the pull of v_k toward w_share (paper grid {0.01, 0.1, 1}); "
                        "0 = local-only NAS (App. D.2)", range=(0.0, 1e4))
     warmup_rounds: int = param(30, "t_s: a client's own rounds before its search starts (paper 30)",
                                range=(0, 1_000_000))
@@ -133,7 +135,7 @@ CONFIG = SpiderConfig
 # §5.1: each client's data 60 % train / 20 % validation (search) / 20 % local test.
 DEFAULTS = {"data.split": (0.6, 0.2, 0.2)}
 PRESETS = {
-    "smoke": {"run.rounds": 7, "algo.C": 4, "algo.layers": 3, "algo.steps": 2, "algo.warmup_rounds": 1,
+    "smoke": {"run.rounds": 7, "algo.C": 4, "algo.layers": 3, "algo.nodes": 2, "algo.warmup_rounds": 1,
               "algo.recovery_rounds": 1},
     # §5.1 / App. A and docs/authors_code.md §5: CIFAR-100, 8 clients Dir(0.2), all participating,
     # 1000 rounds, batch 32, s2 space C=16 with 8 cells, t_s=30, τ=20, λ=0.01, lr 0.01.
@@ -215,7 +217,7 @@ def make_search(cfg: SpiderConfig, n_ops: int, accuracies: Callable) -> Callable
     """Algorithm 2 over any evaluator: ``accuracies(variables, candidates, val) -> [n]``, the
     validation accuracy of each candidate mask (``[n, 2, E, |O|]``). Returns
     ``search(variables, mask, edge_done, node_done, val, key)``, one trigger for one client."""
-    n_edges, steps = num_edges(cfg.steps), cfg.steps
+    n_edges, steps = num_edges(cfg.nodes), cfg.nodes
     into = jnp.asarray(incoming_edges(steps))  # [steps, steps + 1], -1 padded
     n_slots = max(n_ops, steps + 1)  # candidates per evaluation: ops of an edge, or edges into a node
 
@@ -303,11 +305,11 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
     12-18, for one client: local epochs of the global model's SGD step and the personal
     model's step on Eq. 4, on the same minibatches."""
     primitives = tuple(net.primitives)
-    w_tx, v_tx = sgd(cfg.grad_clip, cfg), sgd(cfg.local_grad_clip, cfg)
+    w_tx, v_tx = sgd(cfg.grad_clip, cfg), sgd(cfg.personal_grad_clip, cfg)
 
     def train(w, personal, opt_state, mask, data: ClientData, key, lr_w, lr_v):
         w_share = w["params"]  # line 14: the received w^t; `keep` restricts it to A_k's ops
-        keep = variable_mask(unstack_cells(mask), w_share, primitives, cfg.steps, cfg.layers)
+        keep = variable_mask(unstack_cells(mask), w_share, primitives, cfg.nodes, cfg.layers)
         archs = jnp.stack([stack_cells(full), mask])
 
         def grads(wp, ws, vp, vs, batch, key):
@@ -327,7 +329,7 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
             (gw, ws, mw), (gv, vs, mv) = grads(wp, ws, vp, vs, batch, key)  # line 17 and ∇_v F_k(v, A_k)
             # line 18: ∇_v F_k(v, A_k) + λ (v − w_share), on the parameters A_k keeps (the
             # gradient of a removed op is exactly 0; its weights stay frozen)
-            gv = jax.tree.map(lambda g, v, a, k: k * (g + cfg.lam * (v - a)), gv, vp, w_share, keep)
+            gv = jax.tree.map(lambda g, v, a, k: k * (g + cfg.prox_lambda * (v - a)), gv, vp, w_share, keep)
             uw, w_opt = w_tx.update(gw, w_opt, wp)
             uv, v_opt = v_tx.update(gv, v_opt, vp)
             wp = jax.tree.map(lambda p, u: p - lr_w * u, wp, uw)
@@ -357,14 +359,14 @@ def spider(
     aggregate and keeps its rows (model, architecture, search progress, clock)."""
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
-    num_clients, steps = info.num_clients, cfg.steps
+    num_clients, steps = info.num_clients, cfg.nodes
     m = resolve_clients_per_round(clients_per_round, num_clients)
     start = initial_mask(primitives, steps)
     full = {c: jnp.asarray(v) for c, v in start.items()}  # the global supernet: every op, weight 1
     search = make_searcher(cfg, info, net)
     train = make_trainer(cfg, info, net, full)
-    v_tx = sgd(cfg.local_grad_clip, cfg)
-    lr_w, lr_v = cosine_lr(cfg.lr, cfg.lr_min, rounds), cosine_lr(cfg.local_lr, cfg.lr_min, rounds)
+    v_tx = sgd(cfg.personal_grad_clip, cfg)
+    lr_w, lr_v = cosine_lr(cfg.lr, cfg.lr_min, rounds), cosine_lr(cfg.personal_lr, cfg.lr_min, rounds)
 
     def rows(tree):
         return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), tree)
@@ -468,7 +470,7 @@ def _final(state: SpiderState) -> jax.Array:
 
 
 def _kept_parameters(mask: dict, params: dict, primitives, cfg: SpiderConfig) -> jax.Array:
-    keep = variable_mask(mask, params, primitives, cfg.steps, cfg.layers)
+    keep = variable_mask(mask, params, primitives, cfg.nodes, cfg.layers)
     return sum((jnp.broadcast_to(k, p.shape)).sum() for k, p in zip(jax.tree.leaves(keep), jax.tree.leaves(params)))
 
 
@@ -547,28 +549,28 @@ def fine_tuned_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, mask
     """``acc[i, j]``: client i's local test accuracy of the architecture ``masks[c][i, j]``
     (0/1 masks ``{"normal": [K, n, E, |O|], "reduce": ...}``: n candidates for each client),
     fine-tuned on client i's train + validation data for ``epochs`` (default
-    ``cfg.gain_epochs``) epochs of SGD (``local_lr``, momentum, weight decay,
-    ``local_grad_clip``; no λ term) from ``variables`` (the global supernet's weights; only
+    ``cfg.gain_epochs``) epochs of SGD (``personal_lr``, momentum, weight decay,
+    ``personal_grad_clip``; no λ term) from ``variables`` (the global supernet's weights; only
     the variables a mask keeps move). Every candidate of client i sees the same minibatches,
     so a row differs only in the architecture: the personalization gain's recipe
     (:func:`gain_matrix`), and the one a random architecture is trained with when it is
     compared with a searched one."""
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
-    tx = sgd(cfg.local_grad_clip, cfg)
+    tx = sgd(cfg.personal_grad_clip, cfg)
     w = variables
     epochs = epochs or cfg.gain_epochs
 
     def fine_tune(mask, client: ClientData, test: ClientData, key):
         subnet = Subnet(net, unstack_cells(mask))
         grad = make_batch_grad(subnet, info, cfg.augment)
-        keep = variable_mask(unstack_cells(mask), w["params"], primitives, cfg.steps, cfg.layers)
+        keep = variable_mask(unstack_cells(mask), w["params"], primitives, cfg.nodes, cfg.layers)
 
         def step(carry, batch, key):
             params, stats, opt = carry
             g, stats, metrics = grad(params, stats, batch, key)
             u, opt = tx.update(jax.tree.map(lambda a, k: a * k, g, keep), opt, params)
-            params = jax.tree.map(lambda p, u, k: p - cfg.local_lr * k * u, params, u, keep)
+            params = jax.tree.map(lambda p, u, k: p - cfg.personal_lr * k * u, params, u, keep)
             return (params, stats, opt), metrics
 
         (params, stats, _), _ = run_local_epochs(step, (w["params"], w["batch_stats"], tx.init(w["params"])),
@@ -614,7 +616,7 @@ def search_schedule(cfg: SpiderConfig) -> list[int]:
     one op choice per cell type at each of the first E triggers, then one topology
     projection per remaining node, the first in the round of the last op choice."""
     first = -(-cfg.warmup_rounds // cfg.recovery_rounds) * cfg.recovery_rounds  # first multiple of τ >= t_s
-    triggers = num_edges(cfg.steps) + max(cfg.steps - 2, 0)
+    triggers = num_edges(cfg.nodes) + max(cfg.nodes - 2, 0)
     return [first + i * cfg.recovery_rounds for i in range(triggers)]
 
 
@@ -624,7 +626,7 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
         warnings.warn(
             f"spider: run.rounds={config.run.rounds} ends before any client's search does (its last choice comes "
             f"at the client's round {last + 1} with algo.warmup_rounds={config.algo.warmup_rounds}, "
-            f"algo.recovery_rounds={config.algo.recovery_rounds}, {num_edges(config.algo.steps)} edges): "
+            f"algo.recovery_rounds={config.algo.recovery_rounds}, {num_edges(config.algo.nodes)} edges): "
             "personal architectures stay partial", stacklevel=2)
     return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                   placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)

@@ -258,8 +258,8 @@ def worker_child(args, cand: str, impl: str, batch: int) -> dict:
             batch_ = {**batch_, "x": augment_batch(k, info.normalize(batch_["x"]), aug)}
             (_, (stats, loss_sum)), (g_w, credit) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
                 params, jnp.ones((nb,), jnp.float32), stats, batch_)
-            g_w = jax.tree.map(lambda g, p: g + cfg.w_weight_decay * p if p.ndim > 1 else g, g_w, params)
-            momentum = jax.tree.map(lambda m, g: cfg.w_momentum * m + g, momentum, g_w)
+            g_w = jax.tree.map(lambda g, p: g + cfg.weight_decay * p if p.ndim > 1 else g, g_w, params)
+            momentum = jax.tree.map(lambda m, g: cfg.momentum * m + g, momentum, g_w)
             params = jax.tree.map(lambda p, m: p - lr * m, params, momentum)
             return (params, momentum, stats), {"loss_sum": loss_sum, "credit_sum": credit}
 

@@ -65,13 +65,13 @@ VARIANTS: dict[str, dict] = {
     "local_epochs=10": {"algo.local_epochs": 10},
     "rounds=40": {"run.rounds": 40},
     "rounds=60": {"run.rounds": 60},
-    "w_lr=0.05": {"algo.w_lr": 0.05},
+    "lr=0.05": {"algo.lr": 0.05},
     "label_smoothing=0": {"algo.label_smoothing": 0.0},
-    "arch_lr=0.2,w_lr=0.05": {"algo.arch_lr": 0.2, "algo.w_lr": 0.05},
+    "arch_lr=0.2,lr=0.05": {"algo.arch_lr": 0.2, "algo.lr": 0.05},
     "arch_lr=0.2,seed=1": {"algo.arch_lr": 0.2, "run.seed": 1},
     "seed=1": {"run.seed": 1},
-    "arch_lr=0.2,w_lr=0.05,seed=1": {"algo.arch_lr": 0.2, "algo.w_lr": 0.05, "run.seed": 1},
-    "arch_lr=0.2,w_lr=0.05,iid": {"algo.arch_lr": 0.2, "algo.w_lr": 0.05, "data.partition": "iid"},
+    "arch_lr=0.2,lr=0.05,seed=1": {"algo.arch_lr": 0.2, "algo.lr": 0.05, "run.seed": 1},
+    "arch_lr=0.2,lr=0.05,iid": {"algo.arch_lr": 0.2, "algo.lr": 0.05, "data.partition": "iid"},
     "iid": {"data.partition": "iid"},
 }
 

@@ -51,7 +51,7 @@ def worker(args) -> dict:
 
     info = DataInfo("synthetic", 1, 10, (32, 32, 3), 1.0, (0.0,) * 3, (1.0,) * 3)
     cfg = make_config("perfedrlnas", overrides={
-        "algo.C": args.C, "algo.layers": args.layers, "algo.steps": 4, "algo.primitives": "darts",
+        "algo.C": args.C, "algo.layers": args.layers, "algo.nodes": 4, "algo.primitives": "darts",
         "algo.batch_size": args.batch, "algo.local_epochs": 1, "algo.single_path": args.worker == "single"}).algo
     space = pf.make_space(cfg, info)
     train = pf.make_client_train(cfg, info, space)

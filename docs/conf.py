@@ -32,7 +32,15 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
 # docs/results/*.md are written by the examples' commands and included into the paper
 # pages with {include}; they are not pages of their own.
-exclude_patterns = ["_build", "**/__pycache__", "README.md", "results/*.md"]
+exclude_patterns = ["_build", "**/__pycache__", "README.md", "results/*.md", "_generated"]
+
+# The metrics glossary page includes the table jaxfednas.metrics holds (the contract test
+# checks every algorithm's metric names against it): generated here, never edited by hand.
+os.makedirs(os.path.join(ROOT, "docs", "_generated"), exist_ok=True)
+with open(os.path.join(ROOT, "docs", "_generated", "metrics_glossary.md"), "w") as _f:
+    from jaxfednas.metrics import glossary_markdown
+
+    _f.write(glossary_markdown() + "\n")
 
 # MyST: ::: fences, $math$, definition lists; headings up to ### get anchors so that
 # README.md and other pages can link to sections (page.md#section-title).

@@ -72,12 +72,12 @@ from jaxfednas.search_spaces.sampling import random_genotype
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
 DIGITS_SEARCH = {
     "data.dataset": "digits", "run.rounds": 4, "algo.iterations_per_round": 25, "algo.C": 4, "algo.layers": 2,
-    "algo.steps": 2, "algo.primitives": "tiny", "algo.arch_gradient": "first", "algo.aggregation": "mean",
-    "algo.w_lr": 0.05, "algo.w_lr_decay_iterations": 100, "algo.arch_lr": 1e-2,
+    "algo.nodes": 2, "algo.primitives": "tiny", "algo.arch_gradient": "first", "algo.aggregation": "mean",
+    "algo.lr": 0.05, "algo.lr_decay_iterations": 100, "algo.arch_lr": 1e-2,
     "algo.clip_norm": 1.0, "algo.arch_clip_norm": 1.0,
 }
 DIGITS_AUGMENT = {"run.rounds": 6, "algo.C": 8, "algo.layers": 2, "algo.local_epochs": 1, "algo.batch_size": 32,
-                  "algo.client_lr": 0.05, "algo.weight_decay": 3e-4}
+                  "algo.lr": 0.05, "algo.weight_decay": 3e-4}
 TABLE1 = [("Vanilla NAS", 1, 0.0), ("FNAS", 2, 0.0), ("FNAS", 4, 0.0), ("FNAS", 8, 0.0),
           ("DP-FNAS", 2, 1.0), ("DP-FNAS", 4, 1.0), ("DP-FNAS", 8, 1.0)]
 NOISES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)
@@ -213,7 +213,7 @@ def _random_cells(search_cfg, out: Path, args, overrides: dict) -> list[tuple[Ge
     prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
     cells = []
     for i in range(args.random):
-        g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.steps)
+        g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.nodes)
         print(f"== random cell {i + 1}/{args.random} -> {out / f'random-{i}'}", flush=True)
         cells.append((g, _augment(search_cfg, g.to_dict(), out, args, overrides, name=f"random-{i}")))
     return cells

@@ -2,7 +2,7 @@
 
     python examples/fedavg.py                      # digits, 8 Dirichlet(0.5) clients, 30 rounds
     python examples/fedavg.py --preset paper       # CIFAR-10 setting of the FedNAS paper's baseline
-    python examples/fedavg.py --set algo.client_lr=0.1 --rounds 50 --out runs/my-fedavg
+    python examples/fedavg.py --set algo.lr=0.1 --rounds 50 --out runs/my-fedavg
 
 The same run as ``jaxfednas run fedavg ...``; this file shows the library calls
 behind it: a config (defaults < preset < overrides) and ``run_experiment``.

@@ -77,14 +77,14 @@ from jaxfednas.search_spaces.sampling import matched, random_genotype
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
 SEARCH = {"run.rounds": 10, "run.eval_every": 5, "algo.C": 8, "algo.layers": 5, "algo.local_epochs": 1,
           "algo.batch_size": 32, "algo.arch_lr": 0.3}
-TRAIN = {"run.rounds": 20, "run.eval_every": 5, "algo.local_epochs": 1, "algo.batch_size": 32, "algo.client_lr": 0.05,
+TRAIN = {"run.rounds": 20, "run.eval_every": 5, "algo.local_epochs": 1, "algo.batch_size": 32, "algo.lr": 0.05,
          "algo.weight_decay": 3e-4}
 # The paper's Table 1 setting scaled to digits; it fixes batch 32 for every method (as SEARCH does).
 PERSONAL_DATA = {"data.partition": "label_skew", "data.classes_per_client": 5, "run.clients_per_round": 4}
 BASELINES = {
-    "local_adaptation": {"algo.client_lr": 0.05, "algo.finetune_epochs": 5},
-    "ditto": {"algo.client_lr": 0.05, "algo.lam": 0.1},
-    "perfedavg": {"algo.client_lr": 0.01, "algo.inner_lr_multiple": 5},
+    "local_adaptation": {"algo.lr": 0.05, "algo.finetune_epochs": 5},
+    "ditto": {"algo.lr": 0.05, "algo.prox_lambda": 0.1},
+    "perfedavg": {"algo.lr": 0.01, "algo.inner_lr_multiple": 5},
 }
 
 
@@ -169,7 +169,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     searched_params = _model_params(train_cfg, ds)
 
     # the control: random cells of the same space, trained with the same recipe on the same clients
-    prims, steps = PRIMITIVE_SETS[search_cfg.algo.primitives], search_cfg.algo.steps
+    prims, steps = PRIMITIVE_SETS[search_cfg.algo.primitives], search_cfg.algo.nodes
     size = dict(C=train_cfg.algo.C, num_classes=ds.num_classes, layers=train_cfg.algo.layers,
                 image_shape=tuple(ds.image_shape))
     target = network_params(resolve_genotype(genotype), **size) if args.match_size else None

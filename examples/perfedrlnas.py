@@ -135,18 +135,18 @@ LABELS = {"perfedrlnas": "PerFedRLNAS, memory budget (Eq. 9)", "perfedrlnas_nobu
 DIGITS = {"data.dataset": "digits", "data.num_clients": 20, "data.partition": "dirichlet", "data.alpha": 0.3,
           "run.clients_per_round": 5}
 PFR = {
-    "digits": {"run.rounds": 40, "run.eval_every": 10, "algo.C": 8, "algo.layers": 3, "algo.steps": 2,
+    "digits": {"run.rounds": 40, "run.eval_every": 10, "algo.C": 8, "algo.layers": 3, "algo.nodes": 2,
                "algo.local_epochs": 5, "algo.lr": 0.1, "algo.lr_min": 0.01, "algo.memory_budget": True},
     "paper": {"algo.memory_budget": True},
 }
 SEARCH_ROUNDS = {"digits": 10, "paper": 50}  # FedNAS's search
-FEDNAS = {"digits": {"algo.arch_lr": 1e-2, "algo.w_lr": 0.1, "algo.w_lr_min": 0.01, "algo.personalize_epochs": 5},
+FEDNAS = {"digits": {"algo.arch_lr": 1e-2, "algo.lr": 0.1, "algo.lr_min": 0.01, "algo.personalize_epochs": 5},
           "paper": {"algo.personalize_epochs": 5}}
 BASELINES = {
-    "digits": {"local_adaptation": {"algo.client_lr": 0.05, "algo.finetune_epochs": 10},
-               "local_only": {"algo.client_lr": 0.05}},
-    "paper": {"local_adaptation": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.finetune_epochs": 10},
-              "local_only": {"algo.model": "resnet18", "algo.client_lr": 0.01}},
+    "digits": {"local_adaptation": {"algo.lr": 0.05, "algo.finetune_epochs": 10},
+               "local_only": {"algo.lr": 0.05}},
+    "paper": {"local_adaptation": {"algo.model": "resnet18", "algo.lr": 0.01, "algo.finetune_epochs": 10},
+              "local_only": {"algo.model": "resnet18", "algo.lr": 0.01}},
 }
 PLOT = Path("plots") / "memory_vs_budget.png"
 LOCAL_PLOT = Path("plots") / "searched_vs_random_local_epochs.png"
@@ -186,7 +186,7 @@ def configs(args, overrides: dict) -> dict[str, ExperimentConfig]:
         **shared, "algo.local_epochs": a.local_epochs, **FEDNAS[mode],
         "data.split": (0.75 * train, 0.25 * train, d.split[2]),
         "run.rounds": args.fednas_rounds or SEARCH_ROUNDS[mode], "algo.primitives": a.primitives,
-        "algo.C": a.C, "algo.layers": a.layers, "algo.steps": a.steps})
+        "algo.C": a.C, "algo.layers": a.layers, "algo.nodes": a.nodes})
     return out
 
 
@@ -495,7 +495,7 @@ def _f(x, digits: int = 4) -> str:
 
 def report(result: dict, cfg: ExperimentConfig) -> str:
     a, d = cfg.algo, cfg.data
-    space = f"DARTS C={a.C}, {a.layers} cells, {a.steps} nodes, {a.primitives} ops" if a.space == "darts" else \
+    space = f"DARTS C={a.C}, {a.layers} cells, {a.nodes} nodes, {a.primitives} ops" if a.space == "darts" else \
         f"{a.space} ({a.space_preset})"
     lines = [f"# PerFedRLNAS vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']}, "
              f"{result['clients_per_round']} per round)", "",

@@ -14,7 +14,7 @@ Methods, each a run directory of its own under ``--out`` (default ``runs/spider`
   * ``spider/``     — SPIDER (Algorithms 1-2, λ = 0.01): a FedAvg'd supernet and a personal
     subnet per client pulled toward it (Eq. 4), pruned by perturbation on the client's own
     validation split; phase 3 trains the final architecture on train + validation;
-  * ``local_nas/``  — local-only NAS (App. D.2): the same run with ``algo.lam=0``, so no
+  * ``local_nas/``  — local-only NAS (App. D.2): the same run with ``algo.prox_lambda=0``, so no
     personal model learns from the others (the global supernet is still trained and
     averaged, and its time is in the wall time, but it never reaches v_k);
   * ``fednas/search``, ``fednas/train`` — FedNAS-global (App. D.1 analogue): one global
@@ -107,23 +107,23 @@ LABELS = {"spider": "SPIDER", "local_nas": "local-only NAS (SPIDER λ=0, App. D.
           "local_adaptation": "local adaptation"}
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.2}
-SPIDER_DIGITS = {"run.rounds": 30, "run.eval_every": 5, "algo.C": 8, "algo.layers": 3, "algo.steps": 3,
-                 "algo.warmup_rounds": 4, "algo.recovery_rounds": 2, "algo.lr": 0.03, "algo.local_lr": 0.03}
+SPIDER_DIGITS = {"run.rounds": 30, "run.eval_every": 5, "algo.C": 8, "algo.layers": 3, "algo.nodes": 3,
+                 "algo.warmup_rounds": 4, "algo.recovery_rounds": 2, "algo.lr": 0.03, "algo.personal_lr": 0.03}
 SEARCH_ROUNDS = {"digits": 15, "paper": 50}  # FedNAS-global's search; its training runs SPIDER's rounds
 FEDNAS_SEARCH = {"digits": {"algo.arch_lr": 1e-2}, "paper": {}}
-FEDNAS_TRAIN = {"digits": {"algo.client_lr": 0.05, "algo.weight_decay": 3e-4},
-                "paper": {"algo.client_lr": 0.01, "algo.weight_decay": 3e-4}}
+FEDNAS_TRAIN = {"digits": {"algo.lr": 0.05, "algo.weight_decay": 3e-4},
+                "paper": {"algo.lr": 0.01, "algo.weight_decay": 3e-4}}
 BASELINES = {
     "digits": {  # examples/fednas.py's digits settings, the default network (a small CNN)
-        "ditto": {"algo.client_lr": 0.05, "algo.lam": 0.1},
-        "perfedavg": {"algo.client_lr": 0.01, "algo.inner_lr_multiple": 5},
-        "local_adaptation": {"algo.client_lr": 0.05, "algo.finetune_epochs": 5},
+        "ditto": {"algo.lr": 0.05, "algo.prox_lambda": 0.1},
+        "perfedavg": {"algo.lr": 0.01, "algo.inner_lr_multiple": 5},
+        "local_adaptation": {"algo.lr": 0.05, "algo.finetune_epochs": 5},
     },
     "paper": {  # Table 1's ResNet18, lr 0.01 from the paper's grid (untuned)
-        "ditto": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.lam": 0.1},
-        "perfedavg": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.inner_lr_multiple": 3,
+        "ditto": {"algo.model": "resnet18", "algo.lr": 0.01, "algo.prox_lambda": 0.1},
+        "perfedavg": {"algo.model": "resnet18", "algo.lr": 0.01, "algo.inner_lr_multiple": 3,
                       "algo.momentum": 0.0},
-        "local_adaptation": {"algo.model": "resnet18", "algo.client_lr": 0.01, "algo.finetune_epochs": 5},
+        "local_adaptation": {"algo.model": "resnet18", "algo.lr": 0.01, "algo.finetune_epochs": 5},
     },
 }
 GAIN_EPOCHS = {"digits": 3, "paper": 30}
@@ -159,10 +159,10 @@ def configs(args, overrides: dict) -> tuple[dict[str, ExperimentConfig], dict]:
     merged = {**shared, "data.split": (d.split[0] + d.split[1], 0.0, d.split[2])}
     out = {
         "spider": spider,
-        "local_nas": make_config("spider", preset=args.preset, overrides={**base, **overrides, "algo.lam": 0.0}),
+        "local_nas": make_config("spider", preset=args.preset, overrides={**base, **overrides, "algo.prox_lambda": 0.0}),
         "fednas/search": make_config("fednas", overrides={
             **shared, **FEDNAS_SEARCH[mode], "data.split": d.split, "run.rounds": args.fednas_rounds or SEARCH_ROUNDS[mode],
-            "algo.primitives": a.primitives, "algo.C": a.C, "algo.layers": a.layers, "algo.steps": a.steps}),
+            "algo.primitives": a.primitives, "algo.C": a.C, "algo.layers": a.layers, "algo.nodes": a.nodes}),
     }
     train = {**merged, **FEDNAS_TRAIN[mode], "algo.C": a.C, "algo.layers": a.layers}
     make_config("fednas_train", overrides=train)  # bad settings fail now, not after the search
@@ -231,7 +231,7 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
             s, wall = runner.stage(method, cfgs[method])
             f = s["final"]
             rows.append(_row(method, [method], _client_acc(out / method), wall, f["personal_params_mean"], f,
-                             lam=cfgs[method].algo.lam, final_clients=int(f["final_clients"]),
+                             prox_lambda=cfgs[method].algo.prox_lambda, final_clients=int(f["final_clients"]),
                              edges_decided=f["edges_decided"]))
         elif method == "fednas":
             s, w_search = runner.stage("fednas/search", cfgs["fednas/search"])
@@ -302,15 +302,15 @@ def random_masks(cfg: sp.SpiderConfig, seed: int, num_clients: int, draws: int, 
     def draw(i: int, k: int) -> dict:
         key = jax.random.fold_in(random_arch_key(seed, i), k)
         if size is None:
-            return random_mask(key, prims, cfg.steps)
+            return random_mask(key, prims, cfg.nodes)
         try:
-            return matched(key, lambda kk: random_mask(kk, prims, cfg.steps), size, targets[k], max_tries=20_000)[0]
+            return matched(key, lambda kk: random_mask(kk, prims, cfg.nodes), size, targets[k], max_tries=20_000)[0]
         except ValueError as e:
             raise ConfigError(f"--match-size, client {k}: {e}; run without --match-size") from None
 
     m = [[draw(i, k) for i in range(draws)] for k in range(num_clients)]
     return {c: np.asarray([[d[c] for d in row] for row in m], np.float32).reshape(
-        (num_clients, draws) + sp.initial_mask(prims, cfg.steps)[c].shape) for c in CELLS}
+        (num_clients, draws) + sp.initial_mask(prims, cfg.nodes)[c].shape) for c in CELLS}
 
 
 def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool = False) -> dict:
@@ -407,14 +407,14 @@ def _f(x) -> str:
 def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -> str:
     a, d = spider_cfg.algo, spider_cfg.data
     lines = [f"# SPIDER vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']})", "",
-             f"{result['rounds']} rounds; SPIDER: C={a.C}, {a.layers} cells, {a.steps} nodes, {a.primitives} ops, "
-             f"t_s={a.warmup_rounds}, τ={a.recovery_rounds}, λ={a.lam}, lr {a.lr}, split {tuple(d.split)} "
+             f"{result['rounds']} rounds; SPIDER: C={a.C}, {a.layers} cells, {a.nodes} nodes, {a.primitives} ops, "
+             f"t_s={a.warmup_rounds}, τ={a.recovery_rounds}, λ={a.prox_lambda}, lr {a.lr}, split {tuple(d.split)} "
              f"(other methods {d.split[0] + d.split[1]:.2g}/{d.split[2]:.2g}); identical local test splits in every "
              "run (checked on the partition manifests).", "",
              "| method | params | local test acc (mean ± std over clients) | min | max | shared model on local tests "
              "| wall (s) |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        label = f"{r['label']} (λ={r['lam']})" if r["method"] == "spider" else r["label"]
+        label = f"{r['label']} (λ={r['prox_lambda']})" if r["method"] == "spider" else r["label"]
         if "final_clients" in r:
             label += f" [search final: {r['final_clients']}/{d.num_clients}]"
         lines.append(f"| {label} | {r['params']:,.0f} | {r['mean']:.4f} ± {r['std']:.4f} | {r['min']:.4f} | "

@@ -78,12 +78,23 @@ def check_fields(cfg: Any, section: str) -> None:
                     raise ConfigError(f"{name}={v!r} is out of range: must be in [{lo_s}, {hi_s}]")
 
 
-class Validated:
+class _AcceptsFormerNames(type):
+    """Construction by keyword maps a former field name (``RENAMED``) to today's, with the
+    same one-line warning as an override."""
+
+    def __call__(cls, *args, **kwargs):
+        if kwargs and cls.RENAMED:
+            kwargs = _renamed(cls, cls.SECTION, kwargs, warn=True, stacklevel=3)
+        return super().__call__(*args, **kwargs)
+
+
+class Validated(metaclass=_AcceptsFormerNames):
     """Mixin: validate on construction; ``SECTION`` names the config section.
 
     ``RENAMED`` maps a field's former name to its name now: the former name is accepted
-    (with a one-line :class:`FutureWarning`) in overrides, presets and ``--set``, and
-    silently in a run directory's ``config.json``, so old runs still resume."""
+    (with a one-line :class:`FutureWarning`) as a constructor keyword and in overrides,
+    presets and ``--set``, and silently in a run directory's ``config.json``, so old
+    runs still resume. A subclass extends its parent's map (``{**Parent.RENAMED, ...}``)."""
 
     SECTION = "config"
     RENAMED: typing.ClassVar[dict[str, str]] = {}
@@ -228,7 +239,7 @@ def current_name(cls: type, name: str) -> str:
     return getattr(cls, "RENAMED", {}).get(name, name)
 
 
-def _renamed(cls: type, section: str, updates: Mapping[str, Any], warn: bool) -> dict[str, Any]:
+def _renamed(cls: type, section: str, updates: Mapping[str, Any], warn: bool, stacklevel: int = 5) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in updates.items():
         new = current_name(cls, k)
@@ -237,7 +248,7 @@ def _renamed(cls: type, section: str, updates: Mapping[str, Any], warn: bool) ->
                 raise ConfigError(f"{section}.{k} and {section}.{new} both given: {k} is the former name of {new}")
             if warn:
                 warnings.warn(f"{section}.{k} is now {section}.{new}; the old name goes in jaxfednas "
-                              f"{REMOVAL_VERSION}", FutureWarning, stacklevel=5)
+                              f"{REMOVAL_VERSION}", FutureWarning, stacklevel=stacklevel)
         out[new] = v
     return out
 

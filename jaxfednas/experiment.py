@@ -556,7 +556,7 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
                 raise NonFiniteError(
                     f"round {r + 1}: {', '.join(f'{k}={row[k]}' for k in bad)}; stopped without saving this round. "
                     f"The last good checkpoint (round {saved_round}) stays in {ckpt_path}. Try a smaller "
-                    "algo.client_lr or algo.grad_clip > 0."
+                    "algo.lr or algo.grad_clip > 0."
                 )
             state = new_state
             completed = r + 1

@@ -119,17 +119,17 @@ TINY = {
     "local_adaptation": {"algo.local_epochs": 1, "algo.batch_size": 32},
     "ditto": {"algo.local_epochs": 1, "algo.batch_size": 32},
     "perfedavg": {"algo.local_epochs": 1, "algo.batch_size": 32},
-    "fednas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny"},
+    "fednas": {"algo.C": 4, "algo.layers": 1, "algo.nodes": 1, "algo.primitives": "tiny"},
     "fednas_train": {"algo.C": 4, "algo.layers": 2, "algo.genotype": "FEDNAS_V1"},
-    "dp_fnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+    "dp_fnas": {"algo.C": 4, "algo.layers": 1, "algo.nodes": 1, "algo.primitives": "tiny",
                 "algo.iterations_per_round": 1},
     # batch 64 > any client's 54 training rows: one step per epoch; a large α step, so that
     # test_dfnas.py's averaging checks see α move (its rounds are these: one compilation)
     "dfnas": {"algo.space": "tiny", "algo.local_epochs": 1, "algo.batch_size": 64, "algo.arch_lr": 0.05},
     # the search runs in the first round (t_s = 0) and the next
-    "spider": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+    "spider": {"algo.C": 4, "algo.layers": 1, "algo.nodes": 1, "algo.primitives": "tiny",
                "algo.warmup_rounds": 0, "algo.recovery_rounds": 1},
-    "perfedrlnas": {"algo.C": 4, "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny",
+    "perfedrlnas": {"algo.C": 4, "algo.layers": 1, "algo.nodes": 1, "algo.primitives": "tiny",
                     "algo.local_epochs": 1},
 }
 EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration

@@ -12,7 +12,9 @@ Each algorithm is built through its module's ``build`` on a tiny synthetic feder
   bits as the state that never left memory, with the already-compiled program;
 - ``evaluate``: accuracies are whole numbers of test examples over the right counts;
 - ``host_metrics`` (if any): plain host numbers; ``export`` (if any): an architecture
-  with a JSON round trip.
+  with a JSON round trip;
+- one vocabulary: every metric name of ``round``, ``evaluate`` and ``host_metrics`` is in
+  the glossary (:mod:`jaxfednas.metrics`), where it has one meaning across algorithms.
 
 Exact aggregation (n_k-weighted means of hand-run clients) is algorithm-specific and is
 checked in each algorithm's own test file.
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_federation
+from jaxfednas import metrics
 from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
 from jaxfednas.registry import ALGORITHMS, algorithm_module
 from jaxfednas.rng import init_key, round_key
@@ -111,3 +114,11 @@ def test_host_metrics_and_export(run):
     if algo.export is not None:
         arch = algo.export(s1)
         assert type(arch).from_json(arch.to_json()) == arch
+
+
+def test_every_metric_name_is_in_the_glossary(run):
+    name, _, data, algo, _, s1, m1, e1 = run
+    names = set(m1) | set(e1)
+    if algo.host_metrics is not None:
+        names |= set(algo.host_metrics(s1, data))
+    assert metrics.unknown(names) == [], f"{name}: add these to jaxfednas.metrics.GLOSSARY (one meaning each)"

@@ -19,8 +19,8 @@ from jaxfednas.algorithms.dfnas import (
     dsnas_arch_grad,
     expected_cost,
     fix_blocks,
-    flops_credit,
-    flops_penalty,
+    macs_credit,
+    macs_penalty,
     make_local_search,
     make_supernet,
     sample_path,
@@ -136,7 +136,7 @@ def test_round_is_fedavg_of_w_and_alpha(data4, algo_and_states, local):
     outs, n = [], []
     for j, k in enumerate(np.asarray(idx)):
         train = jax.tree.map(lambda a: a[k], data.clients("train", jnp.arange(4)))
-        v, _ = local(s0.variables, s0.fixed, s0.fixed_choice, jnp.float32(cfg.w_lr), train, keys[j])
+        v, _ = local(s0.variables, s0.fixed, s0.fixed_choice, jnp.float32(cfg.lr), train, keys[j])
         outs.append(v)
         n.append(int(train.count))
     w = np.array(n, np.float64) / sum(n)
@@ -159,7 +159,7 @@ def test_only_sampled_units_move(data4, algo_and_states, local):
     client = jax.tree.map(lambda a: a[0], data.clients("train", jnp.arange(4)))
     key = jax.random.PRNGKey(3)  # a raw key, as round_clients gives each client: no second compilation
     assert not bool(s0.fixed.any())
-    new, met = local(v, s0.fixed, s0.fixed_choice, jnp.float32(cfg.w_lr), client, key)
+    new, met = local(v, s0.fixed, s0.fixed_choice, jnp.float32(cfg.lr), client, key)
     assert int(met["steps"]) == 1
     # the path this step sampled (same key derivation as run_local_epochs + the step's split)
     step_key = rng.step_key(key, 0)
@@ -189,7 +189,7 @@ def test_round_fixes_blocks_and_freezes_their_alpha(data4, algo_and_states):
     assert np.abs(np.asarray(s2.variables["arch"]["alpha"][0] - s1.variables["arch"]["alpha"][0])).max() > 0
     ev = algo.evaluate(s2, data)
     assert_accuracy(ev["global_test_acc"], data.server_y.shape[0])
-    assert_accuracy(ev["global_test_acc_running_bn"], data.server_y.shape[0])
+    assert_accuracy(ev["global_test_acc_bn_recal"], data.server_y.shape[0])
     assert str(algo.export(s2)).startswith("tiny[")
 
 
@@ -240,7 +240,7 @@ def test_bn_recalibration_statistics_are_exact():
     np.testing.assert_allclose(np.asarray(pooled["BatchNorm_0"]["var"]), allx.var(0), rtol=1e-5)
 
 
-def test_flops_penalty_is_the_score_function_gradient_of_the_expected_cost():
+def test_macs_penalty_is_the_score_function_gradient_of_the_expected_cost():
     """Summed over all 4^3 paths weighted by p_α(Z), the penalty's α gradient
     credit·(Z_l − p_l) equals ∇α λ·E[C(Z)] when every child is over the target and is
     zero when none is; children under the target get no credit."""
@@ -255,11 +255,11 @@ def test_flops_penalty_is_the_score_function_gradient_of_the_expected_cost():
         prob = jnp.exp(jax.nn.log_softmax(alpha, -1)[jnp.arange(3), paths].sum(-1))  # p_α(Z) of each path
 
         def mean_grad(target):
-            g = jax.vmap(lambda z: dsnas_arch_grad(flops_credit(z, alpha, table, fixed_cost, target, lam), z, alpha))
+            g = jax.vmap(lambda z: dsnas_arch_grad(macs_credit(z, alpha, table, fixed_cost, target, lam), z, alpha))
             return (prob[:, None, None] * g(paths)).sum(0)
 
         exact = jax.grad(lambda a: lam * expected_cost(a, *no_fix, table, fixed_cost))(alpha)
-        credits = jax.vmap(lambda z: flops_credit(z, alpha, table, fixed_cost, 3.0, lam))(paths)
+        credits = jax.vmap(lambda z: macs_credit(z, alpha, table, fixed_cost, 3.0, lam))(paths)
         return mean_grad(0.0), exact, mean_grad(100.0), credits
 
     over, exact, never, credits = check(alpha)
@@ -273,22 +273,22 @@ def test_flops_penalty_is_the_score_function_gradient_of_the_expected_cost():
     np.testing.assert_allclose(float(expected_cost(alpha, fixed, choice, table, fixed_cost)), float(want), rtol=1e-6)
 
 
-def test_flops_off_builds_no_penalty(data2, monkeypatch):
-    """flops_coef = 0 (the default) builds the unpenalised step whatever the target:
+def test_macs_off_builds_no_penalty(data2, monkeypatch):
+    """macs_coef = 0 (the default) builds the unpenalised step whatever the target:
     the round is the program of before the option (bitwise equal, checked once
     against that code; every other test here runs it)."""
     def boom(*a, **k):
-        raise AssertionError("penalty built with flops_coef = 0")
+        raise AssertionError("penalty built with macs_coef = 0")
 
-    monkeypatch.setattr(dfnas_module, "flops_penalty", boom)
-    cfg = DFNASConfig(**TINY, flops_target=1)
+    monkeypatch.setattr(dfnas_module, "macs_penalty", boom)
+    cfg = DFNASConfig(**TINY, macs_target=1)
     make_local_search(cfg, data2.info, make_supernet(cfg, data2.info), 1)
     with pytest.raises(AssertionError, match="penalty built"):
-        on = DFNASConfig(**TINY, flops_coef=1e-6)
+        on = DFNASConfig(**TINY, macs_coef=1e-6)
         make_local_search(on, data2.info, make_supernet(on, data2.info), 1)
 
 
-def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4, algo_and_states, count_traces):
+def test_macs_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4, algo_and_states, count_traces):
     """A large λ and a target below the cheapest child: after one round the most
     expensive candidate of every block loses α against the cheapest (a sign error
     would raise it), and the expected multiply-adds fall, below the unpenalised
@@ -296,7 +296,7 @@ def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4,
     equals the unpenalised one bit for bit: the penalty touches nothing but α."""
     _, off, s0, s_off, m_off, key = algo_and_states
     data = data4[1]  # the unpenalised round's federation; only the config differs
-    config, _ = tiny_federation("dfnas", **{"algo.flops_coef": 1000.0, "algo.flops_target": 0})
+    config, _ = tiny_federation("dfnas", **{"algo.macs_coef": 1000.0, "algo.macs_target": 0})
     cfg = config.algo
     table = cost_table(cfg, data.info)
     algo = dfnas_module.build(config, data.info)
@@ -308,8 +308,8 @@ def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4,
     e0 = float(expected_cost(s0.variables["arch"]["alpha"], s0.fixed, s0.fixed_choice,
                              jnp.asarray(table.blocks, jnp.float32), table.fixed))
     # (one Adam step of α lr 0.05 per client: ~170 of ~56,800 multiply-adds)
-    assert float(m1["expected_madds"]) < e0 - 100 and float(m1["expected_madds"]) < float(m_off["expected_madds"])
-    assert float(m1["child_madds"]) == table.of(np.asarray(s1.variables["arch"]["alpha"]).argmax(1))
+    assert float(m1["expected_macs"]) < e0 - 100 and float(m1["expected_macs"]) < float(m_off["expected_macs"])
+    assert float(m1["child_macs"]) == table.of(np.asarray(s1.variables["arch"]["alpha"]).argmax(1))
 
     like = lambda x, ref: jax.device_put(x, ref.sharding)  # noqa: E731  (s0's placement: no recompiling)
     frozen = s0.replace(fixed=like(np.ones(3, bool), s0.fixed), fixed_choice=like(np.array([2, 1, 3], np.int32),
@@ -319,25 +319,25 @@ def test_flops_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4,
     assert traced == []
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert float(got[1]["expected_madds"]) == table.of((2, 1, 3))
+    assert float(got[1]["expected_macs"]) == table.of((2, 1, 3))
 
 
-def test_flops_config_errors(data2):
-    with pytest.raises(ConfigError, match="flops_target"):
-        DFNASConfig(flops_target=1.5)  # a float is a fraction
-    with pytest.raises(ConfigError, match="flops_target"):
-        DFNASConfig(flops_target=-1)
-    with pytest.raises(ConfigError, match="flops_coef"):
-        DFNASConfig(flops_coef=-1e-6)
+def test_macs_config_errors(data2):
+    with pytest.raises(ConfigError, match="macs_target"):
+        DFNASConfig(macs_target=1.5)  # a float is a fraction
+    with pytest.raises(ConfigError, match="macs_target"):
+        DFNASConfig(macs_target=-1)
+    with pytest.raises(ConfigError, match="macs_coef"):
+        DFNASConfig(macs_coef=-1e-6)
     with pytest.raises(ConfigError, match="integer"):
-        make_config("dfnas", overrides={"algo.flops_target": "2e8"})
-    assert make_config("dfnas", overrides={"algo.flops_target": "200000000"}).algo.flops_target == 200_000_000
-    assert make_config("dfnas", overrides={"algo.flops_target": "0.5"}).algo.flops_target == 0.5
+        make_config("dfnas", overrides={"algo.macs_target": "2e8"})
+    assert make_config("dfnas", overrides={"algo.macs_target": "200000000"}).algo.macs_target == 200_000_000
+    assert make_config("dfnas", overrides={"algo.macs_target": "0.5"}).algo.macs_target == 0.5
     with pytest.warns(UserWarning, match="never applies"):  # a target no child exceeds
-        flops_penalty(DFNASConfig(**TINY, flops_coef=1.0, flops_target=1.0), data2.info)
+        macs_penalty(DFNASConfig(**TINY, macs_coef=1.0, macs_target=1.0), data2.info)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        flops_penalty(DFNASConfig(**TINY, flops_coef=1.0, flops_target=0.9), data2.info)
+        macs_penalty(DFNASConfig(**TINY, macs_coef=1.0, macs_target=0.9), data2.info)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import CLIENT_AXIS, client_mesh
 
 FEDAVG = ["fedavg", "--clients", "8", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
-FEDNAS = ["fednas", "--clients", "4", "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.steps=1",
+FEDNAS = ["fednas", "--clients", "4", "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1",
           "--set", "algo.primitives=tiny", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
 
 

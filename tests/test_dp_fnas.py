@@ -42,7 +42,7 @@ def test_nonprivate_iteration_equals_a_manual_update_and_the_server_sums_H(data2
     crosses kinks, as in DARTS itself)."""
     xi, eta = 0.5, 1.0
     cfg = DPFNASConfig(**TINY, noise_multiplier=0.0, clip_norm=0.0, arch_clip_norm=0.0, sampling_prob=1.0,
-                       iterations_per_round=1, w_lr=xi, w_lr_min=xi, arch_optimizer="sgd", arch_lr=eta,
+                       iterations_per_round=1, lr=xi, lr_min=xi, arch_optimizer="sgd", arch_lr=eta,
                        arch_gradient="second_hvp")
     algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
     s1, m = algo.round(s0, data2, jax.random.PRNGKey(7))

@@ -194,7 +194,7 @@ def test_what_a_party_sends_has_the_noise_the_accountant_assumes(s0):
 def test_one_compile_per_round_noise_export_and_evaluate(data2, dp_run, count_traces):
     cfg, algo, states, metrics, _ = dp_run
     for m in metrics:
-        for k in ("train_loss", "search_val_acc", "train_clipped_frac", "arch_entropy", "xi"):
+        for k in ("train_loss", "search_val_acc", "train_clipped_frac", "arch_entropy", "lr"):
             assert np.isfinite(float(m[k])), k
     # the noise (and the Poisson sample) depend on the round key; the round is not recompiled
     with count_traces() as traced:

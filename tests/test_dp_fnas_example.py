@@ -16,7 +16,7 @@ from jaxfednas.search_spaces.sampling import random_genotype
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_TEST = 360  # scikit-learn's digits: 1437 training and 360 test images
 SMOKE = ["--preset", "smoke", "--rounds", "1", "--train-rounds", "1", "--arch-gradient", "first",
-         "--set", "algo.layers=1", "--set", "algo.steps=1", "--set", "augment.layers=1"]
+         "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "augment.layers=1"]
 
 
 def _example():
@@ -54,7 +54,7 @@ def test_table1_row_and_noise_sweep(tmp_path, capsys):
     # the control: random cell 0 of the space searched, through the same augmentation stage
     rand_cfg = json.loads((out / "random-0" / "config.json").read_text())
     aug_cfg = json.loads((out / aug_dir.name / "config.json").read_text())
-    want = random_genotype(random_arch_key(0, 0), PRIMITIVE_SETS[cfg["primitives"]], cfg["steps"])
+    want = random_genotype(random_arch_key(0, 0), PRIMITIVE_SETS[cfg["primitives"]], cfg["nodes"])
     assert Genotype.from_json(rand_cfg["algo"]["genotype"]) == want
     assert {k: v for k, v in rand_cfg["algo"].items() if k != "genotype"} == \
         {k: v for k, v in aug_cfg["algo"].items() if k != "genotype"} and rand_cfg["data"] == aug_cfg["data"]
@@ -122,7 +122,7 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
 
     monkeypatch.setattr(ex, "_stage", fake_stage)
     args = ex.argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None)
-    res = ex.private_vs_random(args, {"run.seed": 7, "algo.steps": 2, "algo.primitives": "tiny"}, tmp_path)
+    res = ex.private_vs_random(args, {"run.seed": 7, "algo.nodes": 2, "algo.primitives": "tiny"}, tmp_path)
     search = ran.pop("dp-fnas-2p")
     assert search.algorithm == "dp_fnas" and search.data.num_clients == 2 and search.run.seed == 7
     assert search.algo.noise_multiplier == 1.5 and search.algo.clip_norm > 0

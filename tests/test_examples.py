@@ -16,7 +16,7 @@ from jaxfednas.search_spaces.darts import Genotype, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.steps=1",
+TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.nodes=1",
         "--set", "algo.layers=1", "--set", "algo.personalize_epochs=1", "--set", "data.num_clients=4"]
 
 

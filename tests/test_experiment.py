@@ -58,7 +58,7 @@ def test_extend_finished_run_and_reject_changed_config(tmp_path):
     d = tmp_path / "run"
     run_experiment(_cfg(2), d, progress=False)
     with pytest.raises(ConfigError, match="configuration differs"):
-        run_experiment(_cfg(3, **{"algo.client_lr": 0.5}), d, resume=True, progress=False)
+        run_experiment(_cfg(3, **{"algo.lr": 0.5}), d, resume=True, progress=False)
     run_experiment(_cfg(3), d, resume=True, progress=False, log=lambda s: None)
     assert len((d / "metrics.jsonl").read_text().splitlines()) == 3
 
@@ -145,7 +145,7 @@ def test_help_lists_every_setting(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     text = capsys.readouterr().out
-    for key in ("data.alpha", "run.clients_per_round", "algo.client_lr", "algo.server_lr", "--resume", "--preset"):
+    for key in ("data.alpha", "run.clients_per_round", "algo.lr", "algo.server_lr", "--resume", "--preset"):
         assert key in text
 
 
@@ -180,7 +180,7 @@ def test_stage_runner_keeps_wall_times_and_checks_test_splits(tmp_path, capsys):
     describe = lambda row: f"loss {row['train_loss']:.3f}"  # noqa: E731
     runner = StageRunner(tmp_path, resume=False, describe=describe)
     _, wall_a = runner.stage("a", _cfg(1))
-    _, wall_b = runner.stage("b", _cfg(1, **{"algo.client_lr": 0.5}))  # same partition: same test rows
+    _, wall_b = runner.stage("b", _cfg(1, **{"algo.lr": 0.5}))  # same partition: same test rows
     assert "== a: fedavg, synthetic, 4 clients, 1 rounds" in capsys.readouterr().out
     times = json.loads((tmp_path / StageRunner.WALL_TIMES).read_text())
     assert times == {"a": wall_a, "b": wall_b} and wall_a > 0
@@ -305,3 +305,42 @@ def test_a_former_field_name_is_accepted_with_a_warning_and_never_beside_the_new
         replace_fields(Cfg(), "algo", {"w_lr": 0.5, "lr": 0.5})
     with pytest.raises(ConfigError, match="out of range"):  # the old name is validated as the new one
         replace_fields(Cfg(), "algo", {"w_lr": 2.0}, warn_renamed=False)
+
+
+def test_constructing_a_config_with_a_former_name_warns_and_maps():
+    from jaxfednas.algorithms import DittoConfig, FedNASConfig, SpiderConfig
+
+    with pytest.warns(FutureWarning, match=r"algo\.w_lr is now algo\.lr"):
+        assert FedNASConfig(w_lr=0.2).lr == 0.2
+    with pytest.warns(FutureWarning, match=r"algo\.lam is now algo\.milenas_lambda"):
+        assert make_config("fednas", overrides={"algo.lam": 2.0}).algo.milenas_lambda == 2.0
+    with pytest.warns(FutureWarning):  # the proximal λ has one name in SPIDER and Ditto
+        assert SpiderConfig(lam=0.5).prox_lambda == DittoConfig(lam=0.5).prox_lambda == 0.5
+    with pytest.raises(ConfigError, match="both given"):
+        DittoConfig(client_lr=0.1, lr=0.1)
+
+
+def test_a_run_directory_written_with_former_names_resumes_to_the_same_end(tmp_path):
+    """A run whose config.json and checkpoint predate the renames (``algo.client_lr``)
+    resumes, and ends exactly where a run under today's names ends."""
+    import flax.serialization
+
+    from jaxfednas.experiment import _dict_hash
+
+    straight = tmp_path / "straight"
+    run_experiment(_cfg(3), straight, progress=False, log=lambda s: None)
+    old = tmp_path / "old"
+    run_experiment(_cfg(2), old, progress=False, log=lambda s: None)
+    stored = json.loads((old / "config.json").read_text())
+    stored["algo"] = {("client_lr" if k == "lr" else k): v for k, v in stored["algo"].items()}
+    (old / "config.json").write_text(json.dumps(stored, indent=2))
+    ckpt = old / "checkpoint.msgpack"
+    raw = flax.serialization.msgpack_restore(ckpt.read_bytes().split(b"\n", 1)[1])
+    raw["config_sha256"] = _dict_hash(stored)  # as the library wrote it then
+    ckpt.write_bytes(flax.serialization.msgpack_serialize(raw))  # a checkpoint from before checksums
+
+    run_experiment(_cfg(3), old, resume=True, progress=False, log=lambda s: None)
+    rows = lambda d: [{k: v for k, v in json.loads(line).items() if "time" not in k and "wall" not in k}  # noqa: E731
+                      for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert rows(old) == rows(straight)
+    assert json.loads((old / "config.json").read_text())["algo"]["lr"] == stored["algo"]["client_lr"]

@@ -24,7 +24,7 @@ from jaxfednas.search_spaces.darts import FEDNAS_V1, Genotype
 from jaxfednas.search_spaces.darts.operations import unbiased_running_var
 from conftest import assert_accuracy, assert_client_summary
 
-TINY = dict(C=4, layers=1, steps=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,
+TINY = dict(C=4, layers=1, nodes=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,
             eval_batch_size=64)
 
 
@@ -298,7 +298,7 @@ def test_evaluation_stage_trains_the_derived_network(data2):
                  normal_concat=(2, 3),
                  reduce=(("max_pool_3x3", 0), ("sep_conv_3x3", 1), ("skip_connect", 2), ("avg_pool_3x3", 1)),
                  reduce_concat=(2, 3))
-    cfg = FedNASTrainConfig(genotype=g.to_json(), C=4, layers=2, batch_size=16, client_lr=0.05, eval_batch_size=64)
+    cfg = FedNASTrainConfig(genotype=g.to_json(), C=4, layers=2, batch_size=16, lr=0.05, eval_batch_size=64)
     algo = fednas_train(cfg, data2.info, placement=Placement("map"))
     s = algo.init(jax.random.PRNGKey(0))
     before = jax.tree.leaves(s.variables["params"])

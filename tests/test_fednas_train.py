@@ -28,7 +28,7 @@ CELL = Genotype(normal=(("sep_conv_3x3", 0), ("skip_connect", 1), ("avg_pool_3x3
                 normal_concat=(2, 3),
                 reduce=(("max_pool_3x3", 0), ("sep_conv_3x3", 1), ("skip_connect", 2), ("avg_pool_3x3", 1)),
                 reduce_concat=(2, 3))
-BASE = FedNASTrainConfig(genotype=CELL.to_json(), C=4, layers=1, batch_size=16, client_lr=0.05, eval_batch_size=64)
+BASE = FedNASTrainConfig(genotype=CELL.to_json(), C=4, layers=1, batch_size=16, lr=0.05, eval_batch_size=64)
 
 
 @pytest.fixture(scope="module")

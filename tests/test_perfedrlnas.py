@@ -29,7 +29,7 @@ from jaxfednas.search_spaces.choice import choice_mask
 from jaxfednas.search_spaces.darts.masks import CELLS
 
 TINY = {"data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2, "algo.C": 4,
-        "algo.layers": 1, "algo.steps": 1, "algo.primitives": "tiny", "algo.local_epochs": 1}
+        "algo.layers": 1, "algo.nodes": 1, "algo.primitives": "tiny", "algo.local_epochs": 1}
 
 
 SECOND = 7  # the second round's key (see second_round)
@@ -496,7 +496,7 @@ def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
     x, y = tiny_data.info.normalize(tiny_data.server_x[:32]), tiny_data.server_y[:32]
     out = {}
     for flag in (True, False):
-        space = pf.make_space(_cfg(steps=2, single_path=flag).algo, tiny_data.info)
+        space = pf.make_space(_cfg(nodes=2, single_path=flag).algo, tiny_data.info)
         v = space.init(jax.random.key(0), x[:1])
         choice = jnp.asarray(np.random.RandomState(0).randint(0, 3, len(space.dims)), jnp.int32)
 

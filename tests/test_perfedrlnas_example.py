@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 K = 6
 TINY = ["--rounds", "2", "--fednas-rounds", "1", "--set", f"data.num_clients={K}", "--set", "run.clients_per_round=3",
-        "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.steps=1", "--set", "algo.primitives=tiny",
+        "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "algo.primitives=tiny",
         "--set", "algo.local_epochs=1", "--random", "1"]
 
 
@@ -136,7 +136,7 @@ def test_perfedrlnas_example_compares_every_method_on_identical_splits(tmp_path,
     assert (out / "plots" / "memory_vs_budget.png").stat().st_size > 0
     # FedNAS: a search of the same DARTS space, personalized on every client
     cfg = json.loads((out / "fednas" / "config.json").read_text())["algo"]
-    assert (cfg["C"], cfg["layers"], cfg["steps"], cfg["primitives"]) == (4, 1, 1, "tiny")
+    assert (cfg["C"], cfg["layers"], cfg["nodes"], cfg["primitives"]) == (4, 1, 1, "tiny")
     assert rows["fednas"]["genotype"] == json.loads((out / "fednas" / "summary.json").read_text())["architecture"]
     final = json.loads((out / "fednas" / "summary.json").read_text())["final"]
     assert rows["fednas"]["global_supernet_acc"] == pytest.approx(final["client_test_acc_mean_unweighted"], abs=1e-6)

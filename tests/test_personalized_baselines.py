@@ -108,13 +108,13 @@ def test_ditto_personal_step_by_hand(tiny_data):
     w = init_variables(model, jax.random.PRNGKey(2), info.image_shape)
     client, key = tiny_data.clients("train", jnp.int32(1)), jax.random.PRNGKey(9)
 
-    cfg0 = DittoConfig(batch_size=16, local_epochs=2, lam=0.0)
+    cfg0 = DittoConfig(batch_size=16, local_epochs=2, prox_lambda=0.0)
     got, metrics = jax.jit(make_personal_train(model, info, cfg0))(v, w, client, key)
     ref, ref_metrics = jax.jit(make_local_train(model, info, cfg0))(v, client, key)
     _close(got, ref, rtol=1e-6, atol=1e-7)
     assert int(metrics["steps"]) == int(ref_metrics["steps"]) > 2
 
-    cfg = DittoConfig(batch_size=BIG, lam=3.0, client_lr=0.1, momentum=0.0, weight_decay=0.0)
+    cfg = DittoConfig(batch_size=BIG, prox_lambda=3.0, lr=0.1, momentum=0.0, weight_decay=0.0)
     got, _ = jax.jit(make_personal_train(model, info, cfg))(v, w, client, key)
     g = _mean_ce_grad(model, info, v["params"], client)
     expect = jax.tree.map(lambda p, gi, a: p - 0.1 * (gi + 3.0 * (p - a)), v["params"], g, w["params"])
@@ -128,7 +128,7 @@ def test_ditto_proximal_term_pulls_toward_global(tiny_data):
     client, key = tiny_data.clients("train", jnp.int32(0)), jax.random.PRNGKey(4)
     dist = {}
     for lam in (0.0, 5.0):
-        cfg = DittoConfig(batch_size=8, local_epochs=2, lam=lam, client_lr=0.1, momentum=0.0)
+        cfg = DittoConfig(batch_size=8, local_epochs=2, prox_lambda=lam, lr=0.1, momentum=0.0)
         out, _ = jax.jit(make_personal_train(model, info, cfg))(v, w, client, key)
         dist[lam] = _dist(out["params"], w["params"])
     assert dist[5.0] < 0.5 * dist[0.0]
@@ -136,7 +136,7 @@ def test_ditto_proximal_term_pulls_toward_global(tiny_data):
 
 def test_ditto_round(tiny_data):
     info, model = tiny_data.info, _model()
-    cfg = DittoConfig(batch_size=16, lam=0.5)
+    cfg = DittoConfig(batch_size=16, prox_lambda=0.5)
     algo = ditto(cfg, info, clients_per_round=2, placement=VMAP, model=model)
     fa = fedavg(FedAvgConfig(batch_size=16), info, clients_per_round=2, placement=VMAP, model=model)
     s0 = algo.init(jax.random.PRNGKey(0))
@@ -173,7 +173,7 @@ def test_ditto_round(tiny_data):
 
 def test_perfedavg_meta_step_by_hand(tiny_data):
     info, model = tiny_data.info, _model()
-    cfg = PerFedAvgConfig(batch_size=BIG, client_lr=0.05, inner_lr_multiple=3.0, weight_decay=0.01, momentum=0.9)
+    cfg = PerFedAvgConfig(batch_size=BIG, lr=0.05, inner_lr_multiple=3.0, weight_decay=0.01, momentum=0.9)
     alpha, beta = 0.15, 0.05
     w = init_variables(model, jax.random.PRNGKey(1), info.image_shape)["params"]
     d, d2 = tiny_data.clients("train", jnp.int32(0)), tiny_data.clients("train", jnp.int32(2))
@@ -198,7 +198,7 @@ def test_perfedavg_round_by_hand(tiny_data):
     """B > n_k: each client's one step has D = D' = its whole train split; the server
     takes the n_k-weighted mean."""
     info, model = tiny_data.info, _model()
-    cfg = PerFedAvgConfig(batch_size=BIG, client_lr=0.05, inner_lr_multiple=5.0, weight_decay=0.0)
+    cfg = PerFedAvgConfig(batch_size=BIG, lr=0.05, inner_lr_multiple=5.0, weight_decay=0.0)
     algo = perfedavg(cfg, info, clients_per_round=3, placement=VMAP, model=model)
     s0 = algo.init(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(5)

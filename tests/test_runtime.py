@@ -216,7 +216,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
 
 
 def test_fedavg_learns_and_local_only_keeps_unsampled_rows(tiny_data):
-    algo = fedavg(FedAvgConfig(batch_size=16, client_lr=0.05), tiny_data.info, placement=Placement("vmap"))
+    algo = fedavg(FedAvgConfig(batch_size=16, lr=0.05), tiny_data.info, placement=Placement("vmap"))
     state = algo.init(jax.random.PRNGKey(0))
     before = float(algo.evaluate(state, tiny_data)["global_test_acc"])
     for r in range(4):

@@ -27,8 +27,8 @@ from jaxfednas.search_spaces.darts import supernet_of
 from jaxfednas.search_spaces.darts.masks import CELLS
 
 # Compiling a DARTS supernet dominates these tests' time on CPU: one reduction cell.
-TINY = {"algo.C": 4, "algo.layers": 1, "algo.steps": 2, "algo.primitives": "tiny", "algo.augment": "none"}
-ONE_CELL = {"steps": 1}  # one cell of two edges: the cheapest compile
+TINY = {"algo.C": 4, "algo.layers": 1, "algo.nodes": 2, "algo.primitives": "tiny", "algo.augment": "none"}
+ONE_CELL = {"nodes": 1}  # one cell of two edges: the cheapest compile
 
 
 def _cfg(**over):
@@ -45,11 +45,11 @@ def test_personal_steps_are_ce_gradient_plus_lambda_pull_to_the_received_w(tiny_
     SGD): w_{s+1} = w_s − η_w ∇F(w_s, A) and v_{s+1} = v_s − η_v (∇F(v_s, A_k) + λ (v_s − w_share))
     on the kept ops, w_share fixed at the round's received w^t (not the in-round w_s);
     removed ops' weights unchanged."""
-    cfg = _cfg(momentum=0.0, weight_decay=0.0, grad_clip=0.0, local_grad_clip=0.0, lam=0.5, batch_size=512,
+    cfg = _cfg(momentum=0.0, weight_decay=0.0, grad_clip=0.0, personal_grad_clip=0.0, prox_lambda=0.5, batch_size=512,
                local_epochs=2, **ONE_CELL)
     info = tiny_data.info
     net = supernet_of(cfg, info.num_classes)
-    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
+    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.nodes).items()}
     x0 = jnp.zeros((1,) + info.image_shape)
     init = jax.jit(sp._init_variables, static_argnums=0)
     w, v = init(net, full, jax.random.key(0), x0), init(net, full, jax.random.key(1), x0)
@@ -58,7 +58,7 @@ def test_personal_steps_are_ce_gradient_plus_lambda_pull_to_the_received_w(tiny_
     lr_w, lr_v, lam = 0.3, 0.2, 0.5
 
     train = sp.make_trainer(cfg, info, net, full)
-    tx_v = sp.sgd(cfg.local_grad_clip, cfg)
+    tx_v = sp.sgd(cfg.personal_grad_clip, cfg)
     w2, v2, _, metrics = jax.jit(train)(w, v, tx_v.init(v["params"]), sp.stack_cells(mask), client,
                                         jax.random.key(2), lr_w, lr_v)
     assert int(metrics["steps"]) == 2
@@ -73,7 +73,7 @@ def test_personal_steps_are_ce_gradient_plus_lambda_pull_to_the_received_w(tiny_
         return optax.softmax_cross_entropy_with_integer_labels(logits, y[:n]).mean()
 
     arch_v = {c: jnp.asarray(m) for c, m in mask.items()}
-    keep = sp.variable_mask(mask, v["params"], net.primitives, cfg.steps, cfg.layers)
+    keep = sp.variable_mask(mask, v["params"], net.primitives, cfg.nodes, cfg.layers)
     w_share, want_w, want_v = w["params"], w["params"], v["params"]
     for _ in range(2):
         gw, gv = ce(want_w, w["batch_stats"], full), ce(want_v, v["batch_stats"], arch_v)
@@ -119,7 +119,7 @@ def test_variable_mask_is_the_set_of_variables_the_masked_loss_reads(tiny_data):
     assert sorted(v["params"]) == ["cell_0", "cell_1", "cell_2", "classifier", "stem_bn", "stem_conv"]
     removed = 0
     for coll in ("params", "batch_stats"):
-        keep = sp.variable_mask(mask, v[coll], net.primitives, cfg.steps, cfg.layers)
+        keep = sp.variable_mask(mask, v[coll], net.primitives, cfg.nodes, cfg.layers)
         flat_g = jax.tree_util.tree_flatten_with_path(g[coll])[0]
         for (path, leaf), k in zip(flat_g, jax.tree.leaves(keep)):
             k = np.asarray(k)
@@ -147,7 +147,7 @@ def _searcher_setup(tiny_data, **over):
     cfg = _cfg(**over)
     info = tiny_data.info
     net = supernet_of(cfg, info.num_classes)
-    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.steps).items()}
+    full = {c: jnp.asarray(m) for c, m in sp.initial_mask(net.primitives, cfg.nodes).items()}
     v = jax.jit(sp._init_variables, static_argnums=0)(net, full, jax.random.key(3), jnp.zeros((1,) + info.image_shape))
     return cfg, info, net, sp.stack_cells(full), v, _client(tiny_data, "test", 1)
 
@@ -178,7 +178,7 @@ def test_searcher_choice_matches_a_brute_force_evaluation(tiny_data, criterion, 
     batches of ``search_batch_size`` with BatchNorm on each batch's statistics."""
     cfg, info, net, mask, v, val = _searcher_setup(tiny_data, criterion=criterion, search_batch_size=search_batch)
     edge_done = jnp.zeros((2, mask.shape[1]), bool)
-    node_done = jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
+    node_done = jnp.zeros((2, cfg.nodes), bool).at[:, 0].set(True)
     new_mask, new_edges, new_nodes = jax.jit(sp.make_searcher(cfg, info, net))(v, mask, edge_done, node_done, val,
                                                                                 jax.random.key(4))
     assert np.asarray(new_edges).sum() == 2, "one edge per cell type"
@@ -203,7 +203,7 @@ def _decided(cfg, n_ops, ops):
     """A state after every op choice: edge e keeps op ``ops[e]`` in both cells, nodes open
     from node 1 (node 0 has only its two inputs)."""
     mask = jnp.stack([jax.nn.one_hot(jnp.asarray(ops), n_ops)] * 2)
-    return mask, jnp.ones(mask.shape[:2], bool), jnp.zeros((2, cfg.steps), bool).at[:, 0].set(True)
+    return mask, jnp.ones(mask.shape[:2], bool), jnp.zeros((2, cfg.nodes), bool).at[:, 0].set(True)
 
 
 # Node 2 of a 3-node cell (4 incoming edges, slots 0-3): the validation accuracy of the
@@ -219,7 +219,7 @@ def test_topology_projection_drops_in_order_under_both_rules(projection, kept):
     """The searcher's topology projection on a node with 4 inputs, scored by a table (no
     network): greedy re-scores the edges left after each drop, one_shot ranks them once; with
     every removal tied, greedy drops the first edges, one_shot the later ones."""
-    cfg = _cfg(steps=3, projection=projection)
+    cfg = _cfg(nodes=3, projection=projection)
     n_ops = 3
     slots = np.asarray(sp.incoming_edges(3)[2])  # node 2's edges
     calls = []
@@ -277,7 +277,7 @@ def test_search_schedule_and_trigger_at_the_papers_t_s_and_tau(tiny_data):
     topology projections at 300, 320, 340 (docs/authors_code.md §5.3); the round's trigger
     fires exactly there, following the search to its end."""
     cfg = make_config("spider").algo
-    assert (cfg.warmup_rounds, cfg.recovery_rounds, cfg.steps) == (30, 20, 4)
+    assert (cfg.warmup_rounds, cfg.recovery_rounds, cfg.nodes) == (30, 20, 4)
     schedule = sp.search_schedule(cfg)
     assert schedule == list(range(40, 341, 20)) and len(schedule) == 14 + 2
     due, done = [], 0
@@ -294,7 +294,7 @@ def test_search_schedule_and_trigger_at_the_papers_t_s_and_tau(tiny_data):
     assert sp.search_schedule(on)[0] == 40 and bool(sp.search_due(on, np.int32(40), np.bool_(False)))
     # a run that ends before the last projection (the client's round 341) warns
     for rounds, warns in ((340, True), (341, False)):
-        config = make_config("spider", overrides={"run.rounds": rounds, **TINY, "algo.steps": 4})
+        config = make_config("spider", overrides={"run.rounds": rounds, **TINY, "algo.nodes": 4})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             sp.build(config, tiny_data.info)
@@ -423,7 +423,7 @@ def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched
     assert int(m2["searching_clients"]) == 2
 
 
-@pytest.mark.parametrize("key,value", [("algo.recovery_rounds", 0), ("algo.lam", -0.1), ("algo.warmup_rounds", -1),
+@pytest.mark.parametrize("key,value", [("algo.recovery_rounds", 0), ("algo.prox_lambda", -0.1), ("algo.warmup_rounds", -1),
                                        ("algo.criterion", "largest"), ("algo.projection", "best"),
                                        ("algo.search_batch_size", -1)])
 def test_bad_settings_fail_with_one_line_naming_the_setting(key, value):

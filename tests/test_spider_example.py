@@ -27,7 +27,7 @@ from jaxfednas.search_spaces.sampling import random_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "3", "--fednas-rounds", "1", "--gain-epochs", "1",
-        "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.steps=1", "--set", "algo.primitives=tiny",
+        "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "algo.primitives=tiny",
         "--set", "algo.warmup_rounds=0", "--set", "algo.recovery_rounds=1"]
 RUNS = ["spider", "local_nas", "fednas/search", "fednas/train", "ditto", "perfedavg", "local_adaptation"]
 
@@ -103,7 +103,7 @@ def test_spider_example_compares_methods_on_identical_splits_and_resumes(tmp_pat
         assert r["std"] == pytest.approx(acc.std(), abs=1e-5) and r["params"] > 0 and r["wall_s"] > 0
     # the search finished for every client; local-only NAS is SPIDER with λ = 0
     for m, lam in (("spider", 0.01), ("local_nas", 0.0)):
-        assert rows[m]["final_clients"] == 8 and rows[m]["edges_decided"] == 1.0 and rows[m]["lam"] == lam
+        assert rows[m]["final_clients"] == 8 and rows[m]["edges_decided"] == 1.0 and rows[m]["prox_lambda"] == lam
     metrics = [json.loads(line) for line in (out / "spider" / "metrics.jsonl").read_text().splitlines()]
     assert [r["final_clients"] for r in metrics] == [0, 8, 8]  # round 3 is phase 3
 
@@ -170,18 +170,18 @@ def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
     a valid cell pair of the space (two inputs per node, one op each), the same for the same
     seed, different across clients, draws and seeds."""
     ex = _example()
-    cfg = make_config("spider", overrides={"algo.steps": 3}).algo
+    cfg = make_config("spider", overrides={"algo.nodes": 3}).algo
     prims = PRIMITIVE_SETS[cfg.primitives]
     m = ex.random_masks(cfg, 5, 3, 2)
     assert {c: a.shape for c, a in m.items()} == {c: (3, 2, 9, len(prims)) for c in CELLS}
     for k in range(3):
         for i in range(2):
-            want = random_mask(jax.random.fold_in(random_arch_key(5, i), k), prims, cfg.steps)
+            want = random_mask(jax.random.fold_in(random_arch_key(5, i), k), prims, cfg.nodes)
             mask = {c: m[c][k, i] for c in CELLS}
             for c in CELLS:
                 np.testing.assert_array_equal(mask[c], want[c])
-                assert mask[c].sum() == 2 * cfg.steps and mask[c].sum(1).max() == 1
-            genotype_from_mask(mask, prims, cfg.steps)  # a whole genotype: two inputs per node
+                assert mask[c].sum() == 2 * cfg.nodes and mask[c].sum(1).max() == 1
+            genotype_from_mask(mask, prims, cfg.nodes)  # a whole genotype: two inputs per node
     flat = {m["normal"][k, i].tobytes() + m["reduce"][k, i].tobytes() for k in range(3) for i in range(2)}
     assert len(flat) == 6  # every client and draw its own architecture
     again, other = ex.random_masks(cfg, 5, 3, 2), ex.random_masks(cfg, 6, 3, 2)
@@ -193,7 +193,7 @@ def test_size_matched_random_masks_are_within_ten_percent_of_each_clients_target
     """--match-size: each client's draws are rejection-sampled to its own target (here a
     stand-in cost: 1 + the number of sep_conv ops kept); an unreachable one is a one-line error."""
     ex = _example()
-    cfg = make_config("spider", overrides={"algo.steps": 3}).algo
+    cfg = make_config("spider", overrides={"algo.nodes": 3}).algo
     sep = PRIMITIVE_SETS[cfg.primitives].index("sep_conv_3x3")
 
     def size(m):

@@ -10,7 +10,7 @@ keeps the field's place::
     @dataclasses.dataclass(frozen=True)
     class SpiderConfig(DartsSpaceConfig):
         primitives: str = primitives_param("s2", "candidate ops (paper: s2)")
-        lam: float = param(0.01, "...")
+        prox_lambda: float = param(0.01, "...")
 """
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ class DartsSpaceConfig(Validated):
     """The DARTS supernet's geometry and candidate ops (the ``algo`` section's first fields)."""
 
     SECTION = "algo"
+    RENAMED = {"steps": "nodes"}
     C: int = param(8, "supernet initial channels C (paper 16)", range=(2, 512))
     layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
-    steps: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
+    nodes: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
     primitives: str = primitives_param()
 
     def check(self):

@@ -514,7 +514,7 @@ class DartsSearchNetwork(nn.Module):
 
 
 def supernet_of(cfg: Any, num_classes: int, **options) -> DartsSearchNetwork:
-    """The supernet an algorithm config describes: ``cfg.C``, ``cfg.layers``, ``cfg.steps``
+    """The supernet an algorithm config describes: ``cfg.C``, ``cfg.layers``, ``cfg.nodes``
     and ``cfg.primitives`` (a name in ``PRIMITIVE_SETS``; the fields of
     :class:`~jaxfednas.search_spaces.darts.config.DartsSpaceConfig`), every intermediate node
     concatenated as in DARTS (``multiplier = steps``); ``options`` pass on the rest
@@ -522,5 +522,5 @@ def supernet_of(cfg: Any, num_classes: int, **options) -> DartsSearchNetwork:
     becomes ``group_edges`` None / True / False. One constructor for FedNAS, DP-FNAS and SPIDER."""
     if "group_edges" not in options and hasattr(cfg, "group_edges"):
         options["group_edges"] = {"auto": None, "on": True, "off": False}[cfg.group_edges]
-    return DartsSearchNetwork(C=cfg.C, num_classes=num_classes, layers=cfg.layers, steps=cfg.steps,
-                              multiplier=cfg.steps, primitives=PRIMITIVE_SETS[cfg.primitives], **options)
+    return DartsSearchNetwork(C=cfg.C, num_classes=num_classes, layers=cfg.layers, steps=cfg.nodes,
+                              multiplier=cfg.nodes, primitives=PRIMITIVE_SETS[cfg.primitives], **options)
