@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import flax.struct
 import jax

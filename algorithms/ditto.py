@@ -29,7 +29,7 @@ test split (``client_test_acc_global*``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import flax.struct
@@ -156,7 +156,8 @@ def ditto(
         )
         return out
 
-    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
+    return FederatedAlgorithm(name="ditto", init=placement.jit_init(init, ROWS),
+                              round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

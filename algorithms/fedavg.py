@@ -12,7 +12,7 @@ BatchNorm running statistics are averaged with the same weights n_k / n_S.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import flax.struct

@@ -19,7 +19,7 @@ personalized ones under the prefix ``client_test_acc_global`` (e.g.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax

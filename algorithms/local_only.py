@@ -81,7 +81,8 @@ def local_only(
     def evaluate(state: LocalOnlyState, data: FederatedData):
         return evaluate_clients(model, info, state.clients, data, cfg.eval_batch_size, placement=placement, personal=True)
 
-    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
+    return FederatedAlgorithm(name="local_only", init=placement.jit_init(init, ROWS),
+                              round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -32,7 +32,7 @@ set (``global_test_acc``) and, un-adapted, on every client (``client_test_acc_gl
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import flax.struct

@@ -68,7 +68,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import flax.struct
 import jax
@@ -622,7 +623,8 @@ def perfedrlnas(
     def export(state: PerFedRLNASState) -> PersonalArchitectures:
         return PersonalArchitectures.of(state, space, cfg)
 
-    return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS),
+    return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init, ROWS),
+                              round=placement.jit_round(round_fn, init, ROWS),
                               evaluate=jit(evaluate), export=export, personalize=jit(personalize))
 
 

@@ -62,7 +62,8 @@ import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import flax.struct
 import jax
@@ -455,7 +456,8 @@ def spider(
         return PersonalArchitectures.of(state, primitives, steps)
 
     return FederatedAlgorithm(
-        name="spider", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate),
+        name="spider", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS),
+        evaluate=jit(evaluate),
         export=export, write_architecture=PersonalArchitectures.plot,
     )
 

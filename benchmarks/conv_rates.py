@@ -76,7 +76,7 @@ def main(argv=None):
             w = jax.random.normal(key, (k, k, C, D))
             flop = 2.0 * args.batch * H * H * k * k * C * D
             cells = []
-            for name, fn in passes(k, dil).items():
+            for _name, fn in passes(k, dil).items():
                 jax.block_until_ready(fn(x, w, g))  # compile + warm up
                 best = min(timed(lambda: fn(x, w, g))[0] for _ in range(args.repeats))
                 cells += [f"{best * 1e3:.1f}", f"{flop / best / 1e9:.0f} ({flop / best / 1e9 / peak:.0%})"]
@@ -87,7 +87,8 @@ def main(argv=None):
               "input grad ms", "input grad GFLOP/s", "kernel grad ms", "kernel grad GFLOP/s"]
     body = "\n\n".join([
         f"One wide convolution of a grouped DARTS cell (config (b) widths, {args.edges} edges side by side), batch "
-        f"{args.batch}, each pass alone under `jit`, best of {args.repeats}; dense float32 matmul (`_bench_util.matmul_gflops`: 2048^2 on CPU, "
+        f"{args.batch}, each pass alone under `jit`, best of {args.repeats}; dense float32 matmul "
+        f"(`_bench_util.matmul_gflops`: 2048^2 on CPU, "
         f"8192^2 on accelerators) on the same device: **{peak:.0f} GFLOP/s** (the percentages).",
         markdown_table(header, rows),
         f"Load average (1/5/15 min) at start / end: {load0} / {load_line()}."])

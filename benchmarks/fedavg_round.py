@@ -347,7 +347,8 @@ def report(args, results: list[dict]) -> str:
         sizes = r0["shape"]["client_train_sizes"]
         lines.append(
             f"FedAvg, {args.dataset}"
-            + (f" {args.synthetic_shape.replace(',', 'x')} ({args.synthetic_train} examples)" if args.dataset == "synthetic" else "")
+            + (f" {args.synthetic_shape.replace(',', 'x')} ({args.synthetic_train} examples)"
+               if args.dataset == "synthetic" else "")
             + f", model {args.model}, {args.clients} Dirichlet({args.alpha}) clients, clients/round "
             f"{args.clients_per_round}, E={args.epochs}, B={args.batch_size}; client train sizes {sizes}; "
             f"{r0['local_steps']} real local steps per round, {r0['shape']['slots_per_client']} lock-step slots "

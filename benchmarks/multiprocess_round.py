@@ -85,7 +85,8 @@ def main() -> None:
                             "bytes equal 1 process"], rows)
     print(table)
     if not a.no_write:
-        where = write_results("One run over several processes (loopback, gloo) vs one process", command_line("multiprocess_round.py"),
+        where = write_results("One run over several processes (loopback, gloo) vs one process",
+                              command_line("multiprocess_round.py"),
                               machine_info(), table + f"\n\n{a.rounds} rounds per run; digits, 8 clients; "
                               "every process a subprocess on the same 2-core machine.")
         print(f"{where} benchmarks/RESULTS.md")

@@ -31,7 +31,8 @@ PerFedRLNAS's accuracy is each client's argmax subnet of its policy with the fin
 supernet weights (its ``evaluate``), as the clients would deploy it without training
 again; the table's second PerFedRLNAS line ("+ E local epochs") is the same subnet after
 ``algo.local_epochs`` epochs of its client's local training (SGD at the schedule's last
-learning rate; the algorithm's ``personalize``), which is what a client reports in a round of Algorithm 1 and what FedAvg + fine-tuning gets. Also
+learning rate; the algorithm's ``personalize``), which is what a client reports in a round of Algorithm 1 and
+what FedAvg + fine-tuning gets. Also
 listed: the mean of the latest accuracies the clients reported during training (sampled
 subnets, after local training) and of their best-ever ones (the authors' code's logged
 number), the simulated round time (mean over rounds of ``round_time_s``: the slowest

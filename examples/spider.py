@@ -210,7 +210,8 @@ def run(args) -> None:
                metric="client test acc after fine-tuning (mean over clients)",
                note=("Each seed: its own partition, runs, personalization gain and random control "
                      f"(`seed_<s>/results.md`): every client's searched mask and {args.random} random masks of the "
-                     f"same space per client{' (size-matched ±10 %)' if args.match_size else ''}, each fine-tuned with the gain matrix's recipe (same epochs, same "
+                     f"same space per client{' (size-matched ±10 %)' if args.match_size else ''}, each fine-tuned with the gain "
+                     "matrix's recipe (same epochs, same "
                      "minibatches, from the global supernet's weights) and tested on the client's local test "
                      "split. Plot: `plots/searched_vs_random.png` (means over clients; x: kept parameters)."))
 

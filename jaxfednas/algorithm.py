@@ -1,7 +1,8 @@
 """The contract every federated algorithm fulfils: a frozen record of pure functions."""
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 

@@ -26,7 +26,8 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import flax.serialization
 import jax

@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--placement", help="auto, vmap, map or shard_map (run.placement)")
     r.add_argument("--out", help="run directory (default runs/ALGO-DATASET-sSEED)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    r.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="any setting (see below); repeatable")
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="any setting (see below); repeatable")
     r.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
     mp = r.add_argument_group(
         "several processes / hosts (jax.distributed; every process runs the same command with its own "

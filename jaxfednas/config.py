@@ -15,7 +15,8 @@ import json
 import types
 import typing
 import warnings
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 
 class ConfigError(ValueError):

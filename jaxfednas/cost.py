@@ -13,7 +13,8 @@ written as shifted slices they are element-wise products and would not be counte
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 

@@ -18,7 +18,7 @@ without test examples are left out of both.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -11,7 +11,8 @@ Layout of ``out_dir``::
     checkpoint.<round>.msgpack  the previous saved round, kept to fall back on (see jaxfednas.checkpoint)
     clients.csv                 final per-client accuracies
     plots/curves.png, plots/client_accuracy.png
-    architecture.json           (NAS algorithms) the exported architecture (SPIDER: personal_genotypes.json); cell diagrams in plots/
+    architecture.json           (NAS algorithms) the exported architecture (SPIDER: personal_genotypes.json);
+                                cell diagrams in plots/
     summary.json                final metrics, wall time, device info
 
 Everything except the ``timing`` and ``device`` entries of ``summary.json`` is
@@ -31,7 +32,8 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np

@@ -83,7 +83,8 @@ GLOSSARY: dict[str, str] = {
     "policy_entropy": "PerFedRLNAS: mean entropy (nats) of the clients' policies",
     "subnet_params": "PerFedRLNAS: mean parameters of the reporting clients' sampled subnets",
     "reported_acc_mean": "PerFedRLNAS: mean over the clients seen so far of their latest reported accuracy",
-    "best_reported_acc_mean": "PerFedRLNAS: mean over the clients seen so far of their best reported accuracy (the code's logged number)",
+    "best_reported_acc_mean": "PerFedRLNAS: mean over the clients seen so far of their best reported accuracy "
+                              "(the code's logged number)",
     "personal_macs_mean": "PerFedRLNAS: mean multiply-adds of each client's argmax subnet",
     "client_memory_mb": "PerFedRLNAS: each client's training memory of its argmax subnet, MB (per client)",
     "client_memory_budget_mb": "PerFedRLNAS: each client's memory budget, MB (per client)",

@@ -43,7 +43,8 @@ import contextlib
 import contextvars
 import math
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Mapping
+from typing import IO
+from collections.abc import Mapping
 
 
 def format_seconds(s: float) -> str:

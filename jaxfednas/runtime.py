@@ -31,7 +31,8 @@ import ctypes
 import dataclasses
 import math
 import os
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -9,7 +9,7 @@ mean ± standard deviation over the seeds with every seed's value beside it.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxfednas.config import ConfigError
 

@@ -33,7 +33,8 @@ What a space provides (duck-typed; :func:`check_space` verifies the attributes):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -6,7 +6,7 @@ padded rows of a partial batch never enter BatchNorm statistics.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

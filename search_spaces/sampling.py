@@ -24,7 +24,8 @@ Every sampler is a function of a JAX key alone (drawn on the host through
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np

@@ -82,9 +82,6 @@ def test_nonprivate_iteration_equals_a_manual_update_and_the_server_sums_H(data2
         scale = np.abs(want).max()
         # the parties' H_k differ, and the server applies their sum (not one party's)
         assert np.abs(np.asarray(hs[0][key]) - np.asarray(hs[1][key])).max() > 0.1 * scale
-        # the second-order term is far larger than the finite-difference error
-        hess = np.abs(want - np.asarray(first_sum[key])).max()
-        err = np.abs(got - want).max()
         assert np.abs(want - np.asarray(first_sum[key])).max() > 0.1 * scale  # the Hessian term matters
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * scale)
 

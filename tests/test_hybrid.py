@@ -40,7 +40,7 @@ class Child(nn.Module):
             for j in range(v[f"conv{i}.depth"]):
                 y = nn.Conv(w, (k, k), padding="SAME", use_bias=False, name=f"c{i}_{j}")(h)
                 h = nn.relu(h + bn(f"c{i}_{j}_bn", y))
-        for t, st in enumerate(sp.vit_stages, 1):
+        for t, _st in enumerate(sp.vit_stages, 1):
             e, heads, r = v[f"vit{t}.width"], v[f"vit{t}.heads"], v[f"vit{t}.mlp_ratio"]
             if t == 1:
                 h = nn.Conv(e, (sp.patch, sp.patch), sp.patch, padding="VALID", name="patch")(h)
@@ -82,7 +82,7 @@ def child_variables(sp: HybridViT, cfg: dict, variables: dict) -> dict:
             p[f"c{i}_{j}"] = {"kernel": pc["blocks"]["conv"][j, lo:lo + k, lo:lo + k, :w, :w]}
             bn(f"c{i}_{j}_bn", pc["blocks"]["bn"], sc["blocks"]["bn"], (j, slice(0, w)))
         c = w
-    for t, st in enumerate(sp.vit_stages, 1):
+    for t, _st in enumerate(sp.vit_stages, 1):
         e, heads, r = cfg[f"vit{t}.width"], cfg[f"vit{t}.heads"], cfg[f"vit{t}.mlp_ratio"]
         pv, q = P[f"vit{t}"], heads * dh
         if t == 1:
@@ -268,7 +268,7 @@ def test_bad_choices_are_one_line_errors(setup):
 
 def test_presets_follow_table_1():
     check_space(SPACES["cifar"])
-    for name, sp in SPACES.items():
+    for sp in SPACES.values():
         assert sp.single_path and len({d.name for d in sp.dims}) == len(sp.dims)
     small, cifar = SPACES["small"].describe, SPACES["cifar"]
     dims = {d.name: d.choices for d in cifar.dims}

@@ -23,3 +23,10 @@ from jaxfednas.data.partition import (
     load_manifest,
     split_client_indices,
 )
+
+__all__ = [
+    "Augment", "augment_batch", "DATASETS", "Dataset", "DatasetUnavailableError", "load_dataset",
+    "ClientData", "ClientSplit", "DataInfo", "FederatedData", "epoch_permutation", "get_batch",
+    "make_federated_data", "num_steps", "random_batch", "run_local_epochs",
+    "PARTITION_METHODS", "build_manifest", "label_counts", "load_manifest", "split_client_indices",
+]

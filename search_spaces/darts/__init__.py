@@ -39,11 +39,12 @@ from .search import (cell_plan, DartsSearchNetwork, edge_table, MixedOp, num_edg
                      unstack_scanned)
 
 __all__ = [
-    "AUX_WEIGHT", "AuxiliaryHeadCIFAR", "AvgPool3x3", "BN_EPS", "BN_MOMENTUM", "Conv7x1_1x7", "DARTS",
-    "DARTS_V1", "DARTS_V2", "DartsSpaceConfig", "DEPTHWISE_IMPLS", "DartsNetwork", "DartsSearchNetwork", "DepthwiseConv",
-    "DilConv", "EvalCell", "FEDNAS_V1", "FactorizedReduce", "Genotype", "Identity", "MaxPool3x3",
-    "MixedOp", "NORMS", "OPS", "PRIMITIVE_SETS", "PRIMITIVES", "PRIMITIVES_S2", "ReLUConvBN", "SearchCell", "SepConv", "SeparableConv", "Zero",
-    "aux_input_size", "aux_pool", "build", "cell_plan", "default_depthwise_impl", "depthwise_conv", "derive",
-    "derive_from_weights", "drop_path", "group_edges_param", "make_op", "network_params", "num_edges", "plot_cell", "plot_genotype",
-    "primitives_param", "supernet_of", "unroll_variables", "unstack_scanned", "edge_table",
+    "AUX_WEIGHT", "AuxiliaryHeadCIFAR", "AvgPool3x3", "BN_EPS", "BN_MOMENTUM", "Conv7x1_1x7", "DARTS", "DARTS_V1",
+    "DARTS_V2", "DartsSpaceConfig", "DEPTHWISE_IMPLS", "DartsNetwork", "DartsSearchNetwork", "DepthwiseConv",
+    "DilConv", "EvalCell", "FEDNAS_V1", "FactorizedReduce", "Genotype", "Identity", "MaxPool3x3", "MixedOp",
+    "NORMS", "OPS", "PRIMITIVE_SETS", "PRIMITIVES", "PRIMITIVES_S2", "ReLUConvBN", "SearchCell", "SepConv",
+    "SeparableConv", "Zero", "aux_input_size", "aux_pool", "build", "cell_plan", "default_depthwise_impl",
+    "depthwise_conv", "derive", "derive_from_weights", "drop_path", "group_edges_param", "make_op",
+    "network_params", "num_edges", "plot_cell", "plot_genotype", "primitives_param", "supernet_of",
+    "unroll_variables", "unstack_scanned", "edge_table",
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class Genotype:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Genotype":
+    def from_dict(cls, d: dict[str, Any]) -> Genotype:
         missing = {"normal", "normal_concat", "reduce", "reduce_concat"} - set(d)
         if missing:
             raise ValueError(f"Genotype dict is missing {sorted(missing)}")
@@ -80,7 +81,7 @@ class Genotype:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_json(cls, s: str) -> "Genotype":
+    def from_json(cls, s: str) -> Genotype:
         return cls.from_dict(json.loads(s))
 
 

@@ -189,4 +189,7 @@ def variable_mask(mask: dict, tree: dict, primitives, steps: int, layers: int) -
     return out
 
 
-__all__ = ["CELLS", "Subnet", "check_mask", "full_mask", "incoming_edges", "genotype_from_mask", "mask_from_genotype", "mask_weights", "variable_mask"]
+__all__ = [
+    "CELLS", "Subnet", "check_mask", "full_mask", "incoming_edges", "genotype_from_mask", "mask_from_genotype",
+    "mask_weights", "variable_mask",
+]

@@ -103,7 +103,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -270,7 +271,7 @@ class ElasticMobileNet:
 
     @classmethod
     def from_preset(cls, preset: str, *, num_classes: int, image_shape: tuple[int, int, int],
-                    dw_impl: str | None = None) -> "ElasticMobileNet":
+                    dw_impl: str | None = None) -> ElasticMobileNet:
         """The space of a named geometry (:data:`SPACES`) for these images and classes."""
         return cls(get_geometry(preset), num_classes, tuple(image_shape), dw_impl)
 
@@ -391,7 +392,7 @@ class ElasticMobileNet:
 
     # ---- protocol ----------------------------------------------------------------------
 
-    def subnet(self, choice) -> "ElasticSubnet":
+    def subnet(self, choice) -> ElasticSubnet:
         """The subnet ``choice`` (int ``[D]``: traced, or concrete and then checked) over
         the supernet's variables, applied like a Flax module (:class:`ElasticSubnet`)."""
         return ElasticSubnet(self, as_choice(self.dims, choice))

@@ -157,7 +157,7 @@ class HybridViT:
 
     @classmethod
     def from_preset(cls, name: str, *, num_classes: int | None = None,
-                    image_shape: tuple[int, int, int] | None = None) -> "HybridViT":
+                    image_shape: tuple[int, int, int] | None = None) -> HybridViT:
         """Preset ``name`` of :data:`SPACES` for a dataset's classes and ``(H, W, C)`` images
         (the geometry is checked again: the last conv maps must split into patches)."""
         base = get_space(name)
@@ -300,7 +300,7 @@ class HybridViT:
 
     # ---- protocol -------------------------------------------------------------------
 
-    def subnet(self, choice) -> "HybridSubnet":
+    def subnet(self, choice) -> HybridSubnet:
         """The subnet ``choice`` (int ``[D]``; traced, or concrete and then checked) over the
         supernet's variables, applied like a Flax module."""
         return HybridSubnet(self, as_choice(self.dims, choice))

@@ -14,7 +14,7 @@ from .blocks import auto_depthwise_impl, BN_EPS, BN_MOMENTUM, CANDIDATES, DSNAS_
 from .network import BlockSpec, ChoiceBlock, get_space, init_alpha, ShuffleNetwork, ShuffleSpace, SPACES
 
 __all__ = [
-    "auto_depthwise_impl", "BN_EPS", "BN_MOMENTUM", "BlockSpec", "DSNAS_BN_EPS", "CANDIDATES", "ChoiceBlock", "KERNELS", "SPACES", "ShuffleArch", "ShuffleNetwork",
-    "ShuffleSpace", "ShuffleUnit", "build", "channel_split", "child_cost", "child_variables", "derive",
-    "get_space", "init_alpha", "macs_table", "MacsTable", "uniform_arch",
+    "auto_depthwise_impl", "BN_EPS", "BN_MOMENTUM", "BlockSpec", "DSNAS_BN_EPS", "CANDIDATES", "ChoiceBlock",
+    "KERNELS", "SPACES", "ShuffleArch", "ShuffleNetwork", "ShuffleSpace", "ShuffleUnit", "build", "channel_split",
+    "child_cost", "child_variables", "derive", "get_space", "init_alpha", "macs_table", "MacsTable", "uniform_arch",
 ]

@@ -55,7 +55,7 @@ class ShuffleArch:
         return json.dumps({"space": self.space, "choices": list(self.choices), "names": list(self.names)})
 
     @classmethod
-    def from_json(cls, text: str) -> "ShuffleArch":
+    def from_json(cls, text: str) -> ShuffleArch:
         d = json.loads(text)
         return cls(d["space"], tuple(d["choices"]))
 
