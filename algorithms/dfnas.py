@@ -3,13 +3,15 @@
 Neural Architecture Search without Parameter Retraining", arXiv:2002.09128, §3).
 
 Algorithm 1 (client local search), every local step:
-  1. sample a one-hot Z_l ~ Cat(softmax(α_l)) for every choice block l (no temperature);
-  2. build the child of Z and multiply each block's output by a gate 1_l (= 1.0);
-  3. forward a minibatch to get L;
-  4. backward L to w and to the gates: the block credit ∂L/∂1_l = ⟨∂L/∂y_l, y_l⟩;
-  5. w ← SGD(∂L/∂w) and α ← Adam(∂L/∂1_l · ∂log p_α(Z)/∂α_l), where
-     ∂log p_α(Z)/∂α_l = Z_l − softmax(α_l)  (the DSNAS gradient, §3.2);
-  6. "prune edges with α < α_th" — DSNAS' early fixing, see below.
+
+1. sample a one-hot Z_l ~ Cat(softmax(α_l)) for every choice block l (no temperature);
+2. build the child of Z and multiply each block's output by a gate 1_l (= 1.0);
+3. forward a minibatch to get L;
+4. backward L to w and to the gates: the block credit ∂L/∂1_l = ⟨∂L/∂y_l, y_l⟩;
+5. w ← SGD(∂L/∂w) and α ← Adam(∂L/∂1_l · ∂log p_α(Z)/∂α_l), where
+   ∂log p_α(Z)/∂α_l = Z_l − softmax(α_l)  (the DSNAS gradient, §3.2);
+6. "prune edges with α < α_th" — DSNAS' early fixing, see below.
+
 Only the sampled unit of a block runs (``lax.switch``), and only its weights move: like
 PyTorch's SGD skipping parameters without a gradient, the other units keep their
 weights, momentum and BatchNorm statistics (weight decay included).
@@ -33,8 +35,10 @@ a penalty on the multiply-adds C(Z) of the sampled child above a target t, L + �
 while C(Z) > t. C(Z) is a sum of table lookups, C(Z) = C_0 + Σ_l F[l, Z_l]
 (:func:`jaxfednas.search_spaces.shufflenet.macs_table`; stem and head C_0 are fixed), and is not
 differentiable in Z, so it reaches α only through the score function, block by block
-(SNAS' local decomposition: the other blocks' costs do not depend on α_l):
-  ∂/∂α_l ← ∂L/∂1_l·(Z_l − p_l) + λ·1[C(Z) > t]·(F[l, Z_l] − Σ_c p_lc F[l, c])·(Z_l − p_l),
+(SNAS' local decomposition: the other blocks' costs do not depend on α_l)::
+
+    ∂/∂α_l ← ∂L/∂1_l·(Z_l − p_l) + λ·1[C(Z) > t]·(F[l, Z_l] − Σ_c p_lc F[l, c])·(Z_l − p_l),
+
 with p_l = softmax(α_l) and F in millions of multiply-adds. The baseline Σ_c p_lc F[l, c]
 leaves the expectation unchanged (E[Z_l − p_l] = 0) and removes most of the noise of a
 penalty that is positive for every sample. While every child is over the target the

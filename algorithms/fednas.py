@@ -2,7 +2,7 @@
 Architecture Search" (arXiv:2004.08546), Algorithm 1 with Eq. 4 and Eq. 5.
 
 Every round t the sampled clients run ``ClientLocalSearch`` (Alg. 1, lines 9-15):
-E local epochs of MiLeNAS mixed-level search on a DARTS supernet, per minibatch
+E local epochs of MiLeNAS mixed-level search on a DARTS supernet, per minibatch::
 
     w ← w − η_w ∇_w L_tr(w, α)                                   (Eq. 4)
     α ← α − η_α (∇_α L_tr(w, α) + λ ∇_α L_val(w, α))
@@ -14,17 +14,19 @@ BatchNorm statistics and architecture with N_k / N (Eq. 5).
 
 Deviations of the authors' code that are available as options for parity
 (docs/authors_code.md §2.2-2.3, §7 rows 5-7), all off by default:
-  * ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
-  * ``order="alpha_first"`` — the code steps α first, then w at the new α;
-  * ``grad_clip=0`` — the code clips α's gradients and never the weights'; this option only
-    removes the weight clip (α's gradient is not clipped in either setting);
-  * ``bn_stats_updates="code"`` — the paper does not say how BatchNorm running statistics
-    move; by default they take one momentum update per step, from the training forward,
-    with the biased batch variance (Flax). The code's step runs three training-mode
-    forwards (α on the training batch, α on the validation batch, then w) and PyTorch
-    updates the statistics on each, with the unbiased variance ``n/(n-1) var``. Only the
-    running statistics change (the forward and both gradients are the same), and with
-    them the paper's supernet number ``global_test_acc``.
+
+* ``alpha_aggregation="client0"`` — the FedML code broadcasts client 0's α;
+* ``order="alpha_first"`` — the code steps α first, then w at the new α;
+* ``grad_clip=0`` — the code clips α's gradients and never the weights'; this option only
+  removes the weight clip (α's gradient is not clipped in either setting);
+* ``bn_stats_updates="code"`` — the paper does not say how BatchNorm running statistics
+  move; by default they take one momentum update per step, from the training forward,
+  with the biased batch variance (Flax). The code's step runs three training-mode
+  forwards (α on the training batch, α on the validation batch, then w) and PyTorch
+  updates the statistics on each, with the unbiased variance ``n/(n-1) var``. Only the
+  running statistics change (the forward and both gradients are the same), and with
+  them the paper's supernet number ``global_test_acc``.
+
 Kept from the code because the paper is silent: optimizers and the cosine
 schedule (0.025 → 0.001 over the local epochs) are re-created every round.
 

@@ -6,7 +6,7 @@ Algorithm 1, Eqs. 4-9.
 A supernet A with D search dimensions (:mod:`jaxfednas.search_spaces.choice`; DARTS edges, an
 elastic MobileNetV3, a hybrid conv/attention net) lives on the server with one policy
 α_i (logits ``[D, max k_d]``, init 0, its own Adam state) per client, all K of them.
-Round t (Algorithm 1):
+Round t (Algorithm 1)::
 
   line 5     sample N clients
   line 6     v_i^d ~ softmax(α_i^d) for every dimension d (Eq. 4): client i's subnet w_i
@@ -41,17 +41,18 @@ example) / throughput + the subnet's float32 weights down and up. Memory = weigh
 gradient and momentum + one batch's activations (:meth:`SubnetCost.memory_bytes`).
 
 Differences of the authors' code (docs/authors_code.md §4), as explicit options:
-``aggregation="masked_delta"`` (θ += Σ n_i/n · 1[|Δ_i| ≥ 1e-8] Δ_i: not count-normalised),
+``aggregation="masked_delta"`` (``θ += Σ n_i/n · 1[|Δ_i| ≥ 1e-8] Δ_i``: not count-normalised),
 ``aggregate_bn=False`` (BN statistics never aggregated), ``baseline="running_max"``
 (mean of each seen client's best-ever accuracy, taken before this round's values),
 ``reduce_probs="normal"`` (DARTS: the reduce cell's gradient uses the normal cell's
 probabilities), ``phi="binary"`` (φ_i = 1 over budget, else 0: the code has no φ term
 and only zeroes the accuracy; the binary φ is that plus the paper's penalty). With
 ``aggregate_bn=False`` the server's BatchNorm statistics never leave their init, so
-:func:`evaluate` and :func:`adapt_new_clients` first measure each evaluated subnet's
-statistics on the client's training split (:func:`recalibrated`), as the code's clients
-re-estimate them in local training. The reward's accuracy is the local *test* accuracy,
-as in the paper and the code (the architecture is then selected on test data);
+the algorithm's :attr:`~jaxfednas.FederatedAlgorithm.evaluate` and :func:`adapt_new_clients`
+first measure each evaluated subnet's statistics on the client's training split
+(:func:`recalibrated`), as the code's clients re-estimate them in local training. The
+reward's accuracy is the local *test* accuracy, as in the paper and the code (the
+architecture is then selected on test data);
 ``reward_split="val"`` uses the client's validation split instead. Every space trains
 with the DARTS code's SGD settings (the code: MobileNetV3 SGD lr 0.35, weight decay 5e-6;
 NASViT AdamW 5e-4 with label smoothing; not offered).

@@ -7,7 +7,7 @@ Every client k keeps two networks over one DARTS supernet (the s2 space by defau
 the global supernet w, shared by everyone, and a personal model v_k whose architecture
 A_k is a mask over the supernet's (edge, op) table (:mod:`jaxfednas.search_spaces.darts.masks`).
 Each op's weight is the constant 1 (the authors' code: an edge outputs the plain sum of
-its kept ops). Round t (Algorithm 1), for every sampled client k:
+its kept ops). Round t (Algorithm 1), for every sampled client k::
 
   line 10   A_k ← SPIDER-Searcher(A_k, t_s, τ, t)                       (Algorithm 2)
   line 12-14  w_share = the received w^t restricted to the (edge, op) pairs A_k keeps
@@ -497,7 +497,7 @@ class PersonalArchitectures:
         return cls(clients)
 
     def genotypes(self) -> dict:
-        """Client id -> :class:`Genotype` for the clients whose search is final."""
+        """Client id -> :class:`~jaxfednas.search_spaces.darts.Genotype` for the clients whose search is final."""
         from jaxfednas.search_spaces.darts import Genotype
         return {int(k): Genotype.from_dict(v["genotype"]) for k, v in self.clients.items() if v["final"]}
 

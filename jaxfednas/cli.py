@@ -1,5 +1,7 @@
 """The ``jaxfednas`` command line.
 
+Usage::
+
     jaxfednas run ALGO [--dataset digits] [--clients 8] [--rounds 10] [--seed 0] [--out DIR]
                        [--preset smoke|paper] [--resume] [--set section.field=value ...]
                        [--coordinator HOST:PORT --num-processes N --process-id I]

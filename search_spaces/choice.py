@@ -1,11 +1,14 @@
 """One description of "a supernet with D search dimensions" (PerFedRLNAS, Table 1).
 
-A :class:`ChoiceSpace` declares ``D`` dimensions, dimension ``d`` with ``k_d`` choices
-(a DARTS edge: its ops; an elastic stage: kernel 3/5/7, depth, width ...). A subnet is
+A choice space (duck-typed, see below; e.g.
+:class:`~jaxfednas.search_spaces.darts.space.DartsChoiceSpace`) declares ``D`` dimensions,
+dimension ``d`` with ``k_d`` choices (a DARTS edge: its ops; an elastic stage: kernel
+3/5/7, depth, width ...). A subnet is
 one choice per dimension, an int vector ``[D]``; it is realised over the supernet's own
 weights at static shapes (a mask, a slice, or a ``lax.switch`` per dimension), so one
 compiled program serves every client's subnet and weights are shared as in the paper.
-One policy implementation (:class:`Policy`) then serves every space.
+One policy implementation (PerFedRLNAS' per-client logits ``[D, max k_d]``,
+:func:`jaxfednas.algorithms.perfedrlnas.policy_gradient`) then serves every space.
 
 What a space provides (duck-typed; :func:`check_space` verifies the attributes):
 
@@ -59,10 +62,11 @@ class Dimension:
 class SubnetCost(NamedTuple):
     """A subnet's exact size and cost (host-side integers).
 
-    params: scalars in the weights it uses (BatchNorm running statistics not counted);
-    macs: multiply-accumulates of one example's forward pass (convolutions, matmuls);
-    activation_floats: float32 values per example that a training step keeps for the
-      backward pass (each space documents which tensors it counts).
+    Attributes:
+        params: scalars in the weights it uses (BatchNorm running statistics not counted).
+        macs: multiply-accumulates of one example's forward pass (convolutions, matmuls).
+        activation_floats: float32 values per example that a training step keeps for the
+            backward pass (each space documents which tensors it counts).
     """
 
     params: int

@@ -66,8 +66,8 @@ every layer slices them away before reading a weight. Per block:
   1.8 GiB, 2.5 s);
 * BatchNorm and activations run element-wise on the padded tensors, masked to the
   active channels: with them inside the branches a "tiny" step compiled 2-3× slower;
-* separate switches per layer keep the compiled branches additive (|W_in|·|E| + |K| +
-  |H|·|W| per block) instead of the product of all four dimensions;
+* separate switches per layer keep the compiled branches additive
+  (``|W_in|·|E| + |K| + |H|·|W|`` per block) instead of the product of all four dimensions;
 * each branch is rematerialised (``jax.checkpoint``, also with a concrete choice):
   differentiating a switch otherwise keeps the residuals of *every* branch (zero-filled
   for those not taken), i.e. a copy of the input sliced at every width. A branch is
@@ -283,8 +283,8 @@ class ElasticMobileNet:
 
     @functools.cached_property
     def dims(self) -> tuple[Dimension, ...]:
-        """Per stage, in order: ``stageN.depth``, ``stageN.kernel``, ``stageN.expand``,
-        ``stageN.width`` (choices ascending: the last index is the largest)."""
+        """Per stage, in this order, ``stageN.depth``, ``stageN.kernel``, ``stageN.expand``
+        and ``stageN.width`` (choices ascending: the last index is the largest)."""
         return tuple(Dimension(f"stage{i}.{f}", getattr(st, f + "s"))
                      for i, st in enumerate(self.geometry.stages, 1) for f in FIELDS)
 
@@ -458,6 +458,7 @@ class ElasticMobileNet:
           h + H_out W_out w``; head ``H_f W_f L + n`` (the logits). BatchNorm, activation,
           residual-sum and pooled outputs are not counted (each BN/activation output has
           its conv's size, so a framework keeping all of them holds ~3× this).
+
         Channel counts are the subnet's own, not the zero-padded ones.
         """
         c = check_choice(self.dims, choice)
