@@ -87,7 +87,7 @@ def count_macs(fn: Callable, *args: Any) -> int:
 
 
 def count_params(tree) -> int:
-    """Total number of scalars in a pytree of arrays (or ``ShapeDtypeStruct``s)."""
+    """Total number of scalars in a pytree of arrays (or ``ShapeDtypeStruct`` objects)."""
     total = 0
     for leaf in jax.tree_util.tree_leaves(tree):
         n = 1

@@ -17,6 +17,10 @@ statistics averaged by the server; *the round's clients* the clients sampled in 
 """
 from __future__ import annotations
 
+#: The summaries of a per-client metric, name suffix -> what it is (the tables of
+#: :doc:`/glossary`).
+#:
+#: :meta hide-value:
 SUFFIXES: dict[str, str] = {
     "_mean_unweighted": "mean over the clients with examples in the split",
     "_std_unweighted": "standard deviation over the clients with examples in the split",
@@ -24,7 +28,10 @@ SUFFIXES: dict[str, str] = {
     "_std_weighted": "standard deviation weighted by each client's number of examples in the split",
 }
 
-#: Per-client metrics: each also appears with every suffix of :data:`SUFFIXES`.
+#: Per-client metrics, each of which also appears with every suffix of :data:`SUFFIXES`:
+#: name -> meaning.
+#:
+#: :meta hide-value:
 PER_CLIENT: dict[str, str] = {
     "client_test_acc": "each client's model (the global model, or the client's personal model where the "
                        "algorithm has one) on the client's own test split",
@@ -36,6 +43,9 @@ PER_CLIENT: dict[str, str] = {
                                 "examples (federated recalibration; no test data used)",
 }
 
+#: Every other metric, name -> meaning.
+#:
+#: :meta hide-value:
 GLOSSARY: dict[str, str] = {
     # training, every algorithm's round
     "train_loss": "mean training loss over every example the round's clients trained on, all local epochs",

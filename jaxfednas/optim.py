@@ -155,10 +155,11 @@ def milenas_grads(
         training-mode forward as PyTorch does; no extra work.
 
     Returns:
-      ``({"params": ∇_w L_tr, "arch": ∇_α L_tr + λ ∇_α L_val}, batch_stats after
-      the training pass, {"train": metrics, "val": metrics})``; with ``val_stats`` the
-      second item is ``(batch_stats after the training pass, batch_stats after the
-      validation pass)``.
+      ``(grads, batch_stats, metrics)`` with
+      ``grads = {"params": ∇_w L_tr, "arch": ∇_α L_tr + λ ∇_α L_val}``, ``batch_stats``
+      after the training pass and ``metrics = {"train": metrics, "val": metrics}``; with
+      ``val_stats`` the second item is ``(batch_stats after the training pass,
+      batch_stats after the validation pass)``.
     """
     if passes not in MILENAS_PASSES:
         raise ValueError(f"passes must be one of {MILENAS_PASSES}, got {passes!r}")

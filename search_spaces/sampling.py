@@ -92,8 +92,8 @@ def random_choice(key: jax.Array, dims: Sequence[Dimension] | Any) -> np.ndarray
 def matched(key: jax.Array, sample: Callable[[jax.Array], A], cost: Callable[[A], float], target: float, *,
             rel_tol: float = 0.1, max_tries: int = 10_000) -> tuple[A, int]:
     """``(architecture, tries)``: the first of ``sample(k_1), sample(k_2), ...`` (keys split
-    from ``key``) whose ``cost`` is within ``rel_tol`` of ``target`` (|cost - target| <=
-    rel_tol * target), and how many draws it took. Conditioning on the cost this way gives
+    from ``key``) whose ``cost`` is within ``rel_tol`` of ``target``
+    (``|cost - target| <= rel_tol * target``), and how many draws it took. Conditioning on the cost this way gives
     a uniform draw among the space's architectures of that size. ``ValueError`` when
     ``max_tries`` draws miss (the target is outside what the space reaches, or rare)."""
     if not target > 0:

@@ -146,7 +146,7 @@ def load_dataset(
     Raises:
       ValueError: ``name`` is unknown, or an argument value is invalid.
       TypeError: A keyword argument the dataset does not accept was given.
-      DatasetUnavailableError: The data or an optional dependency is missing;
+      ~jaxfednas.data.datasets.DatasetUnavailableError: The data or an optional dependency is missing;
         the message explains how to get it.
     """
     if name not in DATASETS:

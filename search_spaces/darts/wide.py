@@ -50,8 +50,8 @@ from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3, unbiased_running_var_
 _DN = ("NHWC", "HWIO", "NHWC")
 
 EDGE_STACKS = ("edges", "input_edges", "node_edges")
-"""A search cell's stacked edge variables (scanned layout: normal cells ``edges``, reduction
-cells ``input_edges`` and ``node_edges``); the rest of the cell is its preprocessing."""
+"""A search cell's stacked edge variables in the scanned layout (normal cells ``edges``,
+reduction cells ``input_edges`` and ``node_edges``); the rest of the cell is its preprocessing."""
 
 # op -> (padding, dilation) of its (first) separable block; the kernel size is the parameters'
 _SEPARABLE = {"sep_conv_3x3": (1, 1), "sep_conv_5x5": (2, 1), "dil_conv_3x3": (2, 2), "dil_conv_5x5": (4, 2)}

@@ -38,7 +38,7 @@ projection), a ratio ``r`` the first ``r · w`` hidden units of the MLP.
 stage compiles ``widths × max depth × (kernels | heads + ratios)`` block bodies. The
 blocks' weights are stacked ``[max depth, ...]`` but the blocks are unrolled (a
 ``lax.scan`` ran twice as slowly on XLA:CPU), and on CPU convolutions take their
-gradient as canonical convolutions (see :func:`_conv`). Between stages activations are
+gradient as canonical convolutions (see :func:`~jaxfednas.search_spaces.sliced.conv_nhwc`). Between stages activations are
 zero-padded to the stage's largest width: the padded channels are exact zeros and the
 next stage slices them away before reading any weight. With a concrete (numpy)
 ``choice`` Python picks the branches: the traced program is the child network alone,

@@ -45,7 +45,7 @@ halved trace + lowering (38-44 s -> 22-24 s) but XLA's compile barely moved (74-
 64-82 s), and a step got 15-27 % slower (1.62-1.77 -> 1.92-2.06 s); the cause was not
 isolated (a guess: the switch's residuals, one set per candidate, are copied into the
 scan's stacked buffers). Unrolled, each block is applied through one jitted function of an
-unbound :class:`ChoiceBlock` (:func:`_apply_block`), so equal-shaped blocks still share one
+unbound :class:`ChoiceBlock` (``_apply_block``), so equal-shaped blocks still share one
 trace: the same local search traces + lowers in 11.5 s (19.7 s calling the block modules
 directly; XLA's compile and the step unchanged).
 """
