@@ -115,7 +115,7 @@ def test_cli_run_and_partition(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--rounds", "0"], "run.rounds=0 is out of range"),
-    (["--set", "algo.lr=1"], "unknown setting algo.lr"),
+    (["--set", "algo.learning_rate=1"], "unknown setting algo.learning_rate"),
     (["--set", "algo.batch_size=abc"], "algo.batch_size='abc': expected int"),
     (["--clients-per-round", "9", "--clients", "4"], "run.clients_per_round=9 is out of range: must be in \\[1, 4\\]"),
     (["--set", "data.split=0.5,0.1,0.1"], "data.split"),
