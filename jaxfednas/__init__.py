@@ -12,7 +12,7 @@ accounting) does not import JAX.
 """
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 _EXPORTS = {
     "FederatedAlgorithm": "jaxfednas.algorithm",

@@ -165,3 +165,20 @@ def _installed_names_only():
     yield
     stray = sorted(m for m in list(__import__("sys").modules) if m.split(".")[0] in ("algorithms", "search_spaces"))
     assert not stray, f"imported outside the jaxfednas namespace: {stray}"
+
+
+# The fast tier (``python -m pytest -m fast``, about a minute on 2 cores): unit tests of the
+# engine on tiny inputs -- data, partitions, random streams, runtime, checkpoints,
+# privacy accounting, optimizers, sampling, packaging. Marked by file here so a
+# new test in one of these files joins the tier without a decorator.
+FAST_FILES = {
+    "test_rng.py", "test_privacy.py", "test_data_partition.py", "test_data_federated.py", "test_nn.py",
+    "test_optim.py", "test_sampling.py", "test_package.py", "test_checkpoint_robustness.py",
+    "test_runtime.py", "test_readme.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in FAST_FILES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)

@@ -19,6 +19,7 @@ Each algorithm is built through its module's ``build`` on a tiny synthetic feder
 Exact aggregation (n_k-weighted means of hand-run clients) is algorithm-specific and is
 checked in each algorithm's own test file.
 """
+import chex
 import jax
 import numpy as np
 import pytest
@@ -40,10 +41,6 @@ def run(request):
     s1, m1 = algo.round(s0, data, round_key(0, 0))
     e1 = algo.evaluate(s1, data)
     return name, cfg, data, algo, s0, s1, m1, e1
-
-
-def _leaves_equal(a, b):
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def test_round_keeps_the_state_shape_changes_it_and_reports_finite_scalars(run):
@@ -80,12 +77,14 @@ def test_state_restored_from_a_checkpoint_continues_bitwise(run, tmp_path, count
     _, _, data, algo, s0, s1, _, _ = run
     save_checkpoint(tmp_path / "c.msgpack", s1, round=1, config_sha256="x")
     restored, r = load_checkpoint(tmp_path / "c.msgpack", s0, config_sha256="x")
-    assert r == 1 and _leaves_equal(restored, s1)
+    assert r == 1
+    chex.assert_trees_all_equal(restored, s1)  # structure, shapes, dtypes and values
     a, ma = algo.round(s1, data, round_key(0, 1))
     with count_traces() as traced:
         b, mb = algo.round(restored, data, round_key(0, 1))
     assert traced == []  # restored where init put it: no new compilation
-    assert _leaves_equal(a, b) and _leaves_equal(ma, mb)
+    chex.assert_trees_all_equal(a, b)
+    chex.assert_trees_all_equal(ma, mb)
 
 
 def test_evaluation_counts_whole_test_examples(run):

@@ -36,3 +36,12 @@ def test_every_registered_algorithm_is_exported_as_its_module_with_its_config():
     for name in algorithms.__all__:
         obj = getattr(algorithms, name)
         assert getattr(obj, "__module__", getattr(obj, "__name__", "")).startswith("jaxfednas.algorithms"), name
+
+
+def test_one_version_in_pyproject_the_package_and_the_citation():
+    import jaxfednas
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    cited = next(line.split(":", 1)[1].strip() for line in (ROOT / "CITATION.cff").read_text().splitlines()
+                 if line.startswith("version:"))
+    assert project == jaxfednas.__version__ == cited

@@ -7,6 +7,7 @@ one step on the client's whole train split, so results can be recomputed by hand
 import functools
 import json
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,14 +34,12 @@ def _model():
 
 
 def _leaves_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    chex.assert_trees_all_equal(a, b)  # raises, naming the first leaf that differs
+    return True
 
 
 def _close(a, b, **kw):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(x, y, **kw)
+    chex.assert_trees_all_close(a, b, **kw)
 
 
 def _same_accuracy(a, b, data):
