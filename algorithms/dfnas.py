@@ -112,7 +112,7 @@ class DFNASConfig(Validated):
     bn_eps: float = param(1e-5, "BatchNorm eps (DSNAS' ImageNet runs: 1e-2)", range=(0.0, 1.0))
     scan_blocks: bool = param(False, "run the identical blocks of a stage as one lax.scan: same variables and "
                               "numbers, traced once per stage (cross_silo local search on 2 CPU cores: compile "
-                              "-10 to -26%, step +15 to +27%; README)")
+                              "-10 to -26%, step +15 to +27%; docs/papers/dfnas.md)")
     bn_recalibration_batches: int = param(
         20, "evaluate the child with BatchNorm statistics re-estimated on up to this many training batches per "
         "client, averaged n_i/n (0: the running statistics of the search)", range=(0, None))

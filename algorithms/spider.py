@@ -50,7 +50,7 @@ independent of the global one), ``search_batch_size=32`` (the search's BatchNorm
 the code drops a last partial batch, kept here). Kept from the code where the paper is
 silent: SGD momentum 0.9, weight decay 1e-3, both learning rates annealed per round by a
 cosine to ``lr_min`` (0) over the run, personal optimizer state kept across rounds. Not
-offered (the README's SPIDER table): the code keeps each client's global-model momentum
+offered (the paper-vs-code table of docs/papers/spider.md): the code keeps each client's global-model momentum
 across rounds (here it starts from zero every round, as FedAvg's clients); it re-estimates
 the personal model's BatchNorm running statistics on the training set after each pruning
 and moves them in the search's passes; it weights FedAvg by each client's whole partition
