@@ -9,6 +9,7 @@ import resource
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from collections.abc import Callable, Sequence
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "RESULTS.md"
+QUICK_RESULTS = Path(tempfile.gettempdir()) / "jaxfednas-bench-quick.md"
+QUICK_HELP = ("the smallest configuration that runs every code path of this benchmark in seconds "
+              f"(what CI runs: benchmarks/quick.sh); its results go to --out, by default {QUICK_RESULTS}, "
+              "never to RESULTS.md")
 
 
 def ensure_repo_on_path() -> None:
@@ -24,6 +29,32 @@ def ensure_repo_on_path() -> None:
     root = str(REPO_ROOT)
     if root not in sys.path:
         sys.path.insert(0, root)
+
+
+def add_output_args(p: Any, quick_help: str = "") -> None:
+    """``--quick`` (``quick_help`` says what it shrinks) and ``--out FILE`` (where the results
+    section is written: :func:`results_path`) on an ``argparse`` parser."""
+    p.add_argument("--quick", action="store_true", help=(quick_help + "; " if quick_help else "") + QUICK_HELP)
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help=f"results file (default {RESULTS.relative_to(REPO_ROOT)}; with --quick {QUICK_RESULTS})")
+
+
+def parse_with_quick(p: Any, argv: Sequence[str] | None, quick_defaults: dict[str, Any]) -> Any:
+    """``p.parse_args(argv)``; under ``--quick`` the defaults become ``quick_defaults`` (flags given
+    on the command line still win)."""
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**quick_defaults)
+        args = p.parse_args(argv)
+    return args
+
+
+def results_path(args: Any) -> Path:
+    """Where a run writes its section: ``--out``, else :data:`QUICK_RESULTS` under ``--quick``,
+    else :data:`RESULTS` (the recorded measurements)."""
+    if getattr(args, "out", None):
+        return Path(args.out)
+    return QUICK_RESULTS if getattr(args, "quick", False) else RESULTS
 
 
 def serve_worker(args: Any, run: Callable[[Any], dict]) -> bool:
@@ -215,13 +246,13 @@ def write_results(title: str, command: str, info: dict[str, Any], body: str, pat
     return "appended to"
 
 
-def publish(title: str, script: str, body: str, *, write: bool = True) -> None:
+def publish(title: str, script: str, body: str, *, write: bool = True, path: Path = RESULTS) -> None:
     """Print a benchmark's report ``body`` and, unless ``write`` is false (``--no-write``),
-    write it to ``RESULTS.md`` under the command that ran ``script`` (:func:`write_results`)."""
+    write it to ``path`` under the command that ran ``script`` (:func:`write_results`)."""
     print(body)
     if write:
-        where = write_results(title, command_line(script), machine_info(), body)
-        print(f"{where} benchmarks/RESULTS.md")
+        where = write_results(title, command_line(script), machine_info(), body, path)
+        print(f"{where} {path}")
 
 
 def remove_sections(commands: Sequence[str], path: Path = RESULTS) -> list[str]:

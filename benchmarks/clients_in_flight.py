@@ -13,6 +13,7 @@ Supernet: C=8, 5 cells, 4 nodes, the 8 DARTS ops (the main job's) on synthetic 3
 images, 8 clients of ~32 training examples (one local step of B=32 per round).
 
     PYTHONPATH=. python benchmarks/clients_in_flight.py [--chunks 1,2,4,8] [--image 32]
+    PYTHONPATH=. python benchmarks/clients_in_flight.py --quick   # CI: C=4, 1 cell of 1 node, 2 clients, 8x8
 """
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ import time
 import _bench_util as bu
 
 
-def worker(chunk: int, image: int, clients: int, out: str) -> None:
+QUICK = {"chunks": "1,2", "image": 8, "clients": 2, "C": 4, "layers": 1, "nodes": 1}
+
+
+def worker(chunk: int, image: int, clients: int, out: str, supernet: dict) -> None:
     bu.ensure_repo_on_path()
     import jax
 
@@ -41,7 +45,7 @@ def worker(chunk: int, image: int, clients: int, out: str) -> None:
     cfg = make_config("fednas", overrides={
         "data.dataset": "synthetic", "data.num_clients": clients, "data.partition": "iid",
         "data.split": (0.5, 0.25, 0.25), "run.placement": "map", "run.client_chunk_size": chunk,
-        "algo.local_epochs": 1, "algo.batch_size": 32})
+        "algo.local_epochs": 1, "algo.batch_size": 32, **{f"algo.{k}": v for k, v in supernet.items()}})
     ds = load_dataset("synthetic", num_train=64 * clients, num_test=64, image_shape=(image, image, 3))
     data = make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
     algo = algorithm_module("fednas").build(cfg, data.info)
@@ -60,17 +64,22 @@ def worker(chunk: int, image: int, clients: int, out: str) -> None:
     json.dump({"xla_gib": gib, "compile_s": compile_s, "round_s": round_s, "peak_mib": peak}, open(out, "w"))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", default="1,2,4,8")
     ap.add_argument("--image", type=int, default=32)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--C", type=int, default=None, help="supernet channels (default: the fednas config's, 8)")
+    ap.add_argument("--layers", type=int, default=None, help="supernet cells (default: the fednas config's, 5)")
+    ap.add_argument("--nodes", type=int, default=None, help="nodes per cell (default: the fednas config's, 4)")
     ap.add_argument("--no-write", action="store_true")
+    bu.add_output_args(ap, "C=4, 1 cell of 1 node, 2 clients of 8x8x3 images, chunk sizes 1 and 2")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = bu.parse_with_quick(ap, argv, QUICK)
+    supernet = {k: getattr(a, k) for k in ("C", "layers", "nodes") if getattr(a, k) is not None}
     if a.worker is not None:
-        return worker(a.worker, a.image, a.clients, a.json_out)
+        return worker(a.worker, a.image, a.clients, a.json_out, supernet)
     rows = []
     env = dict(os.environ, JAXFEDNAS_CACHE="off")
     env.pop("XLA_FLAGS", None)  # one device
@@ -78,6 +87,7 @@ def main() -> None:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             cmd = [sys.executable, os.path.abspath(__file__), "--chunks", a.chunks, "--image", str(a.image),
                    "--clients", str(a.clients), "--worker", str(c), "--json-out", f.name]
+            cmd += [arg for k, v in supernet.items() for arg in (f"--{k}", str(v))]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode:
                 raise SystemExit(f"chunk {c} failed:\n{proc.stderr[-3000:]}")
@@ -89,11 +99,13 @@ def main() -> None:
                                "compile s"], rows)
     print(table)
     if not a.no_write:
+        net = ", ".join(f"{k}={v}" for k, v in {"C": 8, "layers": 5, "nodes": 4, **supernet}.items())
+        path = bu.results_path(a)
         where = bu.write_results("FedNAS round memory vs clients in flight (run.client_chunk_size)",
                                  bu.command_line("clients_in_flight.py"), bu.machine_info(),
                                  table + f"\n\n{a.clients} clients on one CPU device, {a.image}x{a.image}x3 "
-                                 "synthetic images, C=8, 5 cells, one local step of B=32 per client.")
-        print(f"{where} benchmarks/RESULTS.md")
+                                 f"synthetic images, supernet {net}, one local step of B=32 per client.", path)
+        print(f"{where} {path}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ inputs, 10 classes; batch ``--batch``, 64 = the paper's):
   ``benchmarks/fednas_search.py``): ~1 min/step on 2 cores, so one warm-up step and one
   timed step (skipped with ``--quick``).
 
+``--quick`` (what CI runs) is the smallest run of each kind of worker: the ``tiny`` space at
+batch 4, 1 step x 1 run, 1 timed round, ``slices`` only: ``dfnas:single``, ``child:k3`` and
+``clients:map`` (``--skip`` given on the command line replaces the quick one).
+
 The depthwise convolutions use ``--impls`` (default ``slices``, the CPU default at 32x32);
 ``grouped`` (the GPU form) runs the backward of grouped convolutions inside
 ``lax.switch`` -- and inside the local search's ``lax.scan``, switch or not -- on XLA:CPU's
@@ -50,7 +54,7 @@ peak RSS (incl. compilation), and the step memory = peak RSS over the runs (peak
 reset via ``/proc/self/clear_refs`` after compilation) minus the RSS right before the
 first run. Every configuration runs in its own subprocess.
 
-    PYTHONPATH=. python benchmarks/dfnas_cost.py --quick --no-write   # ~8 min: 1 step x 2 runs, no FedNAS/grouped
+    PYTHONPATH=. python benchmarks/dfnas_cost.py --quick                # CI: tiny space, seconds per configuration
     PYTHONPATH=. python benchmarks/dfnas_cost.py                      # full: ~42 min on 2 cores at load ~3
     PYTHONPATH=. python benchmarks/dfnas_cost.py --batch 16 --impls slices --skip fednas,child,dfnas:all
 """
@@ -71,6 +75,8 @@ ROUND_CLIENTS = 2
 FEDNAS = (16, 8, 64)  # C, cells, batch: the FedNAS paper's config (b)
 PAPER_MB = {"dfnas": 1437, "fednas": 10793}  # DFNAS paper, GPU memory per client, batch 64
 IMPLS = ("slices", "grouped")
+QUICK = {"space": "tiny", "batch": 4, "steps": 1, "repeats": 1, "round_repeats": 1, "impls": "slices",
+         "skip": "dfnas:scan,dfnas:all,clients:vmap,fednas"}
 
 
 def parse_args(argv=None):
@@ -85,18 +91,16 @@ def parse_args(argv=None):
     p.add_argument("--fednas-steps", type=int, default=1, help="FedNAS steps per run (1 warm-up run + 1 timed run)")
     p.add_argument("--skip", default="", help="comma list of configurations to skip: dfnas, dfnas:single, "
                    "dfnas:scan, dfnas:all, child, clients, clients:map, clients:vmap, fednas")
-    p.add_argument("--quick", action="store_true",
-                   help="1 step x 2 runs, 1 timed round, slices only, all-k3 child only, no FedNAS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
+    bu.add_output_args(p, "tiny space, batch 4, 1 step x 1 run, 1 timed round, slices only: dfnas:single, "
+                       "child:k3 and clients:map")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = bu.parse_with_quick(p, argv, QUICK)
     for impl in args.impls.split(","):
         if impl not in IMPLS:
             p.error(f"unknown dw impl {impl!r}; choose from {IMPLS}")
-    if args.quick:
-        args.steps, args.repeats, args.round_repeats = 1, 2, 1
     return args
 
 
@@ -502,9 +506,11 @@ def main(argv=None):
         info = ok[0]["machine"] if ok else bu.machine_info()
         title = ("DFNAS search cost on CPU: single-path step vs all-candidate supernet, fixed children, client "
                  "placements and the FedNAS step")
-        how = bu.write_results(title, bu.command_line("dfnas_cost.py"), info, body)
-        print(f"\n{how} {bu.RESULTS}")
+        path = bu.results_path(args)
+        how = bu.write_results(title, bu.command_line("dfnas_cost.py"), info, body, path)
+        print(f"\n{how} {path}")
+    return 1 if any("error" in r for r in res.values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

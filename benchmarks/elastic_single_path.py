@@ -31,6 +31,7 @@ before the first call. Every program runs in its own subprocess.
 
     PYTHONPATH=. python benchmarks/elastic_single_path.py --no-write          # ~3.5 min on 2 cores
     PYTHONPATH=. python benchmarks/elastic_single_path.py --presets small --repeats 3 --no-write
+    PYTHONPATH=. python benchmarks/elastic_single_path.py --quick   # CI: the tiny preset, batch 4, 1 timed call
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ NUM_CLASSES = 10
 IMAGES = {"tiny": (8, 8, 1), "small": (8, 8, 1), "cifar": (32, 32, 3)}
 PROGRAMS = ("traced", "static:max", "static:min")
 TRACED_SETS = ("min", "random", "max")
+QUICK = {"presets": "tiny", "batch": 4, "repeats": 1}
 
 
 def parse_args(argv=None):
@@ -58,9 +60,10 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timed calls per choice set")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
+    bu.add_output_args(p, "the tiny preset (8x8x1), batch 4, 1 timed call per subnet set")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = bu.parse_with_quick(p, argv, QUICK)
     for name in args.presets.split(","):
         if name not in IMAGES:
             p.error(f"unknown preset {name!r}; choose from {sorted(IMAGES)}")
@@ -242,10 +245,12 @@ def main(argv=None):
     print(bu.machine_line(info))
     print(body)
     if not args.no_write:
+        path = bu.results_path(args)
         where = bu.write_results("Elastic MobileNetV3: traced single path vs fixed supernet / smallest subnet",
-                                 bu.command_line("elastic_single_path.py"), info, body)
-        print(f"\n(section {where} {bu.RESULTS.name})")
+                                 bu.command_line("elastic_single_path.py"), info, body, path)
+        print(f"\n(section {where} {path})")
+    return 1 if any("error" in r for r in res.values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,6 +25,7 @@ before the ``loop`` baseline is built.
 
     PYTHONPATH=. python benchmarks/fedavg_round.py                      # digits, CNN
     PYTHONPATH=. python benchmarks/fedavg_round.py --dataset synthetic --model resnet_tiny
+    PYTHONPATH=. python benchmarks/fedavg_round.py --quick   # CI: 2 tiny synthetic clients, 4 placements
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ SPECS = {
 }
 DEFAULT_PLACEMENTS = "loop,vmap,map1,map4,shard_map,shard_map_map,vmap_8dev"
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
+QUICK = {"dataset": "synthetic", "synthetic_shape": "8,8,1", "synthetic_train": 64, "clients": 2, "repeats": 1,
+         "devices": 2, "placements": "loop,vmap,map1,shard_map_map"}
 
 
 def parse_args(argv=None):
@@ -69,9 +72,11 @@ def parse_args(argv=None):
     p.add_argument("--devices", type=int, default=8, help="fake CPU devices for the shard_map rows")
     p.add_argument("--placements", default=DEFAULT_PLACEMENTS, help=f"comma list from {sorted(SPECS)}")
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
+    bu.add_output_args(p, "2 clients of synthetic 8x8x1 images, 1 timed round, placements loop, vmap, map1, "
+                       "shard_map_map over 2 devices")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = bu.parse_with_quick(p, argv, QUICK)
     for name in args.placements.split(","):
         if name not in SPECS:
             p.error(f"unknown placement {name!r}; choose from {sorted(SPECS)}")
@@ -395,9 +400,11 @@ def main(argv=None):
     if not args.no_write and ok:
         info = next((r["machine"] for r in ok if r["machine"]["device_count"] == 1), ok[0]["machine"])
         title = f"FedAvg round by placement: {args.dataset}, model {args.model}, {args.clients} clients, E={args.epochs}"
-        how = bu.write_results(title, bu.command_line("fedavg_round.py"), info, body)
-        print(f"\n{how} {bu.RESULTS}")
+        path = bu.results_path(args)
+        how = bu.write_results(title, bu.command_line("fedavg_round.py"), info, body, path)
+        print(f"\n{how} {path}")
+    return 1 if len(ok) < len(results) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,10 +17,10 @@ Parts (``--parts``, default all):
   the same configs and number of steps (one warm-up step, then ``--repeats`` times
   ``--steps`` steps). Skipped with a note when torch is not importable.
 * ``round``   -- one FedNAS round (``fednas(...).round``) of 4 synthetic 32x32x3 clients (64
-  search-train / 32 search-val examples each, iid), config (a), E=1: ``Placement("vmap")``,
+  search-train / 32 search-val examples each, iid), config (a) (``--round-config``), E=1: ``Placement("vmap")``,
   ``Placement("map")`` (sequential) and a Python loop over clients of a jitted
   single-client ``make_local_search`` then a jitted ``weighted_mean``.
-* ``compile`` -- lower + XLA compile of config (b)'s local search (scanned layout, the
+* ``compile`` -- lower + XLA compile of config (b)'s (``--memory-config``) local search (scanned layout, the
   default), from the config (b) ``step`` process.
 * ``memory``  -- memory per client, config (b), batch 64: in the config (b) ``step`` process
   (one client), the RSS right before the first run (model, data, compiled executable
@@ -30,7 +30,7 @@ Parts (``--parts``, default all):
 
 Every measurement runs in a fresh subprocess (peak RSS is a per-process high-water mark).
 
-    PYTHONPATH=. python benchmarks/fednas_search.py --steps 2 --repeats 1 --configs a --no-write   # quick check
+    PYTHONPATH=. python benchmarks/fednas_search.py --quick   # CI: config q, 1 step, every part in seconds
     PYTHONPATH=. python benchmarks/fednas_search.py      # full run (~25 min): (a) 3 steps x 3, (b) 2 steps x 1
 """
 from __future__ import annotations
@@ -48,11 +48,15 @@ import _bench_util as bu
 CONFIGS = {  # name: (C, layers, batch)
     "a": (8, 5, 32),
     "b": (16, 8, 64),
+    "q": (4, 1, 8),  # --quick: one (reduction) cell of 1 node, small enough to compile in seconds
 }
+NODES = {"q": 1}  # intermediate nodes per cell (DARTS' `steps`) where not the DARTS 4
 PARTS = ("step", "torch", "round", "compile", "memory")
 PLACEMENTS = ("vmap", "map", "loop")
 # The authors' FedNAS code measured by the team on a 2-core machine like this one (not in this run).
 REFERENCE = {"a": {"s_step": 7.5, "rss_gib": None}, "b": {"s_step": 41.0, "rss_gib": 13.0}}
+QUICK = {"configs": "q", "round_config": "q", "memory_config": "q", "steps": 1, "repeats": 1, "b_steps": 1,
+         "b_repeats": 1, "placements": "map,loop", "round_clients": 2, "round_train": 16}
 DFNAS_GPU_GB_PER_CLIENT = 10.8  # DFNAS paper: FedNAS memory per client on GPU, batch 64
 ROUND_CLIENTS, ROUND_TRAIN_PER_CLIENT = 4, 64
 
@@ -70,11 +74,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="FedNASConfig override for every JAX worker, e.g. --set group_edges=off (repeatable)")
+    p.add_argument("--round-config", default="a", help="config of the `round` part")
+    p.add_argument("--round-clients", type=int, default=ROUND_CLIENTS, help="clients of the `round` part")
+    p.add_argument("--round-train", type=int, default=ROUND_TRAIN_PER_CLIENT,
+                   help="search-train examples per client in the `round` part (half as many search-val)")
+    p.add_argument("--memory-config", default="b", help="config of the `compile` and `memory` parts")
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
+    bu.add_output_args(p, "config q (C=4, 1 cell of 1 node, B=8) for every part, 1 step x 1 run, rounds by `map` and "
+                       "the Python loop; without torch installed the PyTorch rows are skipped")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    for c in args.configs.split(","):
+    args = bu.parse_with_quick(p, argv, QUICK)
+    for c in args.configs.split(",") + [args.round_config, args.memory_config]:
         if c not in CONFIGS:
             p.error(f"unknown config {c!r}; choose from {sorted(CONFIGS)}")
     for part in args.parts.split(","):
@@ -159,7 +170,8 @@ def worker_jax_step(args, config: str, order: str) -> dict:
 
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
-    cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1, order=order), args)
+    cfg = with_overrides(FedNASConfig(C=C, layers=layers, nodes=NODES.get(config, 4), batch_size=batch,
+                                      local_epochs=1, order=order), args)
     release_memory_after_compiles()  # as run_experiment does
     info, model, local, variables, train, val = local_search_setup(cfg, steps, args.seed)
     keys = [jax.random.PRNGKey(1000 + r) for r in range(repeats + 1)]
@@ -214,17 +226,18 @@ def worker_round(args, placement: str) -> dict:
     from jaxfednas.runtime import Placement, jit, release_memory_after_compiles, round_clients, weighted_mean
 
     release_memory_after_compiles()  # as run_experiment does
-    C, layers, batch = CONFIGS["a"]
-    K = ROUND_CLIENTS
+    C, layers, batch = CONFIGS[args.round_config]
+    K = args.round_clients
     ecfg = make_config("fednas", overrides={
         "data.dataset": "synthetic", "data.num_clients": K, "data.partition": "iid", "run.seed": args.seed,
     })
-    ds = load_dataset("synthetic", seed=args.seed, num_train=2 * K * ROUND_TRAIN_PER_CLIENT, image_shape=(32, 32, 3))
+    ds = load_dataset("synthetic", seed=args.seed, num_train=2 * K * args.round_train, image_shape=(32, 32, 3))
     from jaxfednas.data import partition as part
 
     data = make_federated_data(ds, part.manifest_splits(make_partition(ecfg, ds)))
     info = data.info
-    cfg = with_overrides(FedNASConfig(C=C, layers=layers, batch_size=batch, local_epochs=1), args)
+    cfg = with_overrides(FedNASConfig(C=C, layers=layers, nodes=NODES.get(args.round_config, 4), batch_size=batch,
+                                      local_epochs=1), args)
     state0 = fednas(cfg, info, clients_per_round=K, placement=Placement("map")).init(init_key(args.seed))
     keys = [round_key(args.seed, r) for r in range(args.round_repeats + 1)]
     res = {"kind": f"round:{placement}", "machine": bu.machine_info(), "load_start": bu.load_line(),
@@ -299,7 +312,8 @@ def worker_torch(args, config: str) -> dict:
     torch.manual_seed(args.seed)
     C, layers, batch = CONFIGS[config]
     steps, repeats = steps_repeats(args, config)
-    net = td.DartsSearchNetwork(C, 10, layers)
+    n = NODES.get(config, 4)
+    net = td.DartsSearchNetwork(C, 10, layers, steps=n, multiplier=n)
     net.train()
     w_opt, a_opt = td.make_optimizers(net)
     g = torch.Generator().manual_seed(args.seed)
@@ -392,9 +406,11 @@ def check_param_counts(configs) -> dict:
     out = {}
     for c in configs:
         C, layers, _ = CONFIGS[c]
-        net = DartsSearchNetwork(C, 10, layers)
+        n = NODES.get(c, 4)
+        net = DartsSearchNetwork(C, 10, layers, steps=n, multiplier=n)
         v = jax.eval_shape(lambda net=net: net.init(jax.random.PRNGKey(0), jax.numpy.zeros((2, 32, 32, 3)), train=False))
-        ours, theirs = count_params(v["params"]), td.count_weights(td.DartsSearchNetwork(C, 10, layers))
+        theirs = td.count_weights(td.DartsSearchNetwork(C, 10, layers, steps=n, multiplier=n))
+        ours = count_params(v["params"])
         assert ours == theirs, f"config {c}: JAX supernet has {ours} weights, the PyTorch one {theirs}"
         out[c] = ours
     return out
@@ -410,7 +426,8 @@ def gib(mib: float) -> str:
 
 def config_label(c: str) -> str:
     C, layers, batch = CONFIGS[c]
-    return f"({c}) C={C}, {layers} cells, B={batch}"
+    nodes = f" of {NODES[c]} node{'s' if NODES[c] > 1 else ''}" if c in NODES else ""
+    return f"({c}) C={C}, {layers} cells{nodes}, B={batch}"
 
 
 # model FLOPs of one step in forwards: a pass with kernel gradients = forward + input gradient +
@@ -481,10 +498,11 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
                 else:
                     rows.append([config_label(c), name, "3 fwd + 3 bwd", f"{tr['steps']} x {tr['repeats']}",
                                  "- (eager)", ms(s_step(tr)), ms(tr["first_s"]), gib(tr["peak_rss_mib"]), "1.00x"])
-            ref = REFERENCE[c]
-            rows.append([config_label(c), "*reference: authors' FedNAS code (not measured in this run)*",
-                         "3 fwd + 3 bwd", "-", "-", f"*{ref['s_step']}*", "-",
-                         f"*{ref['rss_gib']}*" if ref["rss_gib"] else "-", "-"])
+            ref = REFERENCE.get(c)
+            if ref:
+                rows.append([config_label(c), "*reference: authors' FedNAS code (not measured in this run)*",
+                             "3 fwd + 3 bwd", "-", "-", f"*{ref['s_step']}*", "-",
+                             f"*{ref['rss_gib']}*" if ref["rss_gib"] else "-", "-"])
         caption = (
             "**MiLeNAS local search step** (one client; 32x32x3 synthetic inputs, 10 classes, 8-op DARTS space, "
             "no augmentation). JAX: `make_local_search` of `algorithms/fednas.py` over one local epoch of "
@@ -544,8 +562,8 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             shape = (f" client search-train sizes {anyr['train_counts']}, search-val {anyr['val_counts']}; "
                      f"{anyr['local_steps']} local steps per round")
         lines += [
-            f"**FedNAS search round by placement**: `fednas(...).round`, {ROUND_CLIENTS} synthetic 32x32x3 clients "
-            f"(iid), all sampled, config (a) C=8, 5 cells, B=32, E=1;{shape}; {args.round_repeats} timed rounds "
+            f"**FedNAS search round by placement**: `fednas(...).round`, {args.round_clients} synthetic 32x32x3 clients "
+            f"(iid), all sampled, config {config_label(args.round_config)}, E=1;{shape}; {args.round_repeats} timed rounds "
             "after a warm-up round, one subprocess per placement. Speed vs loop = loop s/round / this s/round "
             "(separate processes of the same run). The loop row runs the jitted single-client `make_local_search` "
             "per client in Python, then a jitted `weighted_mean`.",
@@ -554,16 +572,17 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
             "",
         ]
 
-    rb = res.get("jax:b:simultaneous")
-    tb = res.get("torch:b")
+    mc = args.memory_config
+    rb = res.get(f"jax:{mc}:simultaneous")
+    tb = res.get(f"torch:{mc}")
     if "compile" in parts and rb is not None:
         if "error" in rb:
-            lines += [f"**Compile time, config (b)**: {rb['error']}", ""]
+            lines += [f"**Compile time, config ({mc})**: {rb['error']}", ""]
         else:
             total = rb["lower_s"] + rb["compile_s"]
             lines += [
-                f"**Compile time of the 8-cell supernet's local search** (config (b) C=16, 8 cells, B=64, scanned "
-                f"layout, `{rb['dw_impl']}` depthwise formulation, a scan of {rb['steps']} MiLeNAS steps, no "
+                f"**Compile time of the supernet's local search** (config {config_label(mc)}, scanned layout, "
+                f"`{rb['dw_impl']}` depthwise formulation, a scan of {rb['steps']} MiLeNAS steps, no "
                 f"persistent compilation cache): trace + lower {rb['lower_s']:.1f} s, XLA compile "
                 f"{rb['compile_s']:.1f} s, total **{total:.1f} s** (target < 40 s: "
                 f"{'met' if total < 40 else 'not met'}).",
@@ -586,7 +605,7 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
         method = ("the kernel's peak-RSS mark was reset (`/proc/self/clear_refs` = 5) right before the first step"
                   if rb.get("hwm_reset") else "peak RSS could not be reset; the process peak (incl. compile) is used")
         lines += [
-            "**Memory per client, config (b) (C=16, 8 cells, B=64)**: one client per process; RSS right before the "
+            f"**Memory per client, config {config_label(mc)}**: one client per process; RSS right before the "
             "first step (model, optimizer state, data and, for JAX, the compiled executable resident) subtracted "
             f"from the peak RSS over all steps; {method}, so compilation and setup do not count. "
             "GiB = 2^30 bytes, GB = 10^9.",
@@ -624,12 +643,13 @@ def main(argv=None):
             kinds.append(f"jax:{c}:simultaneous")
             if c == "a":
                 kinds.append("jax:a:alpha_first")
-    if ("compile" in parts or "memory" in parts) and "jax:b:simultaneous" not in kinds:
-        kinds.append("jax:b:simultaneous")
+    mc = args.memory_config
+    if ("compile" in parts or "memory" in parts) and f"jax:{mc}:simultaneous" not in kinds:
+        kinds.append(f"jax:{mc}:simultaneous")
     if have_torch and ("torch" in parts or "memory" in parts):
         kinds += [f"torch:{c}" for c in configs if "torch" in parts]
-        if "memory" in parts and "torch:b" not in kinds:
-            kinds.append("torch:b")
+        if "memory" in parts and f"torch:{mc}" not in kinds:
+            kinds.append(f"torch:{mc}")
     if "round" in parts:
         kinds += [f"round:{pl}" for pl in args.placements.split(",")]
 
@@ -657,9 +677,11 @@ def main(argv=None):
     if not args.no_write and res:
         info = ok[0]["machine"] if ok else bu.machine_info()
         title = "FedNAS local search on CPU: MiLeNAS step JAX vs PyTorch, search round by placement, compile, memory"
-        how = bu.write_results(title, bu.command_line("fednas_search.py"), info, body)
-        print(f"\n{how} {bu.RESULTS}")
+        path = bu.results_path(args)
+        how = bu.write_results(title, bu.command_line("fednas_search.py"), info, body, path)
+        print(f"\n{how} {path}")
+    return 1 if any("error" in r for r in res.values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,6 +9,7 @@ layout's per-round ratio to the one-process layout of the same device count, and
 whether ``metrics.jsonl`` and the checkpoint equal that layout's bytes.
 
     PYTHONPATH=. python benchmarks/multiprocess_round.py [--algos fedavg,fednas] [--layouts 1x2,2x1,1x4,2x2,4x1]
+    PYTHONPATH=. python benchmarks/multiprocess_round.py --quick   # CI: FedAvg, 1x2 vs 2x1, 2 rounds
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench_util import command_line, machine_info, markdown_table, write_results
+from _bench_util import add_output_args, command_line, machine_info, markdown_table, parse_with_quick, results_path
+from _bench_util import write_results
 
 ALGOS = {
     # digits, 8 Dirichlet(0.5) clients, E=1, B=32: the FedAvg CNN
@@ -30,6 +32,7 @@ ALGOS = {
     # the main job's search supernet (C=8, 5 cells, 4 nodes, 8 ops), E=1, B=32
     "fednas": ["fednas", "--clients", "8", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"],
 }
+QUICK = {"algos": "fedavg", "layouts": "1x2,2x1", "rounds": 2}
 
 
 def _port() -> int:
@@ -60,13 +63,14 @@ def run_layout(args: list[str], out: Path, processes: int, devices: int, rounds:
             "bytes": ((out / "metrics.jsonl").read_bytes(), (out / "checkpoint.msgpack").read_bytes())}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algos", default="fedavg,fednas")
     ap.add_argument("--layouts", default="1x2,2x1,1x4,2x2,4x1", help="PROCESSESxDEVICES, comma-separated")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
-    a = ap.parse_args()
+    add_output_args(ap, "FedAvg only, layouts 1x2 and 2x1, 2 rounds")
+    a = parse_with_quick(ap, argv, QUICK)
     layouts = [tuple(int(v) for v in s.split("x")) for s in a.layouts.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,11 +89,12 @@ def main() -> None:
                             "bytes equal 1 process"], rows)
     print(table)
     if not a.no_write:
+        path = results_path(a)
         where = write_results("One run over several processes (loopback, gloo) vs one process",
                               command_line("multiprocess_round.py"),
                               machine_info(), table + f"\n\n{a.rounds} rounds per run; digits, 8 clients; "
-                              "every process a subprocess on the same 2-core machine.")
-        print(f"{where} benchmarks/RESULTS.md")
+                              "every process a subprocess on the same 2-core machine.", path)
+        print(f"{where} {path}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ compilation) minus the RSS right before the first run.
 
     PYTHONPATH=. python benchmarks/perfedrlnas_cost.py                 # C=8, 5 cells, batch 32
     PYTHONPATH=. python benchmarks/perfedrlnas_cost.py --C 16 --layers 8 --batch 64
+    PYTHONPATH=. python benchmarks/perfedrlnas_cost.py --quick   # CI: C=4, 1 cell of 1 node, batch 8
 """
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ import subprocess
 import sys
 import time
 
-from _bench_util import (command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, median,
-                         hwm_mib, peak_rss_mib, reset_hwm, rss_mib, write_results)
+from _bench_util import (add_output_args, command_line, ensure_repo_on_path, load_line, machine_info, markdown_table,
+                         median, hwm_mib, parse_with_quick, peak_rss_mib, reset_hwm, results_path, rss_mib,
+                         write_results)
 
 ROWS = {"single": "single path (a `cond` per op: only the sampled op of each edge runs)",
         "masked": "masked supernet (every op computed, ×0/1)"}
+QUICK = {"C": 4, "layers": 1, "nodes": 1, "batch": 8, "steps": 1, "warmup": 1, "repeats": 1}
 
 
 def worker(args) -> dict:
@@ -51,7 +54,7 @@ def worker(args) -> dict:
 
     info = DataInfo("synthetic", 1, 10, (32, 32, 3), 1.0, (0.0,) * 3, (1.0,) * 3)
     cfg = make_config("perfedrlnas", overrides={
-        "algo.C": args.C, "algo.layers": args.layers, "algo.nodes": 4, "algo.primitives": "darts",
+        "algo.C": args.C, "algo.layers": args.layers, "algo.nodes": args.nodes, "algo.primitives": "darts",
         "algo.batch_size": args.batch, "algo.local_epochs": 1, "algo.single_path": args.worker == "single"}).algo
     space = pf.make_space(cfg, info)
     train = pf.make_client_train(cfg, info, space)
@@ -92,13 +95,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--C", type=int, default=8)
     p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--nodes", type=int, default=4, help="intermediate nodes per cell")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=2, help="minibatches per timed run (one local epoch)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
+    add_output_args(p, "C=4, 1 cell of 1 node, batch 8, 1 step, 1 warm-up and 1 timed run")
     p.add_argument("--worker", choices=sorted(ROWS), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_with_quick(p, argv, QUICK)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
@@ -117,16 +122,17 @@ def main(argv=None) -> int:
              f"{x['step_mem_gib']:.2f}"] for r, x in results.items()]
     table = markdown_table(["configuration", "batch", "compile s (lower + compile)", "s/step (median)",
                             "time vs single path", "XLA temp MiB", "peak RSS GiB", "step memory GiB"], rows)
-    body = (f"**PerFedRLNAS client step, DARTS 8-op space, C={args.C}, {args.layers} cells, 4 nodes, 32x32x3 "
+    body = (f"**PerFedRLNAS client step, DARTS 8-op space, C={args.C}, {args.layers} cells, {args.nodes} nodes, 32x32x3 "
             f"synthetic, batch {args.batch}.** One subprocess per row; `make_client_train` of "
             f"`algorithms/perfedrlnas.py`, one jitted local epoch of {args.steps} minibatches; {args.warmup} warm-up "
             f"runs and {args.repeats} timed runs, each with a freshly sampled subnet. Load average at the end: "
             f"{load_line()}.\n\n" + table)
     print(body)
     if not args.no_write:
+        path = results_path(args)
         where = write_results("PerFedRLNAS client cost: single-path subnet vs masked supernet", command_line(
-            "perfedrlnas_cost.py"), machine_info(), body)
-        print(f"({where} benchmarks/RESULTS.md)")
+            "perfedrlnas_cost.py"), machine_info(), body, path)
+        print(f"({where} {path})")
     return 0
 
 

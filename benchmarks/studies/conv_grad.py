@@ -23,15 +23,21 @@ gradient only). One kernel and input gradient of ``patch`` and ``canonical`` is
 checked against ``native`` with ``allclose`` (and ``canonical`` for bitwise
 equality), as are the weights after every variant's scan.
 
-    PYTHONPATH=. python benchmarks/conv_grad.py
-    PYTHONPATH=. python benchmarks/conv_grad.py --cin 16 --cout 16 --sizes 16,32
+    PYTHONPATH=. python benchmarks/studies/conv_grad.py
+    PYTHONPATH=. python benchmarks/studies/conv_grad.py --cin 16 --cout 16 --sizes 16,32
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
-import _bench_util as bu
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
+import _bench_util as bu  # noqa: E402
 
 bu.ensure_repo_on_path()
 
@@ -208,7 +214,7 @@ def main(argv=None):
     if not args.no_write:
         title = ("Conv gradients inside lax.scan: native vs im2col patches (conv_patch_grad) "
                  "vs canonical convolutions (conv_canonical_grad)")
-        how = bu.write_results(title, bu.command_line("conv_grad.py"), bu.machine_info(), body)
+        how = bu.write_results(title, bu.command_line("studies/conv_grad.py"), bu.machine_info(), body)
         print(f"\n{how} {bu.RESULTS}")
 
 

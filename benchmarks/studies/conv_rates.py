@@ -17,13 +17,18 @@ and a dense float32 matmul on the same device (``2048 x 2048`` on CPU, ``8192 x 
 accelerators). GFLOP/s = 2 * multiply-adds
 of the convolution / best-of-``--repeats`` seconds.
 
-    PYTHONPATH=. python benchmarks/conv_rates.py
+    PYTHONPATH=. python benchmarks/studies/conv_rates.py
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
 from _bench_util import ensure_repo_on_path, load_line, markdown_table, matmul_gflops, publish, timed
 
 SHAPES = ((16, 32), (32, 16), (64, 8))  # config (b)'s cells: C=16 at 32x32, 32 at 16x16, 64 at 8x8
@@ -92,7 +97,7 @@ def main(argv=None):
         f"8192^2 on accelerators) on the same device: **{peak:.0f} GFLOP/s** (the percentages).",
         markdown_table(header, rows),
         f"Load average (1/5/15 min) at start / end: {load0} / {load_line()}."])
-    publish("Convolution rates of a grouped DARTS cell against a dense matmul", "conv_rates.py", body,
+    publish("Convolution rates of a grouped DARTS cell against a dense matmul", "studies/conv_rates.py", body,
             write=not args.no_write)
 
 

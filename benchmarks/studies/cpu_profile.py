@@ -19,8 +19,11 @@ Two measurements, each in its own subprocess:
   ``compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}`` (the same), timed
   alternately with the default program.
 
-    PYTHONPATH=. python benchmarks/cpu_profile.py                 # config (a) step + conv
-    PYTHONPATH=. python benchmarks/cpu_profile.py --configs a,b   # + config (b): 11.4 min in all (measured)
+    PYTHONPATH=. python benchmarks/studies/cpu_profile.py                 # config (a) step + conv
+    PYTHONPATH=. python benchmarks/studies/cpu_profile.py --configs a,b   # + config (b): 11.4 min in all (measured)
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ import sys
 import tempfile
 import time
 
-import _bench_util as bu
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
+import _bench_util as bu  # noqa: E402
 
 EIGEN_CONV = "--xla_cpu_experimental_ynn_fusion_type=-LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 _OUTER = ("ThunkExecutor", "$", "PjitFunction")  # executor / Python events that contain the operations
@@ -237,7 +241,7 @@ def report(args, steps: dict, convs: list) -> str:
 def main(argv=None):
     args = parse_args(argv)
     bu.ensure_repo_on_path()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fednas_search
     if bu.serve_worker(args, run_worker):
         return 0
     t0 = time.perf_counter()
@@ -247,7 +251,7 @@ def main(argv=None):
         for cores in (2, 1):
             convs.append((f"{label}, {cores} core{'s' * (cores > 1)}", spawn(f"conv:{cores}", args, env)))
     body = report(args, steps, convs) + f"\nTotal wall time of this run: {(time.perf_counter() - t0) / 60:.1f} min.\n"
-    bu.publish("Where a FedNAS step's time goes on XLA:CPU", "cpu_profile.py", body, write=not args.no_write)
+    bu.publish("Where a FedNAS step's time goes on XLA:CPU", "studies/cpu_profile.py", body, write=not args.no_write)
     return 0
 
 

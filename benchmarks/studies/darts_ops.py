@@ -21,8 +21,11 @@ supernet (8 cells unless ``--layers``), batch ``--compile-batch`` (64) of 32x32x
 scanned layout (edges scanned per cell, repeated cells scanned) and, with
 ``--unrolled-baseline``, every edge unrolled; ``--run-step`` also times one step.
 
-    PYTHONPATH=. python benchmarks/darts_ops.py
-    PYTHONPATH=. python benchmarks/darts_ops.py --channels 36 --skip-compile
+    PYTHONPATH=. python benchmarks/studies/darts_ops.py
+    PYTHONPATH=. python benchmarks/studies/darts_ops.py --channels 36 --skip-compile
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -279,7 +282,7 @@ def main(argv=None):
     print()
     print(body)
     if not args.no_write:
-        command = "PYTHONPATH=. python " + shlex.join(["benchmarks/darts_ops.py", *sys.argv[1:]])
+        command = "PYTHONPATH=. python " + shlex.join(["benchmarks/studies/darts_ops.py", *sys.argv[1:]])
         append_section(command, body)
         print(f"\nappended to {RESULTS}")
 

@@ -23,8 +23,11 @@ The BatchNorm recalibration is also evaluated both ways on the default run's fin
 state: pooled mean and variance (what DFNAS does) vs the per-batch variances averaged
 (the earlier form), on the same weights.
 
-    PYTHONPATH=. python benchmarks/dfnas_sensitivity.py                   # all variants (~30 min on 2 cores)
-    PYTHONPATH=. python benchmarks/dfnas_sensitivity.py --only default fixed:k3
+    PYTHONPATH=. python benchmarks/studies/dfnas_sensitivity.py                   # all variants (~30 min on 2 cores)
+    PYTHONPATH=. python benchmarks/studies/dfnas_sensitivity.py --only default fixed:k3
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 

@@ -21,9 +21,12 @@ per-example GroupNorm, 1 iteration per round (one iteration takes ~30 s here; at
 (``JAXFEDNAS_CPU_OPT_LEVEL=2``, what every program compiles with, against XLA's default 3;
 :data:`jaxfednas.runtime.CPU_OPT_LEVEL`), each with the program's own scheduler.
 
-    PYTHONPATH=. python benchmarks/scheduler_ab.py
-    PYTHONPATH=. python benchmarks/scheduler_ab.py --algorithms dp_fnas --repeats 5 --no-write
-    PYTHONPATH=. python benchmarks/scheduler_ab.py --compare opt_level
+    PYTHONPATH=. python benchmarks/studies/scheduler_ab.py
+    PYTHONPATH=. python benchmarks/studies/scheduler_ab.py --algorithms dp_fnas --repeats 5 --no-write
+    PYTHONPATH=. python benchmarks/studies/scheduler_ab.py --compare opt_level
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ import subprocess
 import sys
 import time
 
-from _bench_util import (command_line, ensure_repo_on_path, load_line, machine_info, markdown_table, median, serve_worker,
-                         write_results)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
+from _bench_util import (REPO_ROOT, RESULTS, command_line, ensure_repo_on_path, load_line, machine_info,
+                         markdown_table, median, serve_worker, write_results)
 
 ALGORITHMS = ("fednas", "dp_fnas", "dfnas")
 CONFIGS = {
@@ -130,7 +134,7 @@ def worker(args) -> dict:
 def spawn(name: str, argv: list[str]) -> dict:
     out = f"/tmp/scheduler_ab_{os.getpid()}_{name}.json"
     cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", name, "--json-out", out]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT),
                                                          os.environ.get("PYTHONPATH", "")])}
     subprocess.run(cmd, check=True, env=env)
     with open(out) as f:
@@ -186,8 +190,8 @@ def main(argv=None):
     body = report(args, results)
     print(body)
     if not args.no_write:
-        where = write_results(COMPARISONS[args.compare][2], command_line("scheduler_ab.py"), results[0]["machine"], body)
-        print(f"{where} {os.path.relpath(os.path.join(os.path.dirname(__file__), 'RESULTS.md'))}")
+        where = write_results(COMPARISONS[args.compare][2], command_line("studies/scheduler_ab.py"), results[0]["machine"], body)
+        print(f"{where} {RESULTS}")
 
 
 if __name__ == "__main__":

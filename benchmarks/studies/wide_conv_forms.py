@@ -19,14 +19,19 @@ Each form: ``jit`` of a ``lax.scan`` of ``--steps`` SGD steps (forward + backwar
 both kernels, ReLU in front as in DARTS), batch 64, compile timed, best of 3 runs;
 gradient difference vs ``fused`` after the scan.
 
-    PYTHONPATH=. python benchmarks/wide_conv_forms.py
+    PYTHONPATH=. python benchmarks/studies/wide_conv_forms.py
+
+Frozen study: not maintained, may need the code of its time; its finding is in
+``benchmarks/studies/README.md``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
 from _bench_util import ensure_repo_on_path, load_line, markdown_table, publish
 
 FORMS = ("fused", "einsum", "blockdiag", "peredge", "grouped")
