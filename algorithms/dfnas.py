@@ -71,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxfednas.algorithms.common import federated_batch_statistics, make_augment
+from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
 from jaxfednas.data.augment import augment_batch
@@ -106,7 +106,7 @@ class DFNASConfig(Validated):
     arch_lr: float = param(1e-3, "α Adam learning rate (DSNAS 1e-3)", range=(0.0, 10.0))
     fix_threshold: float = param(0.3, "fix a block once top-1 minus top-2 probability >= this (0: never)",
                                  range=(0.0, 1.0))
-    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    augment: str = param("auto", "on-device augmentation", choices=AUGMENTS)
     dw_impl: str = param("auto", "depthwise conv form (auto: grouped on GPU; on CPU slices from 16x16 up, "
                          "grouped below; benchmarks/RESULTS.md)", choices=("auto", "grouped", "slices"))
     bn_eps: float = param(1e-5, "BatchNorm eps (DSNAS' ImageNet runs: 1e-2)", range=(0.0, 1.0))

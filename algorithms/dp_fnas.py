@@ -79,11 +79,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxfednas.algorithms.common import make_augment
+from jaxfednas.algorithms.common import AUGMENTS, make_augment
 from jaxfednas.algorithms.fednas import write_architecture_plots
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas import privacy
 from jaxfednas.privacy import mechanism as dp
+from jaxfednas.privacy.accounting import ACCOUNTANTS
 from jaxfednas.privacy.dpfnas import Accountant, max_iterations
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
@@ -146,10 +147,10 @@ class DPFNASConfig(DartsSpaceConfig):
     target_epsilon: float = param(0.0, "privacy budget: stop before epsilon (by `accountant`) of either mechanism "
                                   "exceeds it; reported as budget_epsilon (0: none)", range=(0.0, None))
     accountant: str = param("pld", "accountant enforcing target_epsilon: pld (the guarantee), rdp (looser) or clt "
-                            "(the paper's asymptotic number, optimistic: warns)", choices=("pld", "clt", "rdp"))
+                            "(the paper's asymptotic number, optimistic: warns)", choices=ACCOUNTANTS)
     per_example_chunk: int = param(0, "examples vmapped together in per-example passes (0: whole batch)",
                                    range=(0, None))
-    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    augment: str = param("auto", "on-device augmentation", choices=AUGMENTS)
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
     @property

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxfednas.algorithms.common import federated_batch_statistics, make_augment
+from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
@@ -91,7 +91,7 @@ class FedNASConfig(DartsSpaceConfig):
         "once", "BatchNorm running statistics per local step: once (the training forward, biased batch variance, "
         "as Flax) or code (the authors' PyTorch step: one update per training-mode forward -- α on the training "
         "batch, α on the validation batch, w -- with the unbiased batch variance)", choices=("once", "code"))
-    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    augment: str = param("auto", "on-device augmentation", choices=AUGMENTS)
     scan_edges: bool = param(True, "run a cell's edges as lax.scan (fast compile) or unrolled (faster steps on "
                              "CPU at C>=16, slower compile; benchmarks/RESULTS.md)")
     group_edges: str = group_edges_param()

@@ -78,7 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfednas.algorithms.common import client_batch_statistics, make_batch_grad
+from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
@@ -146,7 +146,7 @@ class PerFedRLNASConfig(Validated):
     throughput_range: tuple[float, float] = param((1e9, 1e10), "client throughput ~ log-U[lo, hi] multiply-adds per second")
     bandwidth_mbps: float = param(100.0, "up- and download bandwidth, Mbit/s (paper 100)", range=(1e-6, None))
     augment: str = param("auto", "on-device augmentation of client training (auto: none for digits, crop+flip "
-                         "for CIFAR, as the code)", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+                         "for CIFAR, as the code)", choices=AUGMENTS)
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
 
     def check(self):

@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfednas.algorithms.common import make_batch_grad
+from jaxfednas.algorithms.common import AUGMENTS, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, param
@@ -122,7 +122,7 @@ class SpiderConfig(DartsSpaceConfig):
     final_on_val: bool = param(True, "phase 3: a client with a final architecture trains on train + validation")
     personal_init: str = param("independent", "personal supernets start from one initialisation independent of "
                                "the global one (code) or as copies of it", choices=("independent", "global"))
-    augment: str = param("auto", "on-device augmentation", choices=("auto", "none", "crop_flip", "crop_flip_cutout"))
+    augment: str = param("auto", "on-device augmentation", choices=AUGMENTS)
     group_edges: str = group_edges_param()
     eval_batch_size: int = param(500, "evaluation batch size", range=(1, None))
     search_batch_size: int = param(0, "batch of the search's validation passes, whose BatchNorm uses batch "

@@ -215,7 +215,9 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
     parser.add_argument("--target-epsilon", type=float, default=None,
                         help="also calibrate sigma for (p, T) and the step budget for (p, sigma)")
-    parser.add_argument("--accountant", choices=("pld", "rdp", "clt"), default="pld",
+    from jaxfednas.privacy.accounting import ACCOUNTANTS
+
+    parser.add_argument("--accountant", choices=ACCOUNTANTS, default="pld",
                         help="accountant used for --target-epsilon calibration (default: pld)")
     parser.add_argument("--pld-interval", type=float, default=None,
                         help="PLD value discretisation interval (default 1e-4, dp-accounting's; "

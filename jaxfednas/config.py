@@ -15,8 +15,14 @@ import json
 import types
 import typing
 import warnings
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
+
+from jaxfednas.data.datasets import DATASETS
+from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
+
+#: How clients are laid on devices (:class:`jaxfednas.runtime.Placement`).
+PLACEMENTS: tuple[str, ...] = ("auto", "vmap", "map", "shard_map")
 
 
 class ConfigError(ValueError):
@@ -113,10 +119,10 @@ class DataConfig(Validated):
     """Dataset and partition (shared by every algorithm)."""
 
     SECTION = "data"
-    dataset: str = param("digits", "dataset name", choices=("digits", "synthetic", "cifar10", "cifar100", "cinic10"))
+    dataset: str = param("digits", "dataset name", choices=DATASETS)
     data_dir: str | None = param(None, "directory with prepared data (tfds data_dir or CINIC-10 root)")
     num_clients: int = param(8, "number of clients K", range=(1, 100_000))
-    partition: str = param("dirichlet", "partition method", choices=("iid", "dirichlet", "label_skew"))
+    partition: str = param("dirichlet", "partition method", choices=PARTITION_METHODS)
     alpha: float = param(0.5, "Dirichlet concentration (partition=dirichlet)", range=(1e-6, None))
     classes_per_client: int = param(2, "classes per client (partition=label_skew)", range=(1, 1000))
     min_size: int = param(10, "minimum examples per client (partition=dirichlet)", range=(0, None))
@@ -125,7 +131,7 @@ class DataConfig(Validated):
     )
     split_method: str = param("shuffle", "how examples go to each client's splits: shuffle and cut (exact sizes) or "
                               "independent (per example, from a hash of seed and index; DP-FNAS)",
-                              choices=("shuffle", "independent"))
+                              choices=SPLIT_METHODS)
     partition_seed: int | None = param(None, "seed of the partition (None: run.seed)", range=(0, 2**31 - 1))
 
     def check(self):
@@ -146,7 +152,7 @@ class RunConfig(Validated):
                                 "seed, round, client; left out of the aggregate, its rows not updated)",
                                 range=(0.0, 0.999))
     seed: int = param(0, "seed of initialisation, client sampling and local randomness", range=(0, 2**31 - 1))
-    placement: str = param("auto", "how clients are laid on devices", choices=("auto", "vmap", "map", "shard_map"))
+    placement: str = param("auto", "how clients are laid on devices", choices=PLACEMENTS)
     client_chunk_size: int | None = param(None, "clients in flight per device: clients vmapped together per lax.map "
                                           "chunk (placement map, and within each device under shard_map); None: "
                                           "one at a time with map/auto-on-CPU, all at once with vmap",

@@ -40,9 +40,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxfednas import rng
+from jaxfednas.config import PLACEMENTS
 from jaxfednas.rng import client_keys
 
-PLACEMENTS = ("auto", "vmap", "map", "shard_map")
 CLIENT_AXIS = "clients"
 
 CPU_COMPILER_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}

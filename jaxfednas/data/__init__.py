@@ -2,31 +2,28 @@
 
 Partitioners live in :mod:`jaxfednas.data.partition` (``partition.partition(labels, method, ...)``).
 """
-from jaxfednas.data.augment import Augment, augment_batch
-from jaxfednas.data.datasets import DATASETS, Dataset, DatasetUnavailableError, load_dataset
-from jaxfednas.data.federated import (
-    ClientData,
-    ClientSplit,
-    DataInfo,
-    FederatedData,
-    epoch_permutation,
-    get_batch,
-    random_batch,
-    make_federated_data,
-    num_steps,
-    run_local_epochs,
-)
-from jaxfednas.data.partition import (
-    PARTITION_METHODS,
-    build_manifest,
-    label_counts,
-    load_manifest,
-    split_client_indices,
-)
+import importlib
 
-__all__ = [
-    "Augment", "augment_batch", "DATASETS", "Dataset", "DatasetUnavailableError", "load_dataset",
-    "ClientData", "ClientSplit", "DataInfo", "FederatedData", "epoch_permutation", "get_batch",
-    "make_federated_data", "num_steps", "random_batch", "run_local_epochs",
-    "PARTITION_METHODS", "build_manifest", "label_counts", "load_manifest", "split_client_indices",
-]
+_EXPORTS = {
+    "Augment": "augment", "augment_batch": "augment",
+    "DATASETS": "datasets", "Dataset": "datasets", "DatasetUnavailableError": "datasets", "load_dataset": "datasets",
+    "ClientData": "federated", "ClientSplit": "federated", "DataInfo": "federated", "FederatedData": "federated",
+    "epoch_permutation": "federated", "get_batch": "federated", "make_federated_data": "federated",
+    "num_steps": "federated", "random_batch": "federated", "run_local_epochs": "federated",
+    "PARTITION_METHODS": "partition", "build_manifest": "partition", "label_counts": "partition",
+    "load_manifest": "partition", "split_client_indices": "partition",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    # Lazy, so that jaxfednas.config can take its choice lists from datasets.py and
+    # partition.py (NumPy only) without importing JAX.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"jaxfednas.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'jaxfednas.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
