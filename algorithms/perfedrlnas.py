@@ -621,8 +621,8 @@ def perfedrlnas(
                                  rng.client_keys(key, ids)), (state.variables, lr(state.round)), placement=placement)
         return {"choice": best}, client_accuracy_summary(r["correct"], r["count"], prefix="client_test")
 
-    def export(state: PerFedRLNASState) -> PersonalArchitectures:
-        return PersonalArchitectures.of(state, space, cfg)
+    def export(state: PerFedRLNASState) -> PersonalSubnets:
+        return PersonalSubnets.of(state, space, cfg)
 
     return FederatedAlgorithm(name="perfedrlnas", init=placement.jit_init(init, ROWS),
                               round=placement.jit_round(round_fn, init, ROWS),
@@ -630,7 +630,7 @@ def perfedrlnas(
 
 
 @dataclasses.dataclass(frozen=True)
-class PersonalArchitectures:
+class PersonalSubnets:
     """Each client's argmax architecture with its size and simulated cost, written as
     ``personal_architectures.json``: client id → ``{"architecture": {dimension: choice},
     "choice": [...], "params", "macs", "activation_floats", "inference_latency_s" (one
@@ -641,7 +641,7 @@ class PersonalArchitectures:
     clients: dict
 
     @classmethod
-    def of(cls, state: PerFedRLNASState, space, cfg: PerFedRLNASConfig) -> PersonalArchitectures:
+    def of(cls, state: PerFedRLNASState, space, cfg: PerFedRLNASConfig) -> PersonalSubnets:
         valid = choice_mask(space.dims)
         best = np.asarray(jax.device_get(policy_argmax(state.policy, valid)), np.int32)
         res = jax.tree.map(np.asarray, jax.device_get(state.resources))
@@ -663,7 +663,7 @@ class PersonalArchitectures:
         return json.dumps(self.clients, sort_keys=True, **kwargs)
 
     @classmethod
-    def from_json(cls, s: str) -> PersonalArchitectures:
+    def from_json(cls, s: str) -> PersonalSubnets:
         return cls(json.loads(s))
 
 
@@ -720,3 +720,13 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
                           "has none (e.g. --set data.split=0.7,0.1,0.2)")
     return perfedrlnas(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)
+
+
+def __getattr__(name):
+    if name == "PersonalArchitectures":  # its former name, one class per meaning since 0.2
+        import warnings
+
+        warnings.warn(f"{__name__}.PersonalArchitectures is now {__name__}.PersonalSubnets; the old name goes in "
+                      "jaxfednas 0.3", FutureWarning, stacklevel=2)
+        return PersonalSubnets
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

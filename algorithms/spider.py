@@ -452,13 +452,13 @@ def spider(
                     "supernet_params": sum(x.size for x in jax.tree.leaves(state.variables["params"]))})
         return out
 
-    def export(state: SpiderState) -> PersonalArchitectures:
-        return PersonalArchitectures.of(state, primitives, steps)
+    def export(state: SpiderState) -> PersonalGenotypes:
+        return PersonalGenotypes.of(state, primitives, steps)
 
     return FederatedAlgorithm(
         name="spider", init=placement.jit_init(init, ROWS), round=placement.jit_round(round_fn, init, ROWS),
         evaluate=jit(evaluate),
-        export=export, write_architecture=PersonalArchitectures.plot,
+        export=export, write_architecture=PersonalGenotypes.plot,
     )
 
 
@@ -477,7 +477,7 @@ def _kept_parameters(mask: dict, params: dict, primitives, cfg: SpiderConfig) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class PersonalArchitectures:
+class PersonalGenotypes:
     """What SPIDER exports: each client's architecture — its genotype once the search is
     final, else the ops each edge still keeps. Written as ``personal_genotypes.json``."""
 
@@ -485,7 +485,7 @@ class PersonalArchitectures:
     clients: dict  # client id -> {"final": bool, "genotype": dict | None, "normal": [[op, ...]], "reduce": ...}
 
     @classmethod
-    def of(cls, state: SpiderState, primitives, steps: int) -> PersonalArchitectures:
+    def of(cls, state: SpiderState, primitives, steps: int) -> PersonalGenotypes:
         arch = jax.tree.map(np.asarray, jax.device_get(state.arch))
         final = np.asarray(jax.device_get(_final(state)))
         clients = {}
@@ -505,7 +505,7 @@ class PersonalArchitectures:
         return json.dumps(self.clients, sort_keys=True, **kwargs)
 
     @classmethod
-    def from_json(cls, s: str) -> PersonalArchitectures:
+    def from_json(cls, s: str) -> PersonalGenotypes:
         return cls(json.loads(s))
 
     def plot(self, out_dir) -> None:
@@ -632,3 +632,13 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
             "personal architectures stay partial", stacklevel=2)
     return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                   placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)
+
+
+def __getattr__(name):
+    if name == "PersonalArchitectures":  # its former name, one class per meaning since 0.2
+        import warnings
+
+        warnings.warn(f"{__name__}.PersonalArchitectures is now {__name__}.PersonalGenotypes; the old name goes in "
+                      "jaxfednas 0.3", FutureWarning, stacklevel=2)
+        return PersonalGenotypes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -62,7 +62,7 @@ from jaxfednas.search_spaces.shufflenet import child_cost, macs_table, ShuffleAr
 # ~2,000x more steps) fixes every block by round ~11, and w lr 0.05 (the FedAvg baseline's)
 # suits the shared supernet better than 0.1. On the non-IID 8-client run the earlier
 # defaults (α lr 0.05, w lr 0.1) ended at 0.66 with 4 of 7 blocks fixed, while the same
-# child trained alone reached 0.975: benchmarks/dfnas_sensitivity.py, docs/papers/dfnas.md.
+# child trained alone reached 0.975: benchmarks/studies/dfnas_sensitivity.py, docs/papers/dfnas.md.
 DIGITS = {"data.dataset": "digits", "data.split": (0.75, 0.0, 0.25), "run.rounds": 20, "run.eval_every": 10,
           "algo.space": "small", "algo.batch_size": 32, "algo.local_epochs": 5, "algo.arch_lr": 0.2,
           "algo.lr": 0.05}

@@ -403,7 +403,7 @@ def run_one(args, overrides: dict, out: Path) -> dict:
             rounds = s["rounds"]
             local = _cached(out / f"{method}_local_training.json", {"rounds": rounds}, args.resume,
                             lambda m=method: local_train_argmax(out / m))
-            archs = pf.PersonalArchitectures.from_json((out / method / pf.PersonalArchitectures.FILENAME).read_text())
+            archs = pf.PersonalSubnets.from_json((out / method / pf.PersonalSubnets.FILENAME).read_text())
             control = {}
             if args.random:
                 rand = _cached(out / f"{method}_random_subnets.json", {"rounds": rounds, "draws": args.random},
@@ -444,7 +444,7 @@ def run_one(args, overrides: dict, out: Path) -> dict:
     result = {"dataset": d.dataset, "clients": d.num_clients, "clients_per_round": pfr_cfg.run.clients_per_round,
               "partition": f"{d.partition}({d.alpha})", "rounds": pfr_cfg.run.rounds,
               "fednas_search_rounds": cfgs["fednas"].run.rounds, "same_test_splits": True, "rows": rows}
-    memory = {m: pf.PersonalArchitectures.from_json((out / m / pf.PersonalArchitectures.FILENAME).read_text())
+    memory = {m: pf.PersonalSubnets.from_json((out / m / pf.PersonalSubnets.FILENAME).read_text())
               for m in PERFEDRLNAS if m in args.only}
     if memory:
         plot_memory(memory, out / PLOT)

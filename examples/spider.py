@@ -252,7 +252,7 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
               "same_test_splits": True, "rows": rows}
     genotypes = None
     if "spider" in args.only:
-        archs = sp.PersonalArchitectures.from_json((out / "spider" / sp.PersonalArchitectures.FILENAME).read_text())
+        archs = sp.PersonalGenotypes.from_json((out / "spider" / sp.PersonalGenotypes.FILENAME).read_text())
         genotypes = archs.genotypes()
         result["genotypes"] = {str(k): g.to_dict() for k, g in genotypes.items()}
         epochs = args.gain_epochs or GAIN_EPOCHS[mode]

@@ -15,7 +15,7 @@ is a stride-dilated full correlation with the flipped kernel, the kernel
 gradient a convolution with batch and channels swapped (strides become
 dilations). Results are bitwise equal to the native gradients in the tested
 cases. :func:`conv_patch_grad` (im2col kernel gradient) is kept for the
-benchmark (``benchmarks/conv_grad.py``). On GPU the native convolution is used.
+benchmark (``benchmarks/studies/conv_grad.py``). On GPU the native convolution is used.
 
 Depthwise convolutions (the DARTS and ShuffleNet spaces): :func:`depthwise_conv` and
 :class:`DepthwiseConv` alone, :class:`SeparableConv` when a 1x1 convolution follows
@@ -34,7 +34,7 @@ selected by ``dw_impl``:
   with C^2, so for wide evaluation networks -- C=36: 3x3 blocks 2.3x faster in a scan --
   pass ``dw_impl="slices"``).
 
-:func:`default_depthwise_impl` picks per backend; ``benchmarks/darts_ops.py`` holds the
+:func:`default_depthwise_impl` picks per backend; ``benchmarks/studies/darts_ops.py`` holds the
 numbers behind the choice (also in ``benchmarks/RESULTS.md``).
 """
 from __future__ import annotations
@@ -207,7 +207,7 @@ DEPTHWISE_IMPLS = ("grouped", "slices", "fused")
 
 
 def default_depthwise_impl() -> str:
-    """``"fused"`` on CPU, ``"grouped"`` elsewhere (numbers: ``benchmarks/darts_ops.py``)."""
+    """``"fused"`` on CPU, ``"grouped"`` elsewhere (numbers: ``benchmarks/studies/darts_ops.py``)."""
     return "fused" if jax.default_backend() == "cpu" else "grouped"
 
 

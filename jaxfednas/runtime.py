@@ -53,7 +53,7 @@ both passes' activations alive at once; the memory-optimised scheduler orders th
 operations to free buffers early. Same operations, bitwise-equal results. A trade, measured
 on the 2-core CPU: XLA's temporary buffer of one FedNAS step at C=16, 8 cells, batch 64
 11.7 -> 3.0 GiB (``benchmarks/fednas_search.py``); rounds on a quiet machine
-(``benchmarks/scheduler_ab.py``): FedNAS C=8, 5 cells 2.9x less temporary memory at 0.90x
+(``benchmarks/studies/scheduler_ab.py``): FedNAS C=8, 5 cells 2.9x less temporary memory at 0.90x
 the speed, DP-FNAS 1.8x less at 0.93x, DFNAS 1.2x less at 1.11x. Memory first, because at
 the paper's size XLA's default needs ~12 GiB per client in flight on CPU;
 ``JAXFEDNAS_CPU_SCHEDULER=default`` buys the speed back. FedNAS' round asks for XLA's own
@@ -70,7 +70,7 @@ keeps LLVM's loop and SLP vectorisers for the fused elementwise loops. Measured 
 CPU (AMD EPYC, 2026-11-24): FedNAS config (b)'s local search (C=16, 8 cells,
 ``benchmarks/fednas_search.py``), fresh processes alternating the levels, XLA compile 50.0 /
 49.4 s at 2 against 56.5 / 53.0 s at 3 (-9 %; 39.7 s at 0, but steps twice as slow); one round
-each, compiled in one process (``benchmarks/scheduler_ab.py --compare opt_level``): FedNAS
+each, compiled in one process (``benchmarks/studies/scheduler_ab.py --compare opt_level``): FedNAS
 -7 %, DP-FNAS -18 %, DFNAS -3 %, round times within noise. Results differ from ``-O3``'s by
 float rounding. ``JAXFEDNAS_CPU_OPT_LEVEL=0..3`` in the environment overrides it."""
 

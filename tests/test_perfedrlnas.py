@@ -436,7 +436,7 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
     one = arch.clients["0"]
     assert set(one["architecture"]) == {d.name for d in pf.make_space(cfg.algo, tiny_data.info).dims}
     assert one["params"] > 0 and one["macs"] > 0 and one["inference_latency_s"] > 0
-    assert pf.PersonalArchitectures.from_json(arch.to_json()).clients == arch.clients
+    assert pf.PersonalSubnets.from_json(arch.to_json()).clients == arch.clients
     policies, curve = pf.adapt_new_clients(cfg.algo, tiny_data.info, state1, tiny_data, [2, 3], rounds=3,
                                            key=jax.random.key(5))
     assert policies.shape[0] == 2 and curve.shape == (3,) and ((curve >= 0) & (curve <= 1)).all()

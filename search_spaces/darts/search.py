@@ -28,7 +28,7 @@ Compile time (XLA compiles a loop body once, however often it runs):
   per-cell parameters (``scan_cells``; ``cells_<a>_<b>`` for cells ``a..b``, the others
   are ``cell_<i>``).
 
-Measured (``benchmarks/darts_ops.py``, 2-core CPU, C=16, batch 64): XLA compile of
+Measured (``benchmarks/studies/darts_ops.py``, 2-core CPU, C=16, batch 64): XLA compile of
 ``jit(value_and_grad)`` 38 s for 8 cells vs 222 s fully unrolled, 58 s for 14 or 20
 cells. ``scan_cells=False, scan_edges=False`` unrolls everything (``cell_<i>`` /
 ``edge_<k>``); :func:`unroll_variables` maps variables to that layout.
