@@ -7,6 +7,8 @@ Usage::
                        [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxfednas partition --dataset digits --method dirichlet --clients 16 --alpha 0.5 --seed 0 --out DIR
     jaxfednas privacy --sampling-prob P --noise-multiplier S --steps T --delta D [--target-epsilon E]
+    jaxfednas plan ALGO [--preset paper] [--set section.field=value ...] [--memory-budget-gib G]
+                        [--local-steps N] [--no-round] [--json FILE]
     jaxfednas list
 """
 from __future__ import annotations
@@ -85,6 +87,25 @@ def _parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("privacy", help="privacy accounting: CLT μ-GDP vs PLD vs RDP epsilons, calibration")
     add_privacy_arguments(pr)
+
+    pl = sub.add_parser(
+        "plan", help="compile a round at the real shapes (no dataset needed): memory, FLOPs, timing estimates",
+        description="Build ALGO's round at the configured shapes with synthetic pixels (the dataset's sizes, "
+                    "e.g. CIFAR-10: 50000/10000 images of 32x32x3), compile it ahead of time and report parameters, "
+                    "XLA's memory and cost analysis, compile time, a measured round and the extrapolated run time.")
+    pl.add_argument("algorithm", help="algorithm to plan (see `jaxfednas list`)")
+    pl.add_argument("--preset", help="named preset, e.g. paper")
+    pl.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="any setting, as for `run`; repeatable")
+    pl.add_argument("--memory-budget-gib", type=float, metavar="G",
+                    help="memory per device to fit client_chunk_size into (default: the device's memory)")
+    pl.add_argument("--local-steps", type=int, metavar="N",
+                    help="time rounds with N local-step slots of training (batch_size examples, every local epoch) "
+                         "instead of a whole round and extrapolate (clients run one at a time; else the whole round)")
+    pl.add_argument("--no-round", action="store_true", help="compile only: measure no round")
+    pl.add_argument("--no-chunk-probe", action="store_true",
+                    help="compile the round once (no per-client-in-flight memory, no budget fit)")
+    pl.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
 
     sub.add_parser("list", help="list algorithms and their presets")
     return p
@@ -171,6 +192,22 @@ def _run_seeds(args, cfg) -> int:
     atomic_write_text(out / "seeds.json", json.dumps({str(s): f for s, f in finals.items()}, indent=1) + "\n")
     print(table)
     print(f"run directories: {out}/seed_<s>; table: {out / 'seeds.md'}")
+    return 0
+
+
+def _plan(args) -> int:
+    from jaxfednas.plan import format_plan, plan_run, write_json
+    from jaxfednas.registry import make_config
+
+    cfg = make_config(args.algorithm, preset=args.preset, overrides=parse_set(args.set))
+    print(f"planning {cfg.algorithm} (preset {args.preset or 'none'}): building data and compiling the round ...",
+          flush=True)
+    plan = plan_run(cfg, memory_budget_gib=args.memory_budget_gib, local_steps=args.local_steps,
+                    measure=not args.no_round, probe_chunk=not args.no_chunk_probe)
+    print(format_plan(plan))
+    if args.json:
+        write_json(plan, args.json)
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -267,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             return _partition(args)
         if args.command == "privacy":
             return run_privacy_command(args)
+        if args.command == "plan":
+            return _plan(args)
         return _list()
     except (ConfigError, DatasetUnavailableError, DistributedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
