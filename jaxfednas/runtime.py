@@ -182,9 +182,10 @@ def _release_listener(min_seconds: float) -> Callable[..., None]:
 def release_memory_after_compiles(enable: bool = True, min_seconds: float = RELEASE_AFTER_COMPILE_S) -> bool:
     """After every XLA compilation of at least ``min_seconds`` in this process (a JAX
     monitoring listener: it runs when the compiler returns, before the program first runs),
-    :func:`release_freed_memory`. Off again with ``enable=False``. ``run_experiment`` turns it
-    on (the CLI and every example); ``JAXFEDNAS_RELEASE_MEMORY=0`` in the environment keeps
-    it off. Returns whether the listener is installed afterwards."""
+    :func:`release_freed_memory`. On from the moment ``jaxfednas.runtime`` is imported (every
+    algorithm imports it), so the plain Python API gets it as ``run_experiment`` does; off
+    again with ``enable=False``, or never on with ``JAXFEDNAS_RELEASE_MEMORY=0`` in the
+    environment. Returns whether the listener is installed afterwards."""
     if _RELEASE["listener"] is not None:
         jax.monitoring.unregister_event_duration_listener(_RELEASE["listener"])
         _RELEASE["listener"] = None
@@ -538,3 +539,8 @@ def scatter_rows(tree: Any, idx: jax.Array, rows: Any, keep: jax.Array | None = 
                             tree, rows)
     return jax.tree.map(lambda a, r: r.astype(a.dtype) if is_every_client(idx, a.shape[0]) else a.at[idx].set(r),
                         tree, rows)
+
+
+# On by default: a user's first compiled round should not keep the compiler's freed
+# temporaries resident (benchmarks/api_memory.py measures the difference).
+release_memory_after_compiles()
