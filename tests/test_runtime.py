@@ -416,3 +416,16 @@ def test_drop_compiled_forgets_a_jitted_functions_programs(count_traces):
             np.testing.assert_allclose(fn(x), fn.__wrapped__(np.arange(3.0)))
         assert len(traced) == 1  # compiled again (from the persistent cache where it holds it)
     runtime.drop_compiled(lambda x: x)  # not jitted: nothing to drop, no error
+
+
+def test_the_post_compile_memory_release_is_on_for_the_plain_api():
+    """Importing the runtime installs the listener (unless JAXFEDNAS_RELEASE_MEMORY=0), so a
+    user calling ``algo.round`` directly gets what run_experiment gets."""
+    import subprocess
+    import sys
+
+    code = "import jaxfednas.runtime as r; print(r._RELEASE['listener'] is not None)"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "JAXFEDNAS_RELEASE_MEMORY": "0"}).stdout.strip()
+    assert (on, off) == ("True", "False")
