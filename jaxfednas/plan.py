@@ -237,6 +237,18 @@ def _measure(cfg: ExperimentConfig, data: FederatedData, built: dict, local_step
                      f"{full_units:.6g} (expected over the sampled clients)")}
 
 
+def largest_chunk(chunk_1_bytes: int, chunk_2_bytes: int, per_device: int, budget_bytes: int) -> int:
+    """Estimated largest ``client_chunk_size`` (at most ``per_device``) whose round fits
+    ``budget_bytes``, linear in the clients in flight through the round's memory at chunk
+    sizes 1 and 2; 0 when even one client in flight does not fit."""
+    if chunk_1_bytes > budget_bytes:
+        return 0
+    slope = chunk_2_bytes - chunk_1_bytes
+    if slope <= 0:
+        return per_device
+    return int(min(per_device, 1 + (budget_bytes - chunk_1_bytes) // slope))
+
+
 def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, local_steps: int | None = None,
              measure: bool = True, probe_chunk: bool = True, data: FederatedData | None = None,
              macs: bool = True) -> dict[str, Any]:
@@ -307,14 +319,8 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
                                  else _device_memory_bytes())
     fit: dict[str, Any] = {"budget_bytes": budget_bytes, "budget_from": budget_from, "largest_chunk_estimate": None}
     if per_client is not None and budget_bytes is not None:
-        slope = per_client["per_client_in_flight"]
-        base = per_client["chunk_1_total"] - slope
-        if per_client["chunk_1_total"] > budget_bytes:
-            fit["largest_chunk_estimate"] = 0
-        elif slope <= 0:
-            fit["largest_chunk_estimate"] = per_device
-        else:
-            fit["largest_chunk_estimate"] = int(min(per_device, (budget_bytes - base) // slope))
+        fit["largest_chunk_estimate"] = largest_chunk(per_client["chunk_1_total"], per_client["chunk_2_total"],
+                                                      per_device, budget_bytes)
         fit["how"] = ("estimate: linear in the clients in flight from the round compiled at client_chunk_size "
                       "1 and 2 (run.memory_budget_gib compiles the candidates exactly)")
     plan["memory_fit"] = fit

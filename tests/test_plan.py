@@ -1,0 +1,148 @@
+"""``jaxfednas plan``: the figures of a compiled round, on a tiny configuration."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from jaxfednas import plan as plan_mod
+from jaxfednas.cli import main
+from jaxfednas.plan import DATASET_SHAPES, format_plan, largest_chunk, plan_data, plan_run, synthetic_like
+from jaxfednas.registry import make_config
+
+# one device (the test suite has 8 CPU devices), clients one after another
+TINY = {"data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": 3, "run.placement": "map"}
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    cfg = make_config("fedavg", overrides=TINY)
+    return cfg, plan_run(cfg)
+
+
+def test_plan_figures_present_and_positive(tiny_plan):
+    cfg, plan = tiny_plan
+    assert plan["parameters"]["model"] > 0
+    assert plan["parameters"]["state_scalars"] >= plan["parameters"]["model"]
+    r = plan["round"]
+    assert r["available"] and r["compile_s"] > 0 and r["lower_s"] > 0
+    m = r["memory_bytes_per_device"]
+    assert m["argument"] > 0 and m["output"] > 0 and m["temp"] > 0
+    assert m["total"] == m["argument"] + m["output"] - m["alias"] + m["temp"]
+    assert r["xla_cost"]["flops"] > 0
+    assert r["jaxpr_macs_upper_bound"] > 0
+    per_device = plan["placement"]["clients_per_device"]
+    assert per_device >= 2
+    c = plan["clients_in_flight"]  # chunk 1 and 2 compiled
+    assert c["chunk_2_total"] > c["chunk_1_total"] > 0
+    assert c["per_client_in_flight"] == c["chunk_2_total"] - c["chunk_1_total"]
+    assert 1 <= plan["memory_fit"]["largest_chunk_estimate"] <= per_device
+    t = plan["timing"]
+    assert t["round_s"] > 0 and t["rounds"] == 3
+    assert t["run_s_estimate"] == pytest.approx(3 * t["round_s"], rel=1e-3)
+    text = format_plan(plan)
+    for figure in ("parameters: model", "XLA memory per device", "per client in flight", "XLA cost analysis",
+                   "compile time", "round on this device", "whole run", "estimate"):
+        assert figure in text, figure
+
+
+def test_budget_fit_follows_the_budget(tiny_plan):
+    gib = 2**30
+    assert largest_chunk(2 * gib, 3 * gib, 16, 1 * gib) == 0  # one client does not fit
+    assert largest_chunk(2 * gib, 3 * gib, 16, 2 * gib) == 1
+    assert largest_chunk(2 * gib, 3 * gib, 16, 6 * gib) == 5  # 2 GiB + 4 more clients at 1 GiB each
+    assert largest_chunk(2 * gib, 3 * gib, 16, 100 * gib) == 16  # at most every client of the device
+    assert largest_chunk(2 * gib, 2 * gib, 16, 3 * gib) == 16
+    _, plan = tiny_plan
+    f, c = plan["memory_fit"], plan["clients_in_flight"]
+    assert f["budget_from"] == "host physical memory" and f["budget_bytes"] > 0
+    assert f["largest_chunk_estimate"] == largest_chunk(c["chunk_1_total"], c["chunk_2_total"],
+                                                        plan["placement"]["clients_per_device"], f["budget_bytes"])
+
+
+def test_local_steps_extrapolation(tiny_plan):
+    cfg, _ = tiny_plan
+    plan = plan_run(cfg, local_steps=2, probe_chunk=False, macs=False)
+    t = plan["timing"]
+    assert t["method"] == "local steps, extrapolated"
+    assert t["measured_units"] == 2  # one client (full participation), two slots of batch_size
+    counts = plan["data"]["train_examples_per_client"]
+    assert t["round_units"] == sum(math.ceil(n / cfg.algo.batch_size) for n in counts)
+    assert t["round_s"] >= t["empty_round_s"] > 0
+    assert plan["clients_in_flight"] is None
+
+
+def test_cli_plan_json_round_trip(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    args = ["plan", "fedavg", "--no-chunk-probe", "--memory-budget-gib", "0.5", "--json", str(out)]
+    for k, v in TINY.items():
+        args += ["--set", f"{k}={v}"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    plan = json.loads(out.read_text())
+    assert plan["algorithm"] == "fedavg" and plan["config"]["run"]["rounds"] == 3
+    m = plan["round"]["memory_bytes_per_device"]
+    assert f"total {plan_mod._bytes(m['total'])}" in text
+    assert plan["timing"]["round_s"] > 0 and plan["parameters"]["model"] > 0
+    assert str(plan["parameters"]["model"]) in text
+    assert plan["memory_fit"]["budget_bytes"] == 2**29 and plan["memory_fit"]["budget_from"] == "--memory-budget-gib"
+    assert "measured round" not in text and "round on this device" in text
+
+
+def test_not_available_figures_are_said(monkeypatch, tiny_plan):
+    cfg, _ = tiny_plan
+    monkeypatch.setattr(plan_mod, "_memory", lambda compiled: None)
+    monkeypatch.setattr(plan_mod, "_cost", lambda compiled: None)
+    plan = plan_run(cfg, measure=False, macs=False)
+    assert plan["timing"] is None and "measured round: not measured" in format_plan(plan)
+    assert plan["round"]["memory_bytes_per_device"] is None and plan["clients_in_flight"] is None
+    text = format_plan(plan)
+    assert "XLA memory analysis: not available" in text
+    assert "per client in flight: not available" in text
+    assert "XLA cost analysis per round: not available" in text
+
+
+def test_round_that_does_not_compile_is_reported(monkeypatch, tiny_plan):
+    cfg, _ = tiny_plan
+    real_build = plan_mod.algorithm_module(cfg.algorithm).build
+
+    class Module:
+        @staticmethod
+        def build(c, info):
+            algo = real_build(c, info)
+
+            def host_round(state, data, key):  # a round with a host-side step in it
+                return algo.round(state, data, key)[0], {"n": float(np.asarray(state.round))}
+
+            return algo._replace(round=host_round)
+
+    monkeypatch.setattr(plan_mod, "algorithm_module", lambda name: Module)
+    plan = plan_run(cfg)
+    assert plan["round"]["available"] is False and plan["round"]["error"]
+    assert "compiled round: not available" in format_plan(plan)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "nosuch"], "unknown algorithm 'nosuch'"),
+    (["plan", "fedavg", "--preset", "nosuch"], "unknown preset 'nosuch' for fedavg"),
+    (["plan", "fedavg", "--set", "run.nosuch=1"], "nosuch"),
+    (["plan", "fedavg", "--local-steps", "0"], "--local-steps must be >= 1"),
+])
+def test_cli_plan_errors(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_synthetic_like_has_the_dataset_shapes():
+    for name, (_, _, classes, shape) in DATASET_SHAPES.items():
+        ds = synthetic_like(name, num_train=30, num_test=7)
+        assert ds.x_train.shape == (30, *shape) and ds.x_test.shape == (7, *shape)
+        assert ds.num_classes == classes and ds.x_train.dtype == np.uint8
+        assert ds.y_train.max() < classes
+    assert DATASET_SHAPES["cifar10"][:2] == (50_000, 10_000)
+    cfg = make_config("fednas", preset="paper")
+    data = plan_data(cfg, num_train=2000, num_test=10)
+    assert data.info.num_clients == 16 and data.train.x.shape[2:] == (32, 32, 3)
