@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--preset", help="named preset: smoke (CPU minutes) or paper (the paper's settings)")
     r.add_argument("--dataset", help="dataset (data.dataset): digits, synthetic, cifar10, cifar100, cinic10")
     r.add_argument("--data-dir", help="prepared data directory (data.data_dir)")
+    r.add_argument("--download", action="store_true", help=_DOWNLOAD_HELP)
     r.add_argument("--clients", type=int, help="number of clients K (data.num_clients)")
     r.add_argument("--partition", help="iid, dirichlet or label_skew (data.partition)")
     r.add_argument("--alpha", type=float, help="Dirichlet concentration (data.alpha)")
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     q = sub.add_parser("partition", help="partition a dataset, print the label table, write manifest and heatmap")
     q.add_argument("--dataset", default="digits")
     q.add_argument("--data-dir")
+    q.add_argument("--download", action="store_true", help=_DOWNLOAD_HELP)
     q.add_argument("--method", default="dirichlet", help="iid, dirichlet or label_skew")
     q.add_argument("--clients", type=int, default=8)
     q.add_argument("--alpha", type=float, default=0.5)
@@ -138,6 +140,8 @@ def _run(args) -> int:
     if cfg.algorithm != args.algorithm:
         raise ConfigError(f"--resume: {args.out} holds a {cfg.algorithm} run, not {args.algorithm}")
     out = args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-s{cfg.run.seed}"
+    if args.download:
+        _download(cfg.data.dataset, cfg.data.data_dir)
     enable_compilation_cache()
     if args.seeds is not None:
         return _run_seeds(args, cfg)
@@ -211,6 +215,20 @@ def _plan(args) -> int:
     return 0
 
 
+_DOWNLOAD_HELP = ("cifar10/cifar100: first fetch the official archive into --data-dir (md5 checked) unless one is "
+                  "there; run it once before a multi-process run")
+
+
+def _download(dataset: str, data_dir: str | None) -> None:
+    from jaxfednas.data.datasets import download_cifar, find_cifar_archive
+
+    if dataset not in ("cifar10", "cifar100") or not data_dir:
+        raise ConfigError(f"--download fetches cifar10 or cifar100 into --data-dir DIR; got dataset {dataset!r}, "
+                          f"data dir {data_dir!r}")
+    if find_cifar_archive(dataset, data_dir) is None:
+        print(f"downloaded {download_cifar(dataset, data_dir)}")
+
+
 def _partition(args) -> int:
     from jaxfednas.config import ExperimentConfig, replace_fields
     from jaxfednas.data.datasets import load_dataset
@@ -221,6 +239,8 @@ def _partition(args) -> int:
         "alpha": args.alpha, "classes_per_client": args.classes_per_client, "min_size": args.min_size,
         "split": args.split, "partition_seed": args.seed,
     })
+    if args.download:
+        _download(d.dataset, d.data_dir)
     dataset = load_dataset(d.dataset, d.data_dir)
     manifest = make_partition(ExperimentConfig("partition", d, RunConfig(seed=args.seed), None), dataset)
     print(write_partition_report(manifest, dataset, Path(args.out)))

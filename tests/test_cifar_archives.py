@@ -314,3 +314,28 @@ def test_download_cifar_from_a_file_url(tmp_path):
         download_cifar("cifar10", dest, version="matlab")
     with pytest.raises(ValueError, match="cifar10 or cifar100"):
         download_cifar("cinic10", dest)
+
+
+def test_cli_download_flag_fetches_only_when_missing(tmp_path, monkeypatch, capsys):
+    from jaxfednas import cli
+    from jaxfednas.data import datasets
+
+    t = _truth("cifar10")
+    mirror = _write(tmp_path / "mirror", "cifar10", "binary_tar", t) / "cifar-10-binary.tar.gz"
+    calls = []
+
+    def fake_download(name, data_dir):  # the real fetch, from a local copy (this machine is offline)
+        calls.append(name)
+        return download_cifar(name, data_dir, url=mirror.as_uri(), md5=hashlib.md5(mirror.read_bytes()).hexdigest())
+
+    monkeypatch.setattr(datasets, "download_cifar", fake_download)
+    data = tmp_path / "data"
+    argv = ["partition", "--dataset", "cifar10", "--data-dir", str(data), "--download", "--method", "iid",
+            "--clients", "2", "--split", "0.5,0,0.5", "--out", str(tmp_path / "part")]
+    assert cli.main(argv) == 0 and calls == ["cifar10"]
+    assert (data / "cifar-10-binary.tar.gz").is_file() and "downloaded" in capsys.readouterr().out
+    assert cli.main(argv) == 0 and calls == ["cifar10"]  # already there: not fetched again
+    for bad in (["--dataset", "digits", "--data-dir", str(data)], ["--dataset", "cifar100"]):  # no data dir
+        assert cli.main(["partition", *bad, "--download", "--out", str(tmp_path / "p2")]) == 2
+        assert "--download fetches cifar10 or cifar100 into --data-dir" in capsys.readouterr().err
+    assert calls == ["cifar10"]

@@ -56,6 +56,7 @@ __all__ = [
     "Dataset",
     "DatasetUnavailableError",
     "download_cifar",
+    "find_cifar_archive",
     "load_dataset",
 ]
 
@@ -535,14 +536,27 @@ def _load_cifar_archives(name: str, root: Path) -> Dataset | None:
     official order (data_batch_1 .. data_batch_5 for CIFAR-10), the order
     torchvision and keras use.
     """
+    found = find_cifar_archive(name, root)
+    if found is None:
+        return None
+    fmt = next(f for f in _CIFAR[name].formats if found.name in (f.folder, f.archive))
+    return _read_cifar_folder(fmt, found, name) if found.is_dir() else _read_cifar_tar(fmt, found, name)
+
+
+def find_cifar_archive(name: str, data_dir: str | os.PathLike[str]) -> Path | None:
+    """The official CIFAR folder or archive ``load_dataset(name, data_dir)`` reads, or ``None``.
+
+    Only looks, in the order of the module docstring; nothing is read.
+    """
+    root = Path(data_dir)
     formats = _CIFAR[name].formats
     for fmt in formats:
         for folder in (root / fmt.folder, root):
             if folder.name == fmt.folder and folder.is_dir():
-                return _read_cifar_folder(fmt, folder, name)
+                return folder
     for fmt in formats:
         if (root / fmt.archive).is_file():
-            return _read_cifar_tar(fmt, root / fmt.archive, name)
+            return root / fmt.archive
     return None
 
 
