@@ -26,6 +26,10 @@ PAPER = sorted(name for name in ALGORITHMS if "paper" in presets(name))
 PAPER_PARAMS_M = {"fednas": 1.93, "spider": 0.69, "fedavg": 11.17, "local_only": 11.17}
 
 
+# (image shape, classes) of the datasets the paper presets use, as published
+PUBLISHED = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "cinic10": ((32, 32, 3), 10)}
+
+
 def _build(name: str):
     cfg = make_config(name, preset="paper")
     k = cfg.data.num_clients
@@ -40,13 +44,14 @@ def test_every_paper_preset_is_checked():
     for name in PAPER:
         cfg = make_config(name, preset="paper")
         assert cfg.data.dataset in DATASET_SHAPES, (name, cfg.data.dataset)
+    for dataset, (shape, classes) in PUBLISHED.items():
+        assert DATASET_SHAPES[dataset][2:] == (classes, shape)
 
 
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_preset_init_at_real_shapes(name):
     cfg, data, algo = _build(name)
-    assert data.info.image_shape == DATASET_SHAPES[cfg.data.dataset][3]
-    assert data.info.num_classes == DATASET_SHAPES[cfg.data.dataset][2]
+    assert (data.info.image_shape, data.info.num_classes) == PUBLISHED[cfg.data.dataset]
     assert data.info.num_clients == cfg.data.num_clients
     state = jax.eval_shape(algo.init, init_key(cfg.run.seed))
     n = model_params(state, cfg.data.num_clients)

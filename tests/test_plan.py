@@ -146,3 +146,19 @@ def test_synthetic_like_has_the_dataset_shapes():
     cfg = make_config("fednas", preset="paper")
     data = plan_data(cfg, num_train=2000, num_test=10)
     assert data.info.num_clients == 16 and data.train.x.shape[2:] == (32, 32, 3)
+
+
+def test_memory_total_counts_donated_buffers_once():
+    class Analysis:
+        argument_size_in_bytes, output_size_in_bytes, alias_size_in_bytes, temp_size_in_bytes = 100, 80, 60, 7
+
+    class Compiled:
+        def memory_analysis(self):
+            return Analysis()
+
+    class NoAnalysis:
+        def memory_analysis(self):
+            return None
+
+    assert plan_mod._memory(Compiled()) == {"argument": 100, "output": 80, "alias": 60, "temp": 7, "total": 127}
+    assert plan_mod._memory(NoAnalysis()) is None
