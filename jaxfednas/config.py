@@ -23,6 +23,10 @@ from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
 
 #: How clients are laid on devices (:class:`jaxfednas.runtime.Placement`).
 PLACEMENTS: tuple[str, ...] = ("auto", "vmap", "map", "shard_map")
+#: The server's choices (:mod:`jaxfednas.server`): client samplers, aggregators, server optimizers.
+SAMPLERS: tuple[str, ...] = ("uniform", "proportional", "available")
+AGGREGATORS: tuple[str, ...] = ("mean", "median", "trimmed_mean")
+SERVER_OPTIMIZERS: tuple[str, ...] = ("none", "sgd", "avgm", "adagrad", "adam", "yogi")
 
 
 class ConfigError(ValueError):
@@ -162,6 +166,40 @@ class RunConfig(Validated):
                                             "candidates once); None: client_chunk_size as given", range=(0.001, None))
     eval_every: int = param(1, "evaluate every N rounds (and after the last)", range=(1, None))
     checkpoint_every: int = param(1, "checkpoint every N rounds (and after the last)", range=(1, None))
+    # The server (jaxfednas.server): samplers, aggregators, server optimizers.
+    sampler: str = param("uniform", "client sampler: uniform (without replacement, n_k-weighted mean), proportional "
+                         "(∝ n_k with replacement, one weight per draw: unbiased), available (uniform among the "
+                         "clients online in a seeded cyclic pattern)",
+                         choices=SAMPLERS)
+    availability_period: int = param(2, "sampler=available: clients split at random into this many groups, "
+                                     "online in turn", range=(1, 1_000_000))
+    availability_on: int = param(1, "sampler=available: rounds of every availability_period a client is online",
+                                 range=(1, 1_000_000))
+    aggregator: str = param("mean", "how the server combines the clients' models: n_k-weighted mean, "
+                            "coordinate-wise median or trimmed_mean (Yin et al. 2018)",
+                            choices=AGGREGATORS)
+    trim_fraction: float = param(0.1, "aggregator=trimmed_mean: fraction β dropped from each end per coordinate",
+                                 range=(0.0, 0.499))
+    server_optimizer: str = param("none", "server optimizer of the weights on the pseudo-gradient (current − "
+                                  "aggregate), Reddi et al. 2021: none (the aggregate), sgd, avgm (FedAvgM), "
+                                  "adagrad, adam, yogi",
+                                  choices=SERVER_OPTIMIZERS)
+    server_lr: float = param(1.0, "server_optimizer's learning rate η", range=(0.0, 100.0))
+    server_momentum: float = param(0.9, "server_optimizer=avgm: momentum μ", range=(0.0, 1.0))
+    server_b1: float = param(0.9, "adagrad/adam/yogi: β1 of the server's first moment", range=(0.0, 1.0))
+    server_b2: float = param(0.99, "adam/yogi: β2 of the server's second moment", range=(0.0, 1.0))
+    server_tau: float = param(1e-3, "adagrad/adam/yogi: adaptivity τ (second moment starts at τ²)",
+                              range=(1e-12, 10.0))
+    arch_server_optimizer: str = param("none", "server optimizer of the architecture parameters α where the server "
+                                       "averages them (FedNAS, DFNAS); momentum, b1, b2, tau shared with "
+                                       "server_optimizer",
+                                       choices=SERVER_OPTIMIZERS)
+    arch_server_lr: float = param(1.0, "server learning rate of arch_server_optimizer", range=(0.0, 100.0))
+
+    def check(self):
+        if self.availability_on > self.availability_period:
+            raise ConfigError(f"run.availability_on={self.availability_on} must be at most "
+                              f"run.availability_period={self.availability_period}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,398 @@
+"""The server's side of a round: which clients run, how their models combine, how the
+global model moves. One object, :class:`Server`, built from ``run.*`` like
+:class:`~jaxfednas.runtime.Placement` and injected into every algorithm's builder.
+
+* **Client samplers** (``run.sampler``), each a function of ``(seed, round)`` only, so a
+  resumed run samples the same clients:
+
+  - ``uniform`` (the default): :func:`jaxfednas.runtime.round_clients`, ``m`` clients
+    uniformly without replacement, aggregated with weights ``n_k`` (exactly today's).
+  - ``proportional``: ``m`` draws *with* replacement, client ``k`` with probability
+    ``n_k / n`` (``n_k`` its training examples; the FedAvg convergence analysis of
+    Li et al. 2020, scheme I), aggregated with *uniform* weights, one per draw (a client
+    drawn twice counts twice): ``E[(1/m) Σ_j x_{k_j}] = Σ_k (n_k / n) x_k``, the same
+    expectation as full participation's n_k-weighted mean. A client drawn twice trains
+    twice from the same key (the same update); its persistent rows get that one update.
+  - ``available``: a cyclic availability pattern (clients that are online only part of the
+    time, as in diurnal cross-device training): the clients are split into
+    ``run.availability_period`` = P groups by a permutation drawn from the seed; client
+    ``k`` of group ``g_k`` is online in round ``r`` when ``(r − g_k) mod P <
+    run.availability_on``. Each round samples ``m`` clients uniformly without replacement
+    among the online ones, aggregated with weights ``n_k``. The configuration is refused
+    when a round could have fewer than ``m`` clients online.
+
+  ``run.dropout_rate`` applies after sampling whatever the sampler (a sampled client may
+  still fail to report).
+
+* **Aggregators** (``run.aggregator``) over the clients that report (weight > 0):
+  ``mean`` (the default: :func:`jaxfednas.runtime.weighted_mean`, ``Σ w_k x_k / Σ w_k``,
+  unchanged), ``median`` (coordinate-wise median, the mean of the two middle values for an
+  even count) and ``trimmed_mean`` (coordinate-wise: the ``⌊β c⌋`` largest and ``⌊β c⌋``
+  smallest of the ``c`` reporting values dropped, the rest averaged unweighted,
+  ``β = run.trim_fraction``); the robust pair as in Yin et al. 2018 (unweighted: a client's
+  ``n_k`` only decides whether it reports). :meth:`Server.masked_aggregate`: the same per
+  entry over the clients whose mask covers it (PerFedRLNAS' subnets).
+
+* **Server optimizers** (``run.server_optimizer`` for the weights,
+  ``run.arch_server_optimizer`` for the architecture parameters α where the server
+  averages them; Reddi et al. 2021, "Adaptive Federated Optimization", Algorithm 2): the
+  aggregate ``x̄`` of the clients' models gives the pseudo-gradient ``g = x − x̄`` of the
+  global model ``x``, an optax transformation turns it into the step:
+
+  - ``none`` (the default): the new model is the aggregate itself (no arithmetic).
+  - ``sgd``: ``x ← x − η g`` (``η = run.server_lr``; η = 1 is FedAvg).
+  - ``avgm``: FedAvgM (Hsu et al. 2019), ``v ← μ v + g``, ``x ← x − η v``
+    (``μ = run.server_momentum``).
+  - ``adagrad``, ``adam``, ``yogi``: FedAdagrad, FedAdam, FedYogi exactly as Algorithm 2
+    (no bias correction): ``m ← β₁ m + (1 − β₁) Δ`` with ``Δ = −g``;
+    ``v ← v + Δ²`` (adagrad), ``β₂ v + (1 − β₂) Δ²`` (adam),
+    ``v − (1 − β₂) Δ² sign(v − Δ²)`` (yogi); ``x ← x + η m / (√v + τ)``; ``m`` starts at 0,
+    ``v`` at ``τ²`` (``β₁, β₂, τ = run.server_b1, run.server_b2, run.server_tau``).
+
+  Only trained parameters move this way; BatchNorm statistics are the aggregate. The
+  optimizer's state is a field of the algorithm's state (``server``), checkpointed and
+  resumed with it; a round where no client reports leaves model and optimizer state as
+  they were. With ``none`` the field is an empty dict.
+
+Where an option does not apply (no server: local-only training; DP-FNAS, whose privacy
+accountant assumes every party in every iteration), the builder raises
+:class:`~jaxfednas.config.ConfigError` naming the option (:meth:`Server.refuse`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxfednas import rng
+from jaxfednas.config import AGGREGATORS, SAMPLERS, SERVER_OPTIMIZERS, ConfigError
+from jaxfednas.runtime import nothing_to_aggregate, round_clients, weighted_mean
+
+
+AVAILABILITY = 0x0A7A11  # under PRNGKey(seed): the availability groups of sampler "available"
+
+
+# --- Samplers ---------------------------------------------------------------------
+
+
+def proportional_clients(key: jax.Array, sizes: jax.Array, m: int) -> jax.Array:
+    """Sorted ids of ``m`` draws with replacement, client ``k`` with probability
+    ``sizes[k] / Σ sizes`` (uniform if every size is 0)."""
+    s = jnp.asarray(sizes, jnp.float32)
+    total = s.sum()
+    p = jnp.where(total > 0, s / jnp.where(total > 0, total, 1.0), 1.0 / s.shape[0])
+    idx = jax.random.choice(key, s.shape[0], (m,), replace=True, p=p)
+    return jnp.sort(idx).astype(jnp.int32)
+
+
+def availability_groups(seed: int, num_clients: int, period: int) -> np.ndarray:
+    """``[K]`` int: each client's group ``0..period-1`` (a seeded permutation cut into
+    near-equal groups; host constant)."""
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), AVAILABILITY)
+    return (rng.host_generator(key).permutation(num_clients) % period).astype(np.int32)
+
+
+def online(groups: Any, round: Any, period: int, on: int) -> Any:
+    """``[K]`` bool: whether each client is online in ``round``: ``(round − g_k) mod period
+    < on``."""
+    return (round - groups) % period < on
+
+
+def available_clients(key: jax.Array, is_online: jax.Array, m: int) -> jax.Array:
+    """Sorted ids of ``m`` clients drawn uniformly without replacement among those where
+    ``is_online`` holds (there must be at least ``m``)."""
+    u = jax.random.uniform(key, is_online.shape)
+    _, idx = jax.lax.top_k(jnp.where(is_online, u, -1.0), m)
+    return jnp.sort(idx).astype(jnp.int32)
+
+
+# --- Aggregators ------------------------------------------------------------------
+
+
+def _robust(x: jax.Array, valid: jax.Array, kind: str, trim: float, fallback: jax.Array) -> jax.Array:
+    """Coordinate-wise median / trimmed mean of ``x`` ``[m, ...]`` over the rows where
+    ``valid`` (broadcastable to ``x``) holds; ``fallback`` where none does."""
+    valid = jnp.broadcast_to(valid, x.shape)
+    s = jnp.sort(jnp.where(valid, x.astype(jnp.float32), jnp.inf), axis=0)  # reporting values first
+    n = valid.sum(0)
+    if kind == "median":
+        lo = jnp.take_along_axis(s, jnp.maximum(n - 1, 0)[None] // 2, 0)[0]
+        hi = jnp.take_along_axis(s, jnp.minimum(n // 2, x.shape[0] - 1)[None], 0)[0]
+        out = (lo + hi) / 2
+    else:
+        b = jnp.floor(n * trim + 1e-4).astype(n.dtype)
+        pos = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
+        keep = (pos >= b) & (pos < n - b)
+        out = jnp.where(keep, s, 0.0).sum(0) / jnp.maximum(n - 2 * b, 1)
+    return jnp.where(n > 0, out, fallback.astype(jnp.float32)).astype(x.dtype)
+
+
+def robust_mean(tree: Any, weights: jax.Array, kind: str, trim: float = 0.0, fallback: Any = None) -> Any:
+    """``kind`` = ``"median"`` or ``"trimmed_mean"`` (``trim`` = β from each end) of every
+    leaf over its leading client axis, among clients with weight > 0; ``fallback`` (or
+    zeros) where no client has."""
+    valid = jnp.asarray(weights) > 0
+    if fallback is None:
+        fallback = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], x.dtype), tree)
+
+    def one(x, fb):
+        return _robust(x, valid.reshape((-1,) + (1,) * (x.ndim - 1)), kind, trim, fb)
+
+    return jax.tree.map(one, tree, fallback)
+
+
+def masked_robust_mean(tree: Any, masks: Any, weights: jax.Array, kind: str, trim: float, fallback: Any) -> Any:
+    """:func:`robust_mean` per entry over the clients whose mask (``{0, 1}``, broadcastable
+    to the leaf) covers it; ``fallback`` where none does."""
+    w = jnp.asarray(weights) > 0
+
+    def one(x, m, fb):
+        valid = (jnp.broadcast_to(m, x.shape) > 0) & w.reshape((-1,) + (1,) * (x.ndim - 1))
+        return _robust(x, valid, kind, trim, fb)
+
+    return jax.tree.map(one, tree, masks, fallback)
+
+
+# --- Server optimizers ------------------------------------------------------------
+
+
+class FedOptState(NamedTuple):
+    m: Any
+    v: Any
+
+
+def scale_by_fedopt(rule: str, b1: float, b2: float, tau: float) -> optax.GradientTransformation:
+    """Reddi et al. 2021's Algorithm 2 (FedAdagrad / FedAdam / FedYogi) on the
+    pseudo-gradient ``g`` (``Δ = −g``): the *ascent* direction ``m / (√v + τ)`` negated,
+    i.e. the optax update before the learning rate (``optax.scale(-η)`` follows)."""
+    if rule not in ("adagrad", "adam", "yogi"):
+        raise ValueError(f"rule must be adagrad, adam or yogi, got {rule!r}")
+
+    def init(params):
+        return FedOptState(m=jax.tree.map(jnp.zeros_like, params),
+                           v=jax.tree.map(lambda p: jnp.full_like(p, tau * tau), params))
+
+    def update(g, state, params=None):
+        del params
+        m = jax.tree.map(lambda m, d: b1 * m + (1 - b1) * d, state.m, g)
+        if rule == "adagrad":
+            v = jax.tree.map(lambda v, d: v + d * d, state.v, g)
+        elif rule == "adam":
+            v = jax.tree.map(lambda v, d: b2 * v + (1 - b2) * d * d, state.v, g)
+        else:
+            v = jax.tree.map(lambda v, d: v - (1 - b2) * d * d * jnp.sign(v - d * d), state.v, g)
+        return jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + tau), m, v), FedOptState(m, v)
+
+    return optax.GradientTransformation(init, update)
+
+
+def server_transform(name: str, lr: float, momentum: float = 0.9, b1: float = 0.9, b2: float = 0.99,
+                     tau: float = 1e-3) -> optax.GradientTransformation | None:
+    """The optax transformation of server optimizer ``name`` (None for ``"none"``). It is
+    fed the pseudo-gradient ``current − aggregate``; its update is added to ``current``."""
+    if name == "none":
+        return None
+    if name == "sgd":
+        return optax.sgd(lr)
+    if name == "avgm":
+        return optax.sgd(lr, momentum=momentum)
+    if name in ("adagrad", "adam", "yogi"):
+        return optax.chain(scale_by_fedopt(name, b1, b2, tau), optax.scale(-lr))
+    raise ValueError(f"server optimizer must be one of {SERVER_OPTIMIZERS}, got {name!r}")
+
+
+def server_step(tx: optax.GradientTransformation | None, current: Any, aggregate: Any, opt_state: Any,
+                skipped: jax.Array | None = None) -> tuple[Any, Any]:
+    """``(new, opt_state)``: one server step from ``current`` toward the clients'
+    ``aggregate``. ``tx`` None: ``aggregate`` itself (bit for bit). ``skipped`` (a scalar,
+    > 0 when no client reported): ``current`` and ``opt_state`` unchanged."""
+    if tx is None:
+        return aggregate, opt_state
+    g = jax.tree.map(lambda c, a: c - a, current, aggregate)  # pseudo-gradient
+    updates, new_state = tx.update(g, opt_state, current)
+    new = optax.apply_updates(current, updates)
+    if skipped is None:
+        return new, new_state
+    keep = skipped > 0
+    pick = lambda old, upd: jnp.where(keep, old, upd)  # noqa: E731
+    return jax.tree.map(pick, current, new), jax.tree.map(pick, opt_state, new_state)
+
+
+# --- The server -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """What the server does in a round (see the module docstring). ``Server()`` is
+    today's behaviour: uniform sampling, n_k-weighted mean, no server optimizer."""
+
+    sampler: str = "uniform"
+    aggregator: str = "mean"
+    trim_fraction: float = 0.1
+    optimizer: str = "none"
+    lr: float = 1.0
+    momentum: float = 0.9
+    b1: float = 0.9
+    b2: float = 0.99
+    tau: float = 1e-3
+    arch_optimizer: str = "none"
+    arch_lr: float = 1.0
+    availability_period: int = 2
+    availability_on: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, value, choices in (("sampler", self.sampler, SAMPLERS), ("aggregator", self.aggregator, AGGREGATORS),
+                                     ("server_optimizer", self.optimizer, SERVER_OPTIMIZERS),
+                                     ("arch_server_optimizer", self.arch_optimizer, SERVER_OPTIMIZERS)):
+            if value not in choices:
+                raise ConfigError(f"run.{name}={value!r} is not allowed: choose one of {list(choices)}")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            raise ConfigError(f"run.trim_fraction={self.trim_fraction} must be in [0, 0.5)")
+        if not 1 <= self.availability_on <= self.availability_period:
+            raise ConfigError(f"run.availability_on={self.availability_on} must be in [1, run.availability_period="
+                              f"{self.availability_period}]")
+
+    @classmethod
+    def from_run(cls, run: Any) -> Server:
+        """The server a run's config asks for (``run.sampler``, ``run.aggregator``, ...)."""
+        return cls(sampler=run.sampler, aggregator=run.aggregator, trim_fraction=run.trim_fraction,
+                   optimizer=run.server_optimizer, lr=run.server_lr, momentum=run.server_momentum,
+                   b1=run.server_b1, b2=run.server_b2, tau=run.server_tau,
+                   arch_optimizer=run.arch_server_optimizer, arch_lr=run.arch_server_lr,
+                   availability_period=run.availability_period, availability_on=run.availability_on, seed=run.seed)
+
+    # -- what applies where
+
+    def refuse(self, algorithm: str, why: str, *, sampler: bool = False, aggregator: bool = False,
+               optimizer: bool = False, arch_optimizer: bool = True) -> None:
+        """Raise :class:`ConfigError` if an option flagged True here is not its default
+        (``algorithm`` cannot honour it, for the reason ``why``). ``arch_optimizer``
+        defaults to True: only algorithms that average α accept it."""
+        asked = [(sampler and self.sampler != "uniform", f"run.sampler={self.sampler!r}"),
+                 (aggregator and self.aggregator != "mean", f"run.aggregator={self.aggregator!r}"),
+                 (optimizer and self.optimizer != "none", f"run.server_optimizer={self.optimizer!r}"),
+                 (arch_optimizer and self.arch_optimizer != "none",
+                  f"run.arch_server_optimizer={self.arch_optimizer!r}")]
+        for bad, option in asked:
+            if bad:
+                raise ConfigError(f"{option} does not apply to {algorithm}: {why}")
+
+    def check_clients(self, num_clients: int, m: int) -> None:
+        """ConfigError when sampler ``available`` could leave fewer than ``m`` clients online."""
+        if self.sampler != "available":
+            return
+        groups = availability_groups(self.seed, num_clients, self.availability_period)
+        fewest = min(int(online(groups, r, self.availability_period, self.availability_on).sum())
+                     for r in range(self.availability_period))
+        if fewest < m:
+            raise ConfigError(
+                f"run.sampler='available' with run.availability_period={self.availability_period} and "
+                f"run.availability_on={self.availability_on} has only {fewest} of {num_clients} clients online in "
+                f"some rounds, fewer than the {m} clients per round (run.clients_per_round): raise availability_on "
+                f"or lower clients_per_round")
+
+    # -- sampling
+
+    def sample(self, round_key: jax.Array, round: jax.Array, data: Any, num_clients: int,
+               m: int) -> tuple[jax.Array, jax.Array]:
+        """``(ids, keys)`` of the round's clients, as :func:`jaxfednas.runtime.round_clients`
+        (which the ``uniform`` sampler is). ``data``: the
+        :class:`~jaxfednas.data.federated.FederatedData` (``proportional`` reads its training
+        sizes); ``round``: the round index (``available``)."""
+        if self.sampler == "uniform":
+            return round_clients(round_key, num_clients, m)
+        key = rng.sample_key(round_key)
+        if self.sampler == "proportional":
+            ids = proportional_clients(key, data.all_clients("train").count, m)
+        else:
+            self.check_clients(num_clients, m)
+            groups = availability_groups(self.seed, num_clients, self.availability_period)
+            ids = available_clients(key, online(jnp.asarray(groups), round, self.availability_period,
+                                                self.availability_on), m)
+        return ids, rng.client_keys(round_key, ids)
+
+    def weights(self, counts: jax.Array, reported: jax.Array) -> jax.Array:
+        """Aggregation weights of the sampled clients: ``counts * reported`` (``n_k``, 0 for a
+        client that failed), or for ``proportional`` one per reporting non-empty draw."""
+        if self.sampler == "proportional":
+            return ((counts > 0) & reported).astype(jnp.float32)
+        return counts * reported
+
+    # -- aggregation
+
+    def aggregate(self, tree: Any, weights: jax.Array, fallback: Any = None) -> Any:
+        """The clients' ``tree`` (leading client axis) combined by ``run.aggregator``."""
+        if self.aggregator == "mean":
+            return weighted_mean(tree, weights, fallback=fallback)
+        return robust_mean(tree, weights, self.aggregator, self.trim_fraction, fallback)
+
+    def masked_aggregate(self, tree: Any, masks: Any, weights: jax.Array, fallback: Any) -> Any:
+        """Per entry over the clients whose mask covers it (``mean``: the caller's own
+        masked mean; this method is for ``median`` and ``trimmed_mean``)."""
+        if self.aggregator == "mean":
+            raise ValueError("masked_aggregate is for the robust aggregators; use masked_weighted_mean")
+        return masked_robust_mean(tree, masks, weights, self.aggregator, self.trim_fraction, fallback)
+
+    # -- server optimizer
+
+    def transform(self, part: str = "params") -> optax.GradientTransformation | None:
+        """The optax transformation of ``part`` (``"params"`` or ``"arch"``), None if none."""
+        if part == "arch":
+            return server_transform(self.arch_optimizer, self.arch_lr, self.momentum, self.b1, self.b2, self.tau)
+        return server_transform(self.optimizer, self.lr, self.momentum, self.b1, self.b2, self.tau)
+
+    def init(self, variables: dict, parts: tuple[str, ...] = ("params",)) -> dict:
+        """The optimizer state of ``variables[part]`` for each part with an optimizer
+        (an empty dict when none has one: the state of ``none``)."""
+        return {p: self.transform(p).init(variables[p]) for p in parts if self.transform(p) is not None}
+
+    def step(self, current: dict, aggregate: dict, opt_state: dict, weights: jax.Array,
+             parts: tuple[str, ...] = ("params",)) -> tuple[dict, dict]:
+        """``(variables, opt_state)``: ``aggregate`` with each of ``parts`` that has an
+        optimizer replaced by the optimizer's step from ``current`` (other entries, e.g.
+        BatchNorm statistics, are the aggregate's). Nothing to aggregate (all ``weights``
+        0): those parts and their optimizer state stay as they were."""
+        out, state = dict(aggregate), dict(opt_state)
+        skipped = nothing_to_aggregate(weights)
+        for p in parts:
+            tx = self.transform(p)
+            if tx is not None:
+                out[p], state[p] = server_step(tx, current[p], aggregate[p], opt_state[p], skipped)
+        return out, state
+
+
+def tolerate_missing_server_state(cls: type) -> type:
+    """Register flax serialization for state class ``cls`` that restores a state dict
+    without the ``server`` field (a checkpoint written before server optimizers existed)
+    with the template's value (the empty state of ``none``)."""
+    names = [f.name for f in dataclasses.fields(cls) if f.metadata.get("pytree_node", True)]
+
+    def to_state_dict(x):
+        return {n: flax.serialization.to_state_dict(getattr(x, n)) for n in names}
+
+    def from_state_dict(x, state):
+        state = dict(state)
+        if "server" not in state:
+            state["server"] = flax.serialization.to_state_dict(x.server)
+        unknown = set(state) - set(names)
+        if unknown:
+            raise ValueError(f"Unknown field(s) {sorted(unknown)} in state dict while restoring an instance of "
+                             f"{cls.__name__}")
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise ValueError(f"Missing field {missing[0]} in state dict while restoring an instance of {cls.__name__}")
+        return x.replace(**{n: flax.serialization.from_state_dict(getattr(x, n), state[n], name=n) for n in names})
+
+    flax.serialization.register_serialization_state(cls, to_state_dict, from_state_dict, override=True)
+    return cls
+
+
+__all__ = ["SAMPLERS", "AGGREGATORS", "SERVER_OPTIMIZERS", "Server", "proportional_clients", "availability_groups",
+           "online", "available_clients", "robust_mean", "masked_robust_mean", "scale_by_fedopt", "server_transform",
+           "server_step", "tolerate_missing_server_state"]
