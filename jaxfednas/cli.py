@@ -207,7 +207,8 @@ def _plan(args) -> int:
     print(f"planning {cfg.algorithm} (preset {args.preset or 'none'}): building data and compiling the round ...",
           flush=True)
     plan = plan_run(cfg, memory_budget_gib=args.memory_budget_gib, local_steps=args.local_steps,
-                    measure=not args.no_round, probe_chunk=not args.no_chunk_probe)
+                    measure=not args.no_round, probe_chunk=not args.no_chunk_probe,
+                    log=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
     print(format_plan(plan))
     if args.json:
         write_json(plan, args.json)

@@ -251,12 +251,14 @@ def largest_chunk(chunk_1_bytes: int, chunk_2_bytes: int, per_device: int, budge
 
 def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, local_steps: int | None = None,
              measure: bool = True, probe_chunk: bool = True, data: FederatedData | None = None,
-             macs: bool = True) -> dict[str, Any]:
+             macs: bool = True, log: Any = None) -> dict[str, Any]:
     """The plan of ``cfg`` (see the module docstring) as a JSON-ready dict; ``None`` marks a
     figure that is not available. ``local_steps``: time rounds with only that many local-step
     slots (of ``algo.batch_size`` examples) instead of a whole round, and extrapolate;
     ``measure=False``: time nothing. ``probe_chunk=False``: compile once (no per-client
-    figure). ``data``: federated data to use instead of :func:`plan_data`'s."""
+    figure). ``data``: federated data to use instead of :func:`plan_data`'s. ``log(line)``, if
+    given, hears what is being done (the steps can take minutes each)."""
+    say = log or (lambda line: None)
     if local_steps is not None and local_steps < 1:
         raise ConfigError(f"--local-steps must be >= 1, got {local_steps}")
     if memory_budget_gib is not None and memory_budget_gib <= 0:
@@ -281,6 +283,7 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
         "placement": {"resolved": placement.resolved(), "client_chunk_size": cfg.run.client_chunk_size,
                       "clients_per_device": per_device},
     }
+    say(f"data built ({t_data:.1f} s); tracing, lowering and compiling the round ...")
     built = _compile(cfg, data)
     state = built["state"]
     plan["parameters"] = {"model": model_params(state, info.num_clients), "state_scalars": count_params(state)}
@@ -295,6 +298,7 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
     if macs and built["jaxpr"] is not None:
         from jax.extend.core import jaxpr_as_fun
 
+        say("counting the round's multiply-accumulates ...")
         closed = built["jaxpr"]
         plan["round"]["jaxpr_macs_upper_bound"] = count_macs(jaxpr_as_fun(closed), *[
             jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals])
@@ -306,6 +310,7 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
     if probe_chunk and memory is not None and per_device >= 2:
         # the round as compiled already is the chunk-1 round when clients run one at a time
         same = cfg.run.client_chunk_size == 1 or (cfg.run.client_chunk_size is None and placement.resolved() == "map")
+        say("compiling the round with 2 clients in flight ...")
         probe = {c: built if c == 1 and same else _compile(_with_chunk(cfg, c), data) for c in (1, 2)}
         mem = {c: _memory(b["compiled"]) if b["compiled"] is not None else None for c, b in probe.items()}
         if mem[1] is not None and mem[2] is not None:
@@ -327,6 +332,7 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
 
     plan["timing"] = None
     if measure:
+        say("measuring the round ..." if local_steps is None else f"measuring rounds with {local_steps} local-step slots ...")
         t = _measure(cfg, data, built, local_steps)
         rounds = cfg.run.rounds
         t["rounds"] = rounds
