@@ -78,8 +78,8 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, cosine_lr
-from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
-                               round_clients, weighted_mean)
+from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
+from jaxfednas.server import Server, tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas.search_spaces.shufflenet import (
     auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, macs_table, MacsTable, ShuffleArch,
@@ -147,12 +147,14 @@ PRESETS = {
 }
 
 
+@tolerate_missing_server_state
 @flax.struct.dataclass
 class DFNASState:
     variables: dict  # supernet {"params", "arch": {"alpha": [blocks, candidates]}, "batch_stats"}
     fixed: jax.Array  # [blocks] bool: block frozen by early fixing
     fixed_choice: jax.Array  # [blocks] int32: its candidate (meaningful where fixed)
     round: jax.Array
+    server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 def sample_path(key: jax.Array, alpha: jax.Array, fixed: jax.Array, fixed_choice: jax.Array) -> jax.Array:
@@ -298,11 +300,14 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
 
 def dfnas(
     cfg: DFNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(), dropout_rate: float = 0.0,
+    placement: Placement = Placement(), dropout_rate: float = 0.0, server: Server = Server(),
 ) -> FederatedAlgorithm:
-    """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon)."""
+    """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon). ``server``:
+    sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`;
+    fixed blocks keep their α whatever the α optimizer)."""
     model = make_supernet(cfg, info)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    server.check_clients(info.num_clients, m)
     placement = placement.single_path()
     local_search = make_local_search(cfg, info, model, cfg.local_epochs)
     nb = model.space.num_blocks
@@ -313,19 +318,20 @@ def dfnas(
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)
         v = dict(model.init({"params": key}, x, train=False))
         return DFNASState(variables=v, fixed=jnp.zeros((nb,), bool), fixed_choice=jnp.zeros((nb,), jnp.int32),
-                          round=jnp.int32(0))
+                          round=jnp.int32(0), server=server.init(v, ("params", "arch")))
 
     learning_rate = cosine_lr(cfg.lr, 0.0, rounds) if cfg.lr_schedule == "cosine" else lambda t: jnp.float32(cfg.lr)
 
     def round_fn(state: DFNASState, data: FederatedData, key):
-        idx, keys = round_clients(key, info.num_clients, m)  # Alg. 2: select S_t
+        idx, keys = server.sample(key, state.round, data, info.num_clients, m)  # Alg. 2: select S_t
         lr = learning_rate(state.round)
         per_client = (data.clients("train", idx), keys)
         shared = (state.variables, state.fixed, state.fixed_choice, lr)
         new_vars, met = map_clients(
             lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
-        weights = per_client[0].count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
-        avg = weighted_mean(new_vars, weights, fallback=state.variables)  # Alg. 2: w and α with n_i / n
+        weights = server.weights(per_client[0].count, reporting_clients(key, idx, dropout_rate))  # failed: weight 0
+        avg = server.aggregate(new_vars, weights, fallback=state.variables)  # Alg. 2: w and α with n_i / n
+        avg, opt = server.step(state.variables, avg, state.server, weights, ("params", "arch"))
         # fixed blocks keep their stored α exactly (an average of equal values can round)
         old_alpha = state.variables["arch"]["alpha"]
         avg["arch"] = {"alpha": jnp.where(state.fixed[:, None], old_alpha, avg["arch"]["alpha"])}
@@ -343,7 +349,7 @@ def dfnas(
                 madds, jnp.argmax(avg["arch"]["alpha"], -1)[:, None], -1).sum(),
             **reported_metrics(weights, key, idx, dropout_rate),
         }
-        return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1), metrics
+        return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1, server=opt), metrics
 
     def recalibrated(variables, path, data: FederatedData):
         """Federated BatchNorm recalibration of the child ``path`` (DSNAS recalibrates its
@@ -401,4 +407,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return dfnas(
         config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

@@ -52,7 +52,8 @@ from jaxfednas.config import ExperimentConfig, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas import rng
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
-                               round_clients, scatter_rows)
+                               scatter_rows)
+from jaxfednas.server import Server, tolerate_missing_server_state
 
 DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client personal models pulled toward it by λ"
 
@@ -72,11 +73,13 @@ PRESETS = {
 }
 
 
+@tolerate_missing_server_state
 @flax.struct.dataclass
 class DittoState:
     variables: dict  # global model w: {"params": ..., "batch_stats": ...}
     personal: dict  # personal models v_k, every leaf with leading axis K
     round: jax.Array  # int32, rounds completed
+    server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 ROWS = ("personal",)  # per-client fields (leading axis K): split along the clients mesh
@@ -119,24 +122,27 @@ def ditto(
     placement: Placement = Placement(),
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
+    server: Server = Server(),
 ) -> FederatedAlgorithm:
     """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
     when given (e.g. a DARTS network from a genotype)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate)
+    base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate,
+                  server=server)
     personal_train = make_personal_train(model, info, cfg)
 
     def init(key):
         g = base.init(key)
         rows = jax.tree.map(lambda a: jnp.broadcast_to(a, (info.num_clients,) + a.shape), g.variables)
-        return DittoState(variables=g.variables, personal=rows, round=g.round)
+        return DittoState(variables=g.variables, personal=rows, round=g.round, server=g.server)
 
     def round_fn(state: DittoState, data: FederatedData, key: jax.Array):
         # (a) the global model: FedAvg's round, same key, same sampled clients.
-        g, metrics = base.round(FedAvgState(variables=state.variables, round=state.round), data, key)
+        g, metrics = base.round(FedAvgState(variables=state.variables, round=state.round, server=state.server), data,
+                                key)
         # (b) the sampled clients' personal models, anchored at w_t = state.variables.
-        idx, keys = round_clients(key, info.num_clients, m)
+        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
         new_rows, pm = map_clients(
             lambda c, w: personal_train(c[2], w, c[0], c[1]),
             (data.clients("train", idx), rng.personal_keys(keys), gather_rows(state.personal, idx)),
@@ -146,7 +152,7 @@ def ditto(
         pm = train_metrics(pm)
         metrics.update({"personal_train_loss": pm["train_loss"], "personal_train_acc": pm["train_acc"]})
         personal = scatter_rows(state.personal, idx, new_rows, keep=reporting_clients(key, idx, dropout_rate))
-        return DittoState(variables=g.variables, personal=personal, round=g.round), metrics
+        return DittoState(variables=g.variables, personal=personal, round=g.round, server=g.server), metrics
 
     def evaluate(state: DittoState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
@@ -164,4 +170,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return ditto(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

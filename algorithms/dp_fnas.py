@@ -96,6 +96,7 @@ from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import jit, Placement, map_clients, step_if
+from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
@@ -473,6 +474,12 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     if config.run.dropout_rate > 0:
         raise ConfigError(f"run.dropout_rate={config.run.dropout_rate}: DP-FNAS's Algorithm 1 and its accountant "
                           "have every party in every iteration; use 0")
+    server = Server.from_run(config.run)
+    server.refuse("dp_fnas", "its privacy accountant assumes every party in every iteration (it samples examples, "
+                  "not parties: algo.sampling_prob); use run.sampler=uniform", sampler=True)
+    server.refuse("dp_fnas", "the server sums the parties' noisy gradients (algo.aggregation) and steps W and α with "
+                  "its own optimizers (algo.momentum, algo.arch_optimizer); there are no client models to combine",
+                  aggregator=True, optimizer=True, arch_optimizer=True)
     return dp_fnas(config.algo, info, placement=Placement.from_run(config.run))
 
 

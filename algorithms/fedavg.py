@@ -28,10 +28,10 @@ from jaxfednas.algorithms.common import (
 )
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
-                               round_clients, weighted_mean)
+from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
+from jaxfednas.server import Server, tolerate_missing_server_state
 
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
@@ -57,10 +57,12 @@ PRESETS = {
 }
 
 
+@tolerate_missing_server_state
 @flax.struct.dataclass
 class FedAvgState:
     variables: dict  # global model: {"params": ..., "batch_stats": ...}
     round: jax.Array  # int32, rounds completed
+    server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 def fedavg(
@@ -73,6 +75,7 @@ def fedavg(
     dropout_rate: float = 0.0,
     aux_weight: float = 0.0,
     drop_path: Callable[[jax.Array], jax.Array] | None = None,
+    server: Server = Server(),
 ) -> FederatedAlgorithm:
     """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
     ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`).
@@ -80,16 +83,24 @@ def fedavg(
     For a DARTS evaluation network (:mod:`jaxfednas.algorithms.fednas_train`): ``aux_weight`` > 0
     adds its auxiliary head's loss; ``drop_path(round) -> p`` gives the drop-path
     probability of the round's local training (every client, every step), None: no drop
-    path (the computation of plain FedAvg)."""
+    path (the computation of plain FedAvg). ``server``: sampler, aggregator and server
+    optimizer (:class:`jaxfednas.server.Server`); with a server optimizer ``cfg.server_lr``
+    must stay 1 (use ``run.server_lr``)."""
+    if server.optimizer != "none" and cfg.server_lr != 1.0:
+        raise ConfigError(f"algo.server_lr={cfg.server_lr} and run.server_optimizer={server.optimizer!r} both given: "
+                          "algo.server_lr is plain server SGD; with a server optimizer set run.server_lr instead")
+    server.refuse("fedavg", "FedAvg trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    server.check_clients(info.num_clients, m)
     local_train = make_local_train(model, info, cfg, aux_weight=aux_weight)
 
     def init(key):
-        return FedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
+        variables = init_variables(model, key, info.image_shape)
+        return FedAvgState(variables=variables, round=jnp.int32(0), server=server.init(variables))
 
     def round_fn(state: FedAvgState, data: FederatedData, key: jax.Array):
-        idx, keys = round_clients(key, info.num_clients, m)
+        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
         clients = data.clients("train", idx)
         p = None if drop_path is None else drop_path(state.round)
         new_vars, metrics = map_clients(
@@ -98,13 +109,16 @@ def fedavg(
             (state.variables, p),
             placement=placement,
         )
-        weights = clients.count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
-        avg = weighted_mean(new_vars, weights, fallback=state.variables)
-        old = state.variables["params"]
-        params = jax.tree.map(lambda w, a: w + cfg.server_lr * (a - w), old, avg["params"])
-        variables = {"params": params, "batch_stats": avg["batch_stats"]}
+        weights = server.weights(clients.count, reporting_clients(key, idx, dropout_rate))  # failed clients weigh 0
+        avg = server.aggregate(new_vars, weights, fallback=state.variables)
+        if server.optimizer == "none":
+            old = state.variables["params"]
+            params = jax.tree.map(lambda w, a: w + cfg.server_lr * (a - w), old, avg["params"])
+            variables, opt = {"params": params, "batch_stats": avg["batch_stats"]}, state.server
+        else:
+            variables, opt = server.step(state.variables, avg, state.server, weights)
         metrics = {**train_metrics(metrics), **reported_metrics(weights, key, idx, dropout_rate)}
-        return state.replace(variables=variables, round=state.round + 1), metrics
+        return state.replace(variables=variables, round=state.round + 1, server=opt), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
@@ -120,4 +134,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

@@ -56,8 +56,8 @@ from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, ev
                                   select_by_validation)
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
-                               round_clients, weighted_mean)
+from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
+from jaxfednas.server import Server, tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas.search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
                                  group_edges_param, supernet_of, Genotype, plot_genotype)
@@ -124,10 +124,12 @@ PRESETS = {
 }
 
 
+@tolerate_missing_server_state
 @flax.struct.dataclass
 class FedNASState:
     variables: dict  # {"params", "arch", "batch_stats"} of the supernet
     round: jax.Array
+    server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 def cpu_scheduler(cfg: FedNASConfig) -> str:
@@ -261,12 +263,14 @@ def recalibrated_batch_stats(
 
 def fednas(
     cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0,
+    dropout_rate: float = 0.0, server: Server = Server(),
 ) -> FederatedAlgorithm:
-    """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5."""
+    """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5. ``server``:
+    sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`)."""
     primitives = PRIMITIVE_SETS[cfg.primitives]
     model = make_supernet(cfg, info)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    server.check_clients(info.num_clients, m)
     local_search = make_local_search(cfg, info, model, cfg.local_epochs)
     adapt = make_local_search(cfg, info, model, cfg.personalize_epochs)
 
@@ -274,19 +278,20 @@ def fednas(
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)
         v = dict(model.init({"params": key}, x, train=False))
         v.setdefault("batch_stats", {})
-        return FedNASState(variables=v, round=jnp.int32(0))
+        return FedNASState(variables=v, round=jnp.int32(0), server=server.init(v, ("params", "arch")))
 
     def round_fn(state: FedNASState, data: FederatedData, key):
         # Alg. 1 line 4: sample clients; line 5: ClientLocalSearch on each.
-        idx, keys = round_clients(key, info.num_clients, m)
+        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
         per_client = (data.clients("train", idx), data.clients("val", idx), keys)
         new_vars, met = map_clients(
             lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement
         )
-        weights = per_client[0].count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
-        avg = weighted_mean(new_vars, weights, fallback=state.variables)  # Eq. 5: w, BN statistics and α, each with N_k / N
+        weights = server.weights(per_client[0].count, reporting_clients(key, idx, dropout_rate))  # failed: weight 0
+        avg = server.aggregate(new_vars, weights, fallback=state.variables)  # Eq. 5: w, BN statistics, α with N_k / N
         if cfg.alpha_aggregation == "client0":
             avg["arch"] = jax.tree.map(lambda a: a[0], new_vars["arch"])
+        avg, opt = server.step(state.variables, avg, state.server, weights, ("params", "arch"))
         n = jnp.maximum(met["examples"].sum(), 1)
         metrics = {
             "train_loss": met["loss_sum"].sum() / n,
@@ -296,7 +301,7 @@ def fednas(
             "arch_entropy": arch_entropy(avg["arch"]),
             **reported_metrics(weights, key, idx, dropout_rate),
         }
-        return state.replace(variables=avg, round=state.round + 1), metrics
+        return state.replace(variables=avg, round=state.round + 1, server=opt), metrics
 
     def logits_fn(variables):
         return lambda x: model.apply(variables, info.normalize(x), train=False)
@@ -398,4 +403,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

@@ -50,6 +50,7 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.runtime import Placement
+from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
 
 DESCRIPTION = "FedNAS evaluation stage: FedAvg training of a DARTS network built from a genotype"
@@ -140,13 +141,13 @@ def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
 
 def fednas_train(
     cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, rounds: int | None = None,
+    dropout_rate: float = 0.0, rounds: int | None = None, server: Server = Server(),
 ) -> FederatedAlgorithm:
     """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``; ``rounds``
     (T, ``run.rounds``) is needed by the linear drop-path ramp."""
     algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
                   dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
-                  drop_path=drop_path_schedule(cfg, rounds))
+                  drop_path=drop_path_schedule(cfg, rounds), server=server)
     return algo._replace(name="fednas_train")
 
 
@@ -154,6 +155,7 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas_train(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate, rounds=config.run.rounds,
+        server=Server.from_run(config.run),
     )
 
 

@@ -34,6 +34,7 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas import rng
 from jaxfednas.runtime import jit, Placement, map_clients
+from jaxfednas.server import Server
 
 DESCRIPTION = "Local adaptation (FedNAS Table 1): FedAvg, then each client fine-tunes the global model before testing"
 
@@ -111,12 +112,13 @@ def local_adaptation(
     placement: Placement = Placement(),
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
+    server: Server = Server(),
 ) -> FederatedAlgorithm:
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
     ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model,
-                  dropout_rate=dropout_rate)
+                  dropout_rate=dropout_rate, server=server)
     finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs))
 
     def evaluate(state: FedAvgState, data: FederatedData):
@@ -136,4 +138,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_adaptation(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

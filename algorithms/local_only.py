@@ -21,7 +21,8 @@ from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
-                               round_clients, scatter_rows)
+                               scatter_rows)
+from jaxfednas.server import Server
 
 DESCRIPTION = "Local-only training: each client trains a personal model on its own data"
 
@@ -54,10 +55,15 @@ ROWS = ("clients",)  # per-client fields (leading axis K): split along the clien
 
 def local_only(
     cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0,
+    dropout_rate: float = 0.0, server: Server = Server(),
 ) -> FederatedAlgorithm:
+    """Each client trains its own model; ``server`` only samples the clients
+    (:class:`jaxfednas.server.Server`: no aggregator, no server optimizer)."""
+    server.refuse("local_only", "there is no server model: each client keeps its own", aggregator=True,
+                  optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    server.check_clients(info.num_clients, m)
     local_train = make_local_train(model, info, cfg)
 
     def init(key):
@@ -66,7 +72,7 @@ def local_only(
         return LocalOnlyState(clients=rows, round=jnp.int32(0))
 
     def round_fn(state: LocalOnlyState, data: FederatedData, key: jax.Array):
-        idx, keys = round_clients(key, info.num_clients, m)
+        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
         rows = gather_rows(state.clients, idx)
         new_rows, metrics = map_clients(
             lambda c, _: local_train(c[2], c[0], c[1]),
@@ -89,4 +95,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_only(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

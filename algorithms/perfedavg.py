@@ -54,8 +54,8 @@ from jaxfednas.data.federated import (
     run_local_epochs,
     tree_where,
 )
-from jaxfednas.runtime import (jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round,
-                               round_clients, weighted_mean)
+from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
+from jaxfednas.server import Server, tolerate_missing_server_state
 
 DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
 
@@ -85,10 +85,12 @@ PRESETS = {
 }
 
 
+@tolerate_missing_server_state
 @flax.struct.dataclass
 class PerFedAvgState:
     variables: dict  # global (meta) model w: {"params": ..., "batch_stats": ...}
     round: jax.Array  # int32, rounds completed
+    server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 def make_grad(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
@@ -185,28 +187,33 @@ def perfedavg(
     placement: Placement = Placement(),
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
+    server: Server = Server(),
 ) -> FederatedAlgorithm:
     """Build first-order Per-FedAvg for data described by ``info``. ``model`` replaces
     ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    server.refuse("perfedavg", "Per-FedAvg trains no architecture parameters", arch_optimizer=True)
+    server.check_clients(info.num_clients, m)
     meta_train = make_meta_train(model, info, cfg)
     adapt = make_adapt(model, info, cfg)
 
     def init(key):
-        return PerFedAvgState(variables=init_variables(model, key, info.image_shape), round=jnp.int32(0))
+        variables = init_variables(model, key, info.image_shape)
+        return PerFedAvgState(variables=variables, round=jnp.int32(0), server=server.init(variables))
 
     def round_fn(state: PerFedAvgState, data: FederatedData, key: jax.Array):
-        idx, keys = round_clients(key, info.num_clients, m)
+        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
         clients = data.clients("train", idx)
         new_vars, metrics = map_clients(
             lambda c, v: meta_train(v, c[0], c[1]), (clients, keys), state.variables,
             placement=placement,
         )
-        weights = clients.count * reporting_clients(key, idx, dropout_rate)  # failed clients weigh 0
-        variables = weighted_mean(new_vars, weights, fallback=state.variables)
+        weights = server.weights(clients.count, reporting_clients(key, idx, dropout_rate))  # failed clients weigh 0
+        avg = server.aggregate(new_vars, weights, fallback=state.variables)
+        variables, opt = server.step(state.variables, avg, state.server, weights)
         metrics = {**train_metrics(metrics), **reported_metrics(weights, key, idx, dropout_rate)}
-        return state.replace(variables=variables, round=state.round + 1), metrics
+        return state.replace(variables=variables, round=state.round + 1, server=opt), metrics
 
     def evaluate(state: PerFedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
@@ -221,4 +228,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return perfedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+        server=Server.from_run(config.run),
     )

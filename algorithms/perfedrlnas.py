@@ -86,8 +86,8 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_lo
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
-                               reported_metrics, reporting_clients, resolve_clients_per_round, round_clients,
-                               scatter_rows)
+                               reported_metrics, reporting_clients, resolve_clients_per_round, scatter_rows)
+from jaxfednas.server import Server
 from jaxfednas.search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
 from jaxfednas.search_spaces.sampling import random_choice
 
@@ -456,14 +456,19 @@ def recalibrated(cfg: PerFedRLNASConfig, space, info: DataInfo, variables: dict,
     return {**variables, "batch_stats": stats}
 
 
-def aggregate(cfg: PerFedRLNASConfig, space, old: dict, new: dict, choices: jax.Array, weights: jax.Array) -> dict:
-    """Algorithm 1, line 14: the clients' subnets back into the supernet."""
+def aggregate(cfg: PerFedRLNASConfig, space, old: dict, new: dict, choices: jax.Array, weights: jax.Array,
+              server: Server = Server()) -> dict:
+    """Algorithm 1, line 14: the clients' subnets back into the supernet (``count_normalized``
+    with ``run.aggregator`` median / trimmed_mean: per entry over the subnets covering it)."""
     keys = ("params", "batch_stats") if cfg.aggregate_bn else ("params",)
     out = dict(old)
     if cfg.aggregation == "count_normalized":
         masks = jax.vmap(space.variable_mask, in_axes=(0, None))(choices, old)
         for k in keys:
-            out[k] = masked_weighted_mean(new[k], masks[k], weights, fallback=old[k])
+            if server.aggregator == "mean":
+                out[k] = masked_weighted_mean(new[k], masks[k], weights, fallback=old[k])
+            else:
+                out[k] = server.masked_aggregate(new[k], masks[k], weights, fallback=old[k])
         return out
     w = weights / jnp.maximum(weights.sum(), 1e-12)  # the code: Σ n_i/n 1[|Δ_i| ≥ 1e-8] Δ_i
 
@@ -485,15 +490,25 @@ def perfedrlnas(
     clients_per_round: int | float = 0.25,
     placement: Placement = Placement(),
     dropout_rate: float = 0.0,
+    server: Server = Server(),
 ) -> FederatedAlgorithm:
     """Build PerFedRLNAS for data described by ``info``; ``rounds`` sets the learning rate's
     cosine. A client that fails to report (``dropout_rate``) neither enters the aggregate
-    nor gets a reward (its policy and accuracy history stay as they were)."""
+    nor gets a reward (its policy and accuracy history stay as they were). ``server``:
+    sampler and (with ``algo.aggregation=count_normalized``) aggregator
+    (:class:`jaxfednas.server.Server`); no server optimizer."""
+    server.refuse("perfedrlnas", "each client trains a subnet, so a supernet entry is covered by a varying subset of "
+                  "clients and a server optimizer's momentum would move entries no client trained",
+                  optimizer=True, arch_optimizer=True)
+    if cfg.aggregation != "count_normalized":
+        server.refuse("perfedrlnas", f"algo.aggregation={cfg.aggregation!r} adds masked deltas; a robust aggregator "
+                      "needs algo.aggregation=count_normalized", aggregator=True)
     space = make_space(cfg, info)
     if space.single_path:
         placement = placement.single_path()
     num_clients = info.num_clients
     m = resolve_clients_per_round(clients_per_round, num_clients)
+    server.check_clients(num_clients, m)
     dims = space.dims
     valid = choice_mask(dims)
     n_dims = len(dims)
@@ -518,7 +533,7 @@ def perfedrlnas(
             resources=draw_resources(cfg, k_res, num_clients, memory_range), round=jnp.zeros((), jnp.int32))
 
     def round_fn(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
-        idx, keys = round_clients(key, num_clients, m)
+        idx, keys = server.sample(key, state.round, data, num_clients, m)
         policy = state.policy[idx]
         # line 6 / Eq. 4: one choice per dimension from softmax(α_i^d)
         choices = jax.vmap(lambda k, a: jax.random.categorical(k, masked_logits(a, valid)))(
@@ -546,8 +561,8 @@ def perfedrlnas(
         time = time_penalty(rt, reported, cfg.lambda_time, cfg.time_term)
         r = rewards(acc, baseline, time, phi)
         # line 14: aggregation (clients over budget could not train: weight 0)
-        weights = train_data.count * reported * fits
-        variables = aggregate(cfg, space, state.variables, new, choices, weights)
+        weights = server.weights(train_data.count, reported) * fits
+        variables = aggregate(cfg, space, state.variables, new, choices, weights, server)
         # line 16: REINFORCE with Adam (optax minimises: feed the negative ascent direction)
         grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid, probs_from))(policy, choices, r)
         updates, opt = jax.vmap(policy_tx.update)(-grads, gather_rows(state.policy_opt, idx))
@@ -719,7 +734,8 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
         raise ConfigError(f"algo.reward_split='val' needs a validation split: data.split={config.data.split} "
                           "has none (e.g. --set data.split=0.7,0.1,0.2)")
     return perfedrlnas(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-                       placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)
+                       placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+                       server=Server.from_run(config.run))
 
 
 def __getattr__(name):

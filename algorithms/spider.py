@@ -79,7 +79,8 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_lo
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
-                               resolve_clients_per_round, round_clients, scatter_rows, weighted_mean)
+                               resolve_clients_per_round, scatter_rows)
+from jaxfednas.server import Server, tolerate_missing_server_state
 from jaxfednas.search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
                                  plot_genotype, PRIMITIVE_SETS, primitives_param, supernet_of)
 from jaxfednas.search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
@@ -147,6 +148,7 @@ PRESETS = {
 }
 
 
+@tolerate_missing_server_state
 @flax.struct.dataclass
 class SpiderState:
     variables: dict  # the global supernet w: {"params", "batch_stats"}
@@ -157,6 +159,7 @@ class SpiderState:
     node_done: jax.Array  # [K, 2, steps] bool: nodes whose two incoming edges are chosen
     clock: jax.Array  # [K] int32: rounds each client took part in (its search clock t)
     round: jax.Array  # int32, rounds completed
+    server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 # per-client fields (leading axis K): split along the clients mesh
@@ -354,14 +357,20 @@ def spider(
     clients_per_round: int | float = 1.0,
     placement: Placement = Placement(),
     dropout_rate: float = 0.0,
+    server: Server = Server(),
 ) -> FederatedAlgorithm:
     """Build SPIDER for data described by ``info``; ``rounds`` sets the learning rates'
     per-round cosine. A client that fails to report (``dropout_rate``) is left out of the
-    aggregate and keeps its rows (model, architecture, search progress, clock)."""
+    aggregate and keeps its rows (model, architecture, search progress, clock). ``server``:
+    sampler, aggregator and server optimizer of the global supernet
+    (:class:`jaxfednas.server.Server`; the architectures are personal, never averaged)."""
+    server.refuse("spider", "its architectures are personal (A_k), the server averages only the global supernet's "
+                  "weights", arch_optimizer=True)
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
     num_clients, steps = info.num_clients, cfg.nodes
     m = resolve_clients_per_round(clients_per_round, num_clients)
+    server.check_clients(num_clients, m)
     start = initial_mask(primitives, steps)
     full = {c: jnp.asarray(v) for c, v in start.items()}  # the global supernet: every op, weight 1
     search = make_searcher(cfg, info, net)
@@ -385,11 +394,11 @@ def spider(
             arch=rows({c: jnp.asarray(a) for c, a in start.items()}),
             edge_done=jnp.zeros((num_clients, len(CELLS), num_edges(steps)), bool),
             node_done=rows(jnp.asarray(node_done)), clock=jnp.zeros((num_clients,), jnp.int32),
-            round=jnp.zeros((), jnp.int32),
+            round=jnp.zeros((), jnp.int32), server=server.init(w),
         )
 
     def round_fn(state: SpiderState, data: FederatedData, key: jax.Array):
-        idx, keys = round_clients(key, num_clients, m)
+        idx, keys = server.sample(key, state.round, data, num_clients, m)
         t = state.clock[idx]
         mask = stack_cells(gather_rows(state.arch, idx)).swapaxes(0, 1)  # [m, 2, E, |O|]
         edge_done, node_done = state.edge_done[idx], state.node_done[idx]
@@ -419,14 +428,15 @@ def spider(
             client, (personal, gather_rows(state.opt_state, idx), mask, train_data, keys),
             (state.variables, lr_w(state.round), lr_v(state.round)), placement=placement)
         reported = reporting_clients(key, idx, dropout_rate)
-        weights = train_data.count * reported
-        w = weighted_mean(new_w, weights, fallback=state.variables)  # line 6: Σ N_k/N w_k
+        weights = server.weights(train_data.count, reported)
+        w = server.aggregate(new_w, weights, fallback=state.variables)  # line 6: Σ N_k/N w_k
+        w, opt = server.step(state.variables, w, state.server, weights)
         rows = scatter_rows(
             {"personal": state.personal, "opt_state": state.opt_state, "arch": state.arch,
              "edge_done": state.edge_done, "node_done": state.node_done, "clock": state.clock}, idx,
             {"personal": new_v, "opt_state": new_opt, "arch": unstack_cells(mask.swapaxes(0, 1)),
              "edge_done": edge_done, "node_done": node_done, "clock": t + 1}, keep=reported)
-        state = SpiderState(variables=w, round=state.round + 1, **rows)
+        state = SpiderState(variables=w, round=state.round + 1, server=opt, **rows)
         n = jnp.maximum(metrics["examples"].sum(), 1)
         return state, {
             "train_loss": metrics["loss_sum"].sum() / n, "train_acc": metrics["correct"].sum() / n,
@@ -631,7 +641,8 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
             f"algo.recovery_rounds={config.algo.recovery_rounds}, {num_edges(config.algo.nodes)} edges): "
             "personal architectures stay partial", stacklevel=2)
     return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-                  placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate)
+                  placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
+                  server=Server.from_run(config.run))
 
 
 def __getattr__(name):

@@ -1,0 +1,279 @@
+"""jaxfednas.server: server optimizers against NumPy by hand, robust aggregators on
+constructed updates with outliers, client samplers (determinism, proportionality,
+availability), defaults bitwise equal to the plain weighted mean, refusals, and a few cheap
+FedAvg rounds on the contract test's tiny federation."""
+import dataclasses
+
+import chex
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_federation
+from jaxfednas import rng
+from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
+from jaxfednas.config import ConfigError, RunConfig
+from jaxfednas.registry import algorithm_module
+from jaxfednas.rng import init_key, round_key
+from jaxfednas.runtime import map_clients, round_clients, weighted_mean
+from jaxfednas.server import (Server, availability_groups, available_clients, masked_robust_mean, online,
+                              proportional_clients, robust_mean, server_step, server_transform)
+
+# --- server optimizers: NumPy by hand ------------------------------------------------
+
+HP = dict(lr=0.3, momentum=0.8, b1=0.7, b2=0.9, tau=0.05)
+
+
+def numpy_server(name, x0, aggregates, lr, momentum, b1, b2, tau):
+    """Reddi et al. 2021, Algorithm 2 (and SGD / FedAvgM), in float64, one list entry per round."""
+    x = np.asarray(x0, np.float64)
+    buf, m, v = np.zeros_like(x), np.zeros_like(x), np.full_like(x, tau * tau)
+    out = []
+    for a in aggregates:
+        g = x - a  # pseudo-gradient
+        if name == "sgd":
+            x = x - lr * g
+        elif name == "avgm":
+            buf = momentum * buf + g
+            x = x - lr * buf
+        else:
+            d = -g
+            m = b1 * m + (1 - b1) * d
+            if name == "adagrad":
+                v = v + d * d
+            elif name == "adam":
+                v = b2 * v + (1 - b2) * d * d
+            else:  # yogi
+                v = v - (1 - b2) * d * d * np.sign(v - d * d)
+            x = x + lr * m / (np.sqrt(v) + tau)
+        out.append(x.copy())
+    return out
+
+
+@pytest.mark.parametrize("name", ["sgd", "avgm", "adagrad", "adam", "yogi"])
+def test_server_optimizers_match_numpy_over_three_rounds(name):
+    r = np.random.default_rng(0)
+    x0 = {"a": r.normal(size=(3,)).astype(np.float32), "b": r.normal(size=(2, 2)).astype(np.float32)}
+    aggs = [jax.tree.map(lambda x: (x + r.normal(size=x.shape)).astype(np.float32), x0) for _ in range(3)]
+    tx = server_transform(name, **HP)
+    x, state = x0, tx.init(x0)
+    step = jax.jit(lambda x, a, s: server_step(tx, x, a, s))
+    for t, a in enumerate(aggs):
+        x, state = step(x, a, state)
+        for k in x0:
+            want = numpy_server(name, x0[k], [agg[k] for agg in aggs], **HP)[t]
+            np.testing.assert_allclose(np.asarray(x[k]), want, rtol=2e-5, atol=2e-6, err_msg=f"{name} round {t} {k}")
+
+
+def test_no_server_optimizer_returns_the_aggregate_itself_and_a_round_without_reports_changes_nothing():
+    agg = {"w": jnp.arange(3.0)}
+    assert server_step(None, {"w": jnp.ones(3)}, agg, {})[0] is agg
+    s = Server(optimizer="avgm", lr=0.5, momentum=0.9)
+    cur = {"params": {"w": jnp.ones(3)}, "batch_stats": {"m": jnp.zeros(2)}}
+    new = {"params": {"w": jnp.zeros(3)}, "batch_stats": {"m": jnp.ones(2)}}
+    opt = s.init(cur)
+    moved, opt1 = s.step(cur, new, opt, jnp.array([3.0, 1.0]))
+    np.testing.assert_allclose(moved["params"]["w"], 0.5 * np.ones(3))  # x - lr (x - x̄)
+    np.testing.assert_array_equal(moved["batch_stats"]["m"], np.ones(2))  # statistics: the aggregate
+    kept, opt2 = s.step(moved, new, opt1, jnp.zeros(2))  # nobody reported
+    chex.assert_trees_all_equal(kept["params"], moved["params"])
+    chex.assert_trees_all_equal(opt2, opt1)
+
+
+# --- aggregators ----------------------------------------------------------------------
+
+# six clients, one coordinate each column; client 5 is an outlier in every column
+CLIENTS = np.array([[0., 5., -3.], [1., 5., -2.], [2., 5., -1.], [4., 5., 0.], [8., 5., 1.], [1000., -1e6, 50.]],
+                   np.float32)
+
+
+def test_median_and_trimmed_mean_ignore_outliers_by_hand():
+    w = jnp.array([10., 1., 1., 1., 1., 1.])  # n_k: the robust aggregators do not weight by them
+    med = robust_mean({"x": CLIENTS}, w, "median")["x"]
+    np.testing.assert_array_equal(med, [(2 + 4) / 2, 5, (-1 + 0) / 2])
+    trim = robust_mean({"x": CLIENTS}, w, "trimmed_mean", 1 / 6)["x"]  # ⌊6/6⌋ = 1 dropped from each end
+    np.testing.assert_allclose(trim, [(1 + 2 + 4 + 8) / 4, 5, (-2 - 1 + 0 + 1) / 4], rtol=1e-6)
+    mean = weighted_mean({"x": CLIENTS}, w)["x"]
+    assert abs(float(mean[0]) - 3.75) > 10  # the mean follows the outlier
+    # the outlier fails to report (weight 0): five values, the middle one / 1 trimmed from each end
+    w0 = w.at[5].set(0.0)
+    np.testing.assert_array_equal(robust_mean({"x": CLIENTS}, w0, "median")["x"], [2, 5, -1])
+    np.testing.assert_allclose(robust_mean({"x": CLIENTS}, w0, "trimmed_mean", 0.2)["x"],
+                               [(1 + 2 + 4) / 3, 5, -1], rtol=1e-6)
+    # nobody reports: the fallback
+    fb = {"x": jnp.full((3,), 7.0)}
+    np.testing.assert_array_equal(robust_mean({"x": CLIENTS}, jnp.zeros(6), "median", fallback=fb)["x"], 7.0)
+
+
+def test_masked_robust_mean_per_entry_over_the_covering_clients():
+    x = jnp.array([[1., 10., 3., 9.], [2., 20., 4., 9.], [100., 30., 5., 9.]])
+    masks = jnp.array([[1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0]])
+    fb = jnp.full((4,), -7.0)
+    med = masked_robust_mean(x, masks, jnp.ones(3), "median", 0.0, fb)
+    np.testing.assert_array_equal(med, [2, 15, 5, -7])
+    trim = masked_robust_mean(x, masks, jnp.ones(3), "trimmed_mean", 0.34, fb)  # ⌊3 · 0.34⌋ = 1 each end
+    np.testing.assert_array_equal(trim, [2, 15, 5, -7])
+    med = masked_robust_mean(x, masks, jnp.array([1., 0., 1.]), "median", 0.0, fb)  # client 1 failed
+    np.testing.assert_array_equal(med, [(1 + 100) / 2, 10, 5, -7])
+
+
+def test_default_aggregation_is_the_weighted_mean_bit_for_bit():
+    r = np.random.default_rng(1)
+    tree = {"p": r.normal(size=(4, 5)).astype(np.float32), "s": r.normal(size=(4, 2)).astype(np.float32)}
+    w, fb = jnp.array([3., 0., 5., 1.]), jax.tree.map(lambda a: a[0], tree)
+    chex.assert_trees_all_equal(Server().aggregate(tree, w, fb), weighted_mean(tree, w, fallback=fb))
+    counts, rep = jnp.array([3, 4, 5], jnp.int32), jnp.array([True, False, True])
+    np.testing.assert_array_equal(Server().weights(counts, rep), counts * rep)
+    with pytest.raises(ValueError, match="masked_weighted_mean"):
+        Server().masked_aggregate(tree, tree, w, fb)
+
+
+# --- samplers -------------------------------------------------------------------------
+
+
+def test_uniform_sampler_is_round_clients_and_every_sampler_is_a_function_of_seed_and_round():
+    k = round_key(3, 5)
+    for a, b in zip(Server().sample(k, 5, None, 10, 4), round_clients(k, 10, 4)):
+        np.testing.assert_array_equal(a, b)
+    sizes = jnp.array([5, 0, 3, 9, 1, 1, 2, 8, 4, 6], jnp.int32)
+
+    class Data:
+        def all_clients(self, split):
+            assert split == "train"
+            return type("C", (), {"count": sizes})
+
+    for s in (Server(sampler="proportional"), Server(sampler="available", availability_period=3, availability_on=2,
+                                                     seed=3)):
+        ids, keys = s.sample(k, 5, Data(), 10, 4)
+        ids2, keys2 = s.sample(round_key(3, 5), 5, Data(), 10, 4)
+        np.testing.assert_array_equal(ids, ids2)
+        np.testing.assert_array_equal(keys, keys2)
+        np.testing.assert_array_equal(keys, rng.client_keys(k, ids))
+        assert (np.diff(np.asarray(ids)) >= 0).all()
+        draws = {tuple(np.asarray(s.sample(round_key(3, r), r, Data(), 10, 4)[0])) for r in range(8)}
+        assert len(draws) > 1
+    assert 1 not in np.asarray(Server(sampler="proportional").sample(k, 5, Data(), 10, 4)[0])  # n_k = 0: never
+
+
+def test_proportional_sampler_frequencies_follow_training_sizes():
+    sizes = jnp.array([1, 2, 3, 4, 0, 10], jnp.int32)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4000)
+    ids = np.asarray(jax.vmap(lambda k: proportional_clients(k, sizes, 3))(keys)).ravel()
+    freq = np.bincount(ids, minlength=6) / ids.size
+    np.testing.assert_allclose(freq, np.asarray(sizes) / 20, atol=0.012)
+    # one weight per reporting draw: the aggregate's expectation is the n_k-weighted mean
+    w = Server(sampler="proportional").weights(jnp.array([4, 4, 0]), jnp.array([True, False, True]))
+    np.testing.assert_array_equal(w, [1.0, 0.0, 0.0])
+
+
+def test_available_sampler_draws_only_online_clients_uniformly():
+    k, period, on, m = 12, 4, 2, 3
+    groups = availability_groups(7, k, period)
+    assert sorted(np.bincount(groups)) == [3, 3, 3, 3]
+    np.testing.assert_array_equal(groups, availability_groups(7, k, period))
+    s = Server(sampler="available", availability_period=period, availability_on=on, seed=7)
+    for r in range(2 * period):
+        up = np.asarray(online(groups, r, period, on))
+        assert up.sum() == 6
+        keys = jax.random.split(jax.random.PRNGKey(r), 1500)
+        ids = np.asarray(jax.vmap(lambda key: available_clients(key, jnp.asarray(up), m))(keys))
+        assert up[ids].all()
+        assert all(len(set(row)) == m for row in ids[:50])  # without replacement
+        freq = np.bincount(ids.ravel(), minlength=k) / ids.shape[0]
+        np.testing.assert_allclose(freq[up], m / up.sum(), atol=0.05)
+        traced = np.asarray(s.sample(round_key(7, r), jnp.int32(r), None, k, m)[0])
+        assert up[traced].all()
+    with pytest.raises(ConfigError, match="fewer than the 7 clients per round"):
+        s.check_clients(k, 7)
+
+
+# --- configuration and refusals ------------------------------------------------------
+
+
+def test_run_config_defaults_are_todays_server_and_bad_values_are_refused():
+    assert Server.from_run(RunConfig()) == Server()
+    with pytest.raises(ConfigError, match="run.availability_on"):
+        RunConfig(sampler="available", availability_period=2, availability_on=3)
+    with pytest.raises(ConfigError, match="run.server_optimizer"):
+        RunConfig(server_optimizer="adamw")
+
+
+@pytest.mark.parametrize("name, over, match", [
+    ("local_only", {"run.aggregator": "median"}, "run.aggregator='median' does not apply to local_only"),
+    ("local_only", {"run.server_optimizer": "adam"}, "run.server_optimizer='adam' does not apply to local_only"),
+    ("dp_fnas", {"run.sampler": "proportional"}, "accountant assumes every party in every iteration"),
+    ("dp_fnas", {"run.server_optimizer": "sgd"}, "own optimizers"),
+    ("perfedrlnas", {"run.server_optimizer": "avgm"}, "does not apply to perfedrlnas"),
+    ("fedavg", {"run.arch_server_optimizer": "adam"}, "no architecture parameters"),
+    ("fedavg", {"run.server_optimizer": "sgd", "algo.server_lr": 0.5}, "set run.server_lr instead"),
+    ("fedavg", {"run.sampler": "available", "run.availability_period": 4}, "raise availability_on"),
+])
+def test_options_that_do_not_apply_raise_a_config_error_naming_them(name, over, match):
+    cfg, data = tiny_federation(name, **over)
+    with pytest.raises(ConfigError, match=match):
+        algorithm_module(name).build(cfg, data.info)
+
+
+# --- FedAvg end to end (the contract test's tiny federation) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def fedavg_run():
+    cfg, data = tiny_federation("fedavg")
+    algo = algorithm_module("fedavg").build(cfg, data.info)
+    s0 = algo.init(init_key(0))
+    return cfg, data, s0, algo.round(s0, data, round_key(0, 0))
+
+
+def test_default_fedavg_round_is_the_plain_weighted_mean_bit_for_bit(fedavg_run):
+    from jaxfednas.algorithms.common import make_local_train
+    from jaxfednas.runtime import Placement, jit, reporting_clients
+    from jaxfednas.search_spaces.models import make_model
+
+    cfg, data, s0, (s1, _) = fedavg_run
+    assert s1.server == {}
+    info = data.info
+    local_train = make_local_train(make_model(cfg.algo.model, info.num_classes, info.name), info, cfg.algo)
+
+    @jit
+    def by_hand(variables, data, key):
+        idx, keys = round_clients(key, info.num_clients, 2)
+        clients = data.clients("train", idx)
+        new = map_clients(lambda c, v: local_train(v, c[0], c[1], None), (clients, keys), variables,
+                          placement=Placement.from_run(cfg.run))[0]
+        avg = weighted_mean(new, clients.count * reporting_clients(key, idx, 0.0), fallback=variables)
+        params = jax.tree.map(lambda w, a: w + 1.0 * (a - w), variables["params"], avg["params"])
+        return {"params": params, "batch_stats": avg["batch_stats"]}
+
+    chex.assert_trees_all_equal(s1.variables, by_hand(s0.variables, data, round_key(0, 0)))
+
+
+def test_fedavg_with_fedadam_steps_from_the_clients_aggregate(fedavg_run, tmp_path):
+    cfg, data, s0, (s1, _) = fedavg_run
+    hp = {"run.server_optimizer": "adam", "run.server_lr": 0.01, "run.server_b1": 0.9, "run.server_b2": 0.99,
+          "run.server_tau": 1e-3}
+    cfg_a, _ = tiny_federation("fedavg", **hp)
+    algo = algorithm_module("fedavg").build(cfg_a, data.info)
+    a0 = algo.init(init_key(0))
+    chex.assert_trees_all_equal(a0.variables, s0.variables)
+    a1, _ = algo.round(a0, data, round_key(0, 0))
+    # same clients, same keys, same local training: the default round's result is the aggregate
+    for w, agg, got in zip(jax.tree.leaves(s0.variables["params"]), jax.tree.leaves(s1.variables["params"]),
+                           jax.tree.leaves(a1.variables["params"])):
+        want = numpy_server("adam", w, [np.asarray(agg, np.float64)], lr=0.01, momentum=0.0, b1=0.9, b2=0.99,
+                            tau=1e-3)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_equal(a1.variables["batch_stats"], s1.variables["batch_stats"])
+    # the optimizer state is checkpointed and resumed; a checkpoint from before it still loads
+    save_checkpoint(tmp_path / "c.msgpack", a1, round=1, config_sha256="x")
+    back, _ = load_checkpoint(tmp_path / "c.msgpack", a0, config_sha256="x")
+    chex.assert_trees_all_equal(back, a1)
+    old = flax.serialization.to_state_dict(s1)
+    del old["server"]
+    restored = flax.serialization.from_state_dict(s0, old)
+    chex.assert_trees_all_equal(restored, s1)
+    with pytest.raises(ValueError, match="Unknown field"):
+        flax.serialization.from_state_dict(s0, {**old, "bogus": 1})
+    assert dataclasses.fields(type(s1))[-1].name == "server"
