@@ -1,0 +1,104 @@
+"""Peak memory of one FedNAS round through the plain Python API, with and without the
+post-compile memory release.
+
+A user who calls ``fednas(cfg, info).round(...)`` directly (no ``run_experiment``) gets
+:func:`jaxfednas.runtime.release_memory_after_compiles` by default: after each long XLA
+compilation the C allocator hands the compiler's freed temporaries back to the system
+before the program first runs. This script measures what that buys: each variant runs in
+a fresh process (peak RSS is a per-process high-water mark) that builds 4 synthetic
+32x32x3 clients, FedNAS at config (a) (C=8, 5 cells, batch 32; ``--config b``: C=16, 8
+cells, batch 64) with ``Placement("map")``, ``init`` and one round of E=1 local epoch
+(``--steps`` minibatches per client), and reports the process's peak RSS, the RSS after
+the round, and the wall time of the first round (compile + run). ``off`` sets
+``JAXFEDNAS_RELEASE_MEMORY=0`` (the listener never installs); ``on`` is the default.
+
+    PYTHONPATH=. python benchmarks/api_memory.py                 # config (a), 10 steps per client
+    PYTHONPATH=. python benchmarks/api_memory.py --quick         # a tiny supernet, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import _bench_util as bu
+
+CONFIGS = {"a": (8, 5, 32, 4), "b": (16, 8, 64, 4), "q": (4, 1, 8, 1)}  # C, cells, batch, nodes
+QUICK = {"config": "q", "steps": 2, "clients": 2}
+
+
+def worker(args) -> dict:
+    import jax
+
+    from jaxfednas.algorithms.fednas import FedNASConfig, fednas
+    from jaxfednas.data import make_federated_data
+    from jaxfednas.data import partition as part
+    from jaxfednas.data.datasets import load_dataset
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.registry import make_config
+    from jaxfednas.rng import init_key, round_key
+    from jaxfednas.runtime import Placement
+
+    C, layers, batch, nodes = CONFIGS[args.config]
+    K = args.clients
+    per_client = 2 * args.steps * batch  # half search-train, half search-val (split 0.5 / 0.5)
+    ecfg = make_config("fednas", overrides={"data.dataset": "synthetic", "data.num_clients": K,
+                                            "data.partition": "iid", "data.split": (0.5, 0.5, 0.0)})
+    ds = load_dataset("synthetic", seed=0, num_train=K * per_client, image_shape=(32, 32, 3))
+    data = make_federated_data(ds, part.manifest_splits(make_partition(ecfg, ds)))
+    cfg = FedNASConfig(C=C, layers=layers, nodes=nodes, batch_size=batch, local_epochs=1)
+    algo = fednas(cfg, data.info, clients_per_round=K, placement=Placement("map"))
+    state = algo.init(init_key(0))
+    t0 = time.perf_counter()
+    state, metrics = algo.round(state, data, round_key(0, 0))
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    return {"peak_rss_mib": bu.peak_rss_mib(), "rss_after_mib": bu.rss_mib(), "first_round_s": first,
+            "local_steps": int(metrics["local_steps"]), "train_loss": float(metrics["train_loss"])}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="a", choices=sorted(CONFIGS))
+    p.add_argument("--steps", type=int, default=10, help="local minibatches per client")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    bu.add_output_args(p, "config q (C=4, one cell of one node), 2 clients x 2 steps")
+    args = bu.parse_with_quick(p, argv, QUICK)
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)))
+        return 0
+    rows, results = [], {}
+    for variant in ("off", "on"):
+        env = {**os.environ, "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off"}
+        cmd = [sys.executable, __file__, "--worker", variant, "--config", args.config, "--steps", str(args.steps),
+               "--clients", str(args.clients)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+            raise SystemExit(f"the {variant} worker failed (exit {out.returncode})")
+        res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+        results[variant] = res
+        rows.append([variant, f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
+                     f"{res['first_round_s']:.1f}", res["local_steps"]])
+    if results["on"]["train_loss"] != results["off"]["train_loss"]:
+        raise SystemExit("the release changed the round's result")
+    C, layers, batch, nodes = CONFIGS[args.config]
+    body = (f"FedNAS config ({args.config}): C={C}, {layers} cells, {nodes} nodes, batch {batch}; {args.clients} "
+            f"synthetic 32x32x3 clients x {args.steps} local steps, Placement('map'), the plain Python API "
+            "(`fednas(cfg, info).init` then one `round`), each variant in a fresh process, no compilation cache. "
+            "Same train loss in both (checked).\n\n"
+            + bu.markdown_table(["release after compiles", "peak RSS (GiB)", "RSS after the round (GiB)",
+                                 "first round incl. compile (s)", "local steps"], rows)
+            + f"\n\nPeak with the release / without: "
+              f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x.")
+    bu.publish("FedNAS round memory through the plain API", "api_memory.py", body,
+               write=True, path=bu.results_path(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
