@@ -155,6 +155,13 @@ def test_uniform_sampler_is_round_clients_and_every_sampler_is_a_function_of_see
         draws = {tuple(np.asarray(s.sample(round_key(3, r), r, Data(), 10, 4)[0])) for r in range(8)}
         assert len(draws) > 1
     assert 1 not in np.asarray(Server(sampler="proportional").sample(k, 5, Data(), 10, 4)[0])  # n_k = 0: never
+    # the draws come from the round's SAMPLE stream (jaxfednas.rng.sample_key), as uniform's do
+    np.testing.assert_array_equal(Server(sampler="proportional").sample(k, 5, Data(), 10, 4)[0],
+                                  proportional_clients(rng.sample_key(k), sizes, 4))
+    up = online(jnp.asarray(availability_groups(3, 10, 3)), 5, 3, 2)
+    np.testing.assert_array_equal(
+        Server(sampler="available", availability_period=3, availability_on=2, seed=3).sample(k, 5, Data(), 10, 4)[0],
+        available_clients(rng.sample_key(k), up, 4))
 
 
 def test_proportional_sampler_frequencies_follow_training_sizes():
@@ -169,6 +176,9 @@ def test_proportional_sampler_frequencies_follow_training_sizes():
 
 
 def test_available_sampler_draws_only_online_clients_uniformly():
+    # group g comes online in round g (mod the period) and stays for `on` rounds
+    np.testing.assert_array_equal(online(np.arange(4), 1, 4, 2), [True, True, False, False])
+    np.testing.assert_array_equal(online(np.arange(4), 4, 4, 2), [True, False, False, True])
     k, period, on, m = 12, 4, 2, 3
     groups = availability_groups(7, k, period)
     assert sorted(np.bincount(groups)) == [3, 3, 3, 3]
@@ -277,3 +287,20 @@ def test_fedavg_with_fedadam_steps_from_the_clients_aggregate(fedavg_run, tmp_pa
     with pytest.raises(ValueError, match="Unknown field"):
         flax.serialization.from_state_dict(s0, {**old, "bogus": 1})
     assert dataclasses.fields(type(s1))[-1].name == "server"
+
+
+def test_perfedrlnas_aggregation_takes_the_masked_robust_aggregators():
+    from jaxfednas.algorithms.perfedrlnas import PerFedRLNASConfig, aggregate
+
+    class Space:  # client with choice c trained entries 0..c of the supernet's one leaf
+        def variable_mask(self, choice, old):
+            return {"params": {"w": (jnp.arange(4) <= choice).astype(jnp.float32)}}
+
+    cfg = PerFedRLNASConfig(aggregate_bn=False, aggregation="count_normalized")
+    old = {"params": {"w": jnp.full((4,), -7.0)}}
+    new = {"params": {"w": jnp.array([[1., 10., 3., 9.], [2., 20., 4., 9.], [100., 30., 5., 9.]])}}
+    choices, w = jnp.array([1, 1, 2]), jnp.array([5.0, 1.0, 1.0])
+    med = aggregate(cfg, Space(), old, new, choices, w, Server(aggregator="median"))
+    np.testing.assert_array_equal(med["params"]["w"], [2, 20, 5, -7])
+    mean = aggregate(cfg, Space(), old, new, choices, w)
+    np.testing.assert_allclose(mean["params"]["w"], [(5 + 2 + 100) / 7, (50 + 20 + 30) / 7, 5, -7], rtol=1e-6)
