@@ -331,7 +331,12 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
     plan["memory_fit"] = fit
 
     plan["timing"] = None
-    if measure:
+    device_bytes, device_from = _device_memory_bytes()
+    if measure and memory is not None and device_bytes is not None and memory["total"] > device_bytes:
+        plan["timing"] = {"skipped": f"the round needs {_bytes(memory['total'])} per device, more than the "
+                                     f"{_bytes(device_bytes)} of {device_from}: not run (fewer clients in flight, "
+                                     "run.client_chunk_size, lower it)"}
+    elif measure:
         say("measuring the round ..." if local_steps is None else f"measuring rounds with {local_steps} local-step slots ...")
         t = _measure(cfg, data, built, local_steps)
         rounds = cfg.run.rounds
@@ -421,6 +426,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     t = plan.get("timing")
     if t is None:
         lines.append("  measured round: not measured")
+    elif "skipped" in t:
+        lines.append(f"  measured round: {t['skipped']}")
     else:
         lines.append(f"  round on this device: {_duration(t['round_s'])} ({t['method']})")
         if t.get("note"):

@@ -162,3 +162,13 @@ def test_memory_total_counts_donated_buffers_once():
 
     assert plan_mod._memory(Compiled()) == {"argument": 100, "output": 80, "alias": 60, "temp": 7, "total": 127}
     assert plan_mod._memory(NoAnalysis()) is None
+
+
+def test_round_larger_than_the_device_is_not_run(monkeypatch, tiny_plan):
+    cfg, full = tiny_plan
+    need = full["round"]["memory_bytes_per_device"]["total"]
+    monkeypatch.setattr(plan_mod, "_device_memory_bytes", lambda: (need - 1, "a tiny device"))
+    monkeypatch.setattr(plan_mod, "_run_timed", lambda *a: pytest.fail("a round that does not fit was run"))
+    plan = plan_run(cfg, probe_chunk=False, macs=False)
+    assert "a tiny device" in plan["timing"]["skipped"]
+    assert "measured round: the round needs" in format_plan(plan)
