@@ -26,9 +26,8 @@ import numpy as np
 
 from jaxfednas import rng
 from jaxfednas.data.datasets import Dataset
+from jaxfednas.data.partition import SPLIT_NAMES as SPLITS
 from jaxfednas.runtime import is_every_client, step_if
-
-SPLITS = ("train", "val", "test")
 
 
 @dataclasses.dataclass(frozen=True)
