@@ -185,6 +185,15 @@ def _sequential_clients(cfg: ExperimentConfig) -> bool:
     return sequential and (p.client_chunk_size or 1) == 1
 
 
+def _chunks_apply(cfg: ExperimentConfig) -> bool:
+    """Whether ``run.client_chunk_size`` changes the round of ``cfg`` on these devices: clients
+    under ``lax.map`` (placement ``map``, or within each device under ``shard_map``); under
+    ``vmap`` every client of a device runs at once whatever the chunk size."""
+    p = Placement.from_run(_with_chunk(cfg, 2).run)
+    mode = p.resolved()
+    return mode == "map" or (mode == "shard_map" and p.resolved_within() == "map")
+
+
 def _with_train_counts(data: FederatedData, counts: np.ndarray) -> FederatedData:
     return data.replace(train=data.train.replace(counts=jnp.asarray(counts, jnp.int32)))
 
@@ -307,7 +316,12 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
 
     # clients in flight: the round at client_chunk_size 1 and 2
     per_client = None
-    if probe_chunk and memory is not None and per_device >= 2:
+    chunks_apply = _chunks_apply(cfg)
+    if not chunks_apply:
+        plan["clients_in_flight_note"] = (
+            f"run.placement={cfg.run.placement} resolves to {placement.resolved()} on this device, which runs every "
+            "client at once and ignores run.client_chunk_size (--set run.placement=map to chunk the clients)")
+    if probe_chunk and chunks_apply and memory is not None and per_device >= 2:
         # the round as compiled already is the chunk-1 round when clients run one at a time
         same = cfg.run.client_chunk_size == 1 or (cfg.run.client_chunk_size is None and placement.resolved() == "map")
         say("compiling the round with 2 clients in flight ...")
@@ -407,7 +421,8 @@ def format_plan(plan: dict[str, Any]) -> str:
                      f"aliased {_bytes(m['alias'])}, temporaries {_bytes(m['temp'])}; total {_bytes(m['total'])}")
     c = plan.get("clients_in_flight")
     if c is None:
-        lines.append("  per client in flight: not available (needs >= 2 clients per device and XLA's memory analysis)")
+        why = plan.get("clients_in_flight_note") or "needs >= 2 clients per device and XLA's memory analysis"
+        lines.append(f"  per client in flight: not available ({why})")
     else:
         lines.append(f"  per client in flight: {_bytes(c['per_client_in_flight'])} (round at client_chunk_size 1: "
                      f"{_bytes(c['chunk_1_total'])}, at 2: {_bytes(c['chunk_2_total'])})")

@@ -172,3 +172,11 @@ def test_round_larger_than_the_device_is_not_run(monkeypatch, tiny_plan):
     plan = plan_run(cfg, probe_chunk=False, macs=False)
     assert "a tiny device" in plan["timing"]["skipped"]
     assert "measured round: the round needs" in format_plan(plan)
+
+
+def test_chunk_probe_only_where_chunks_apply(tiny_plan):
+    cfg, _ = tiny_plan
+    vmapped = make_config("fedavg", overrides={**TINY, "run.placement": "vmap"})
+    plan = plan_run(vmapped, measure=False, macs=False)
+    assert plan["clients_in_flight"] is None and plan["memory_fit"]["largest_chunk_estimate"] is None
+    assert "ignores run.client_chunk_size" in format_plan(plan)
