@@ -43,6 +43,7 @@ import numpy as np
 # Under PRNGKey(seed)
 INIT = 0x7FFFFFFF
 ROUNDS = 1
+AVAILABILITY = 0x0A7A11  # the availability groups of the "available" client sampler (jaxfednas.server)
 # Under the initial-state key
 PERSONALIZE = 1
 # Under a round key

@@ -74,7 +74,7 @@ from jaxfednas.config import AGGREGATORS, SAMPLERS, SERVER_OPTIMIZERS, ConfigErr
 from jaxfednas.runtime import nothing_to_aggregate, round_clients, weighted_mean
 
 
-AVAILABILITY = 0x0A7A11  # under PRNGKey(seed): the availability groups of sampler "available"
+AVAILABILITY = rng.AVAILABILITY  # under PRNGKey(seed): the availability groups of sampler "available"
 
 
 # --- Samplers ---------------------------------------------------------------------

@@ -24,6 +24,10 @@ def test_stream_values_are_pinned():
     assert _data(rng.step_key(c, 5)) == (3251675296, 1408081856)
 
 
+def test_seed_level_tags_are_distinct():
+    assert len({rng.INIT, rng.ROUNDS, rng.AVAILABILITY}) == 3
+
+
 def test_streams_of_a_round_are_distinct():
     r = rng.round_key(1, 0)
     ids = jnp.arange(50)
