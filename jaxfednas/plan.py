@@ -16,7 +16,8 @@ configuration says), builds the algorithm, lowers and compiles one round ahead o
   loop once, so for rounds made of ``scan`` / ``map`` loops this is far below the real
   count) and the multiply-accumulates of the round's jaxpr with every loop's trip count
   (:func:`jaxfednas.cost.count_macs`: every padded local-step slot counted, an upper
-  bound);
+  bound; of the program as built for this backend, e.g. on CPU a separable convolution
+  runs as one dense convolution, so the CPU figure is larger than the GPU one);
 * trace, lower and compile times, one measured round on this device (or a few local steps
   of it, extrapolated: :func:`plan_run`'s ``local_steps``), and the wall time of the whole
   run extrapolated from it (rounds x round time; compilation, evaluation, checkpoints and
@@ -228,7 +229,7 @@ def _measure(cfg: ExperimentConfig, data: FederatedData, built: dict, local_step
     empty = _with_train_counts(data, np.zeros(k, np.int64))
     few = _with_train_counts(data, reduced)
     t_few = _run_timed(compiled, state, few, key)  # the first call includes a one-time warm-up:
-    if t_few < 10.0:  # small against a long call, else measure again
+    if t_few < 60.0:  # small against a long call, else measure again
         t_few = _run_timed(compiled, state, few, key)
     t_empty = _run_timed(compiled, state, empty, key)
     if b:
@@ -437,7 +438,8 @@ def format_plan(plan: dict[str, Any]) -> str:
                  f"{_num(cost.get('bytes accessed'), 'B')} accessed (XLA counts a loop body once: a lower bound "
                  "for a round of loops)")
     lines.append(f"  jaxpr multiply-accumulates per round: {_num(r.get('jaxpr_macs_upper_bound'), 'MAC')} "
-                 "(every loop trip counted, padded step slots included: an upper bound)")
+                 "(of the program built for this backend; every loop trip counted, padded step slots "
+                 "included: an upper bound)")
     t = plan.get("timing")
     if t is None:
         lines.append("  measured round: not measured")
