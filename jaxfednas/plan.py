@@ -50,7 +50,7 @@ from jaxfednas.runtime import Placement
 
 GIB = 2**30
 
-# (train images, test images, classes, image shape) of each dataset as published
+#: (train images, test images, classes, image shape) of each dataset as published
 DATASET_SHAPES: dict[str, tuple[int, int, int, tuple[int, int, int]]] = {
     "cifar10": (50_000, 10_000, 10, (32, 32, 3)),
     "cifar100": (50_000, 10_000, 100, (32, 32, 3)),
