@@ -159,7 +159,8 @@ class RunConfig(Validated):
     placement: str = param("auto", "how clients are laid on devices", choices=PLACEMENTS)
     client_chunk_size: int | None = param(None, "clients in flight per device: clients vmapped together per lax.map "
                                           "chunk (placement map, and within each device under shard_map); None: "
-                                          "one at a time with map/auto-on-CPU, all at once with vmap",
+                                          "one at a time with map/auto-on-CPU, all at once with vmap/auto-on-one-"
+                                          "accelerator (a size makes auto chunk there too)",
                                           range=(1, None))
     memory_budget_gib: float | None = param(None, "pick client_chunk_size as the largest whose compiled round fits "
                                             "this many GiB per device (XLA's memory analysis; compiles a few "

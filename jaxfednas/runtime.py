@@ -320,8 +320,13 @@ class Placement:
         if jax.device_count() > 1:
             return "shard_map"
         # XLA:CPU turns vmapped per-client convolutions into slow grouped convolutions:
-        # there, clients one after another are faster (benchmarks/RESULTS.md).
-        return "map" if jax.default_backend() == "cpu" else "vmap"
+        # there, clients one after another are faster (benchmarks/RESULTS.md). On one
+        # accelerator every client at once, unless a chunk size (given, or picked by
+        # run.memory_budget_gib) asks for that many clients in flight at a time: a paper-sized
+        # FedNAS round of 16 vmapped clients needs ~220 GiB (jaxfednas plan).
+        if jax.default_backend() == "cpu" or self.client_chunk_size is not None:
+            return "map"
+        return "vmap"
 
     def clients_per_device(self, clients: int) -> int:
         """How many of ``clients`` one device runs in a round under this placement."""

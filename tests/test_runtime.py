@@ -429,3 +429,18 @@ def test_the_post_compile_memory_release_is_on_for_the_plain_api():
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "JAXFEDNAS_RELEASE_MEMORY": "0"}).stdout.strip()
     assert (on, off) == ("True", "False")
+
+
+def test_auto_placement_on_one_accelerator_honours_a_chunk_size(monkeypatch):
+    """On one GPU ``auto`` vmaps every client, unless a chunk size (given, or picked by
+    run.memory_budget_gib) asks for fewer in flight: then clients run in chunks (lax.map).
+    On CPU ``auto`` is map either way; several devices are shard_map."""
+    monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert Placement("auto").resolved() == "vmap"
+    assert Placement("auto", client_chunk_size=2).resolved() == "map"
+    assert Placement("vmap", client_chunk_size=2).resolved() == "vmap"  # explicit choices are kept
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert Placement("auto").resolved() == Placement("auto", client_chunk_size=2).resolved() == "map"
+    monkeypatch.setattr(jax, "device_count", lambda *a: 2)
+    assert Placement("auto", client_chunk_size=2).resolved() == "shard_map"
