@@ -121,3 +121,33 @@ def test_every_metric_name_is_in_the_glossary(run):
     if algo.host_metrics is not None:
         names |= set(algo.host_metrics(s1, data))
     assert metrics.unknown(names) == [], f"{name}: add these to jaxfednas.metrics.GLOSSARY (one meaning each)"
+
+
+SERVER_CHOICES = {"run.sampler": "proportional", "run.aggregator": "trimmed_mean", "run.server_optimizer": "adam"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", sorted(SERVER_CHOICES))
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_takes_or_refuses_each_server_choice(name, option):
+    """A non-default sampler, aggregator and server optimizer (jaxfednas.server): the
+    algorithm either runs a round with it (finite metrics, a state other than the default
+    round's: the option is not silently ignored) or refuses it with a ConfigError naming
+    the option, before compiling anything."""
+    from jaxfednas.config import ConfigError
+
+    cfg, data = tiny_federation(name, **{option: SERVER_CHOICES[option]})
+    try:
+        algo = algorithm_module(name).build(cfg, data.info)
+    except ConfigError as e:
+        assert option.split(".")[1] in str(e), str(e)
+        return
+    s0 = algo.init(init_key(0))
+    s1, m1 = algo.round(s0, data, round_key(0, 0))
+    assert all(np.isfinite(float(v)) for v in m1.values())
+    cfg_d, _ = tiny_federation(name)
+    default = algorithm_module(name).build(cfg_d, data.info)
+    d1, _ = default.round(default.init(init_key(0)), data, round_key(0, 0))
+    differs = [a for a, b in zip(jax.tree.leaves(d1), jax.tree.leaves(s1))
+               if np.shape(a) == np.shape(b) and not np.array_equal(np.asarray(a), np.asarray(b))]
+    assert differs, f"{name} with {option}: the same state as the default round (option ignored?)"
