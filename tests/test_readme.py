@@ -1,6 +1,6 @@
 """The README's "Adding an algorithm" block is real code: saved as a module and
-registered, it runs through the registry and the runner, and its server momentum is
-checked by hand against FedAvg's averaged update from the same clients."""
+registered, it runs through the registry and the runner, and its norm-bounded updates are
+checked by hand against the clients' own local training of the same round."""
 import re
 import sys
 from pathlib import Path
@@ -10,35 +10,38 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas import registry
+from jaxfednas.algorithms.common import make_local_train
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.experiment import run_experiment
-from jaxfednas.runtime import Placement
+from jaxfednas.runtime import Placement, round_clients
+from jaxfednas.search_spaces.models import make_model
 
 ROOT = Path(__file__).resolve().parents[1]
+NAME = "fedavg_normbound"
 
 
 @pytest.fixture(scope="module")
-def fedavgm_module(tmp_path_factory):
+def readme_module(tmp_path_factory):
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- readme-algorithm -->\n```python\n(.*?)```", text, re.S).group(1)
     d = tmp_path_factory.mktemp("readme_algo")
-    (d / "readme_fedavgm.py").write_text(block)
+    (d / "readme_algorithm.py").write_text(block)
     sys.path.insert(0, str(d))
-    registry.ALGORITHMS["fedavgm"] = "readme_fedavgm"
-    import readme_fedavgm
+    registry.ALGORITHMS[NAME] = "readme_algorithm"
+    import readme_algorithm
 
-    yield readme_fedavgm
-    del registry.ALGORITHMS["fedavgm"]
+    yield readme_algorithm
+    del registry.ALGORITHMS[NAME]
     sys.path.remove(str(d))
 
 
-def test_readme_algorithm_runs_through_the_registry_and_runner(fedavgm_module, tmp_path):
-    cfg = registry.make_config("fedavgm", preset="smoke", overrides={
+def test_readme_algorithm_runs_through_the_registry_and_runner(readme_module, tmp_path):
+    cfg = registry.make_config(NAME, preset="smoke", overrides={
         "data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2, "run.rounds": 2,
-        "algo.batch_size": 64})
+        "algo.batch_size": 64, "algo.max_update_norm": 0.5})
     summary = run_experiment(cfg, tmp_path / "r", progress=False, log=lambda s: None)
-    assert summary["rounds"] == 2 and summary["algorithm"] == "fedavgm"
+    assert summary["rounds"] == 2 and summary["algorithm"] == NAME
     assert (tmp_path / "r" / "checkpoint.msgpack").exists()
 
 
@@ -47,20 +50,49 @@ def _close(a, b):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-6)
 
 
-def test_readme_algorithm_server_momentum_by_hand(fedavgm_module, tiny_data):
-    cfg = fedavgm_module.FedAvgMConfig(batch_size=64, server_momentum=0.5, server_lr=0.7)
-    algo = fedavgm_module.fedavgm(cfg, tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
-    # FedAvg with η_s = 1 returns the n_k-weighted average of the same clients' models
+def _flat(tree):
+    return np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree.leaves(tree)])
+
+
+def test_readme_algorithm_bounds_each_update_by_hand(readme_module, tiny_data):
+    """Each sampled client's update w_k - w, trained by hand with the library's local SGD
+    on the same client and key, is scaled to norm <= M; the new model is their n_k-weighted
+    mean (BatchNorm statistics, where the network has them, averaged unscaled)."""
+    M = 0.05
+    cfg = readme_module.NormBoundConfig(batch_size=64, max_update_norm=M)
+    algo = readme_module.fedavg_normbound(cfg, tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
+    s0 = algo.init(jax.random.PRNGKey(0))
+    key = jax.random.PRNGKey(10)
+    s1, _ = algo.round(s0, tiny_data, key)
+
+    local = jax.jit(make_local_train(make_model(cfg.model, tiny_data.info.num_classes, tiny_data.info.name),
+                                     tiny_data.info, cfg))
+    ids, keys = round_clients(key, tiny_data.info.num_clients, 2)
+    clients = tiny_data.clients("train", ids)
+    w = _flat(s0.variables["params"])
+    counts = np.asarray(clients.count, np.float64)
+    bounded, stats, norms = [], [], []
+    for k in range(2):
+        new, _ = local(s0.variables, jax.tree.map(lambda a: a[k], clients), keys[k])
+        d = _flat(new["params"]) - w
+        norms.append(np.linalg.norm(d))
+        bounded.append(w + d * min(1.0, M / norms[-1]))
+        stats.append(new.get("batch_stats", {}))
+    assert min(norms) > M  # the bound binds for both clients at this M
+    want = sum(c * b for c, b in zip(counts, bounded)) / counts.sum()
+    np.testing.assert_allclose(_flat(s1.variables["params"]), want, rtol=2e-5, atol=2e-6)
+    if jax.tree.leaves(stats[0]):  # a network with BatchNorm: its statistics are averaged unscaled
+        np.testing.assert_allclose(_flat(s1.variables["batch_stats"]),
+                                   sum(c * _flat(b) for c, b in zip(counts, stats)) / counts.sum(), rtol=2e-5, atol=2e-6)
+    assert np.linalg.norm(_flat(s1.variables["params"]) - w) <= M * (1 + 1e-5)
+
+
+def test_readme_algorithm_with_a_loose_bound_is_fedavg(readme_module, tiny_data):
+    cfg = readme_module.NormBoundConfig(batch_size=64, max_update_norm=1e6)
+    algo = readme_module.fedavg_normbound(cfg, tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
     fa = fedavg(FedAvgConfig(batch_size=64), tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
     s0 = algo.init(jax.random.PRNGKey(0))
-    s, u = s0, None
-    for r in range(2):
-        key = jax.random.PRNGKey(10 + r)
-        w = s.variables["params"]
-        avg, _ = fa.round(FedAvgState(variables=s.variables, round=jnp.int32(r)), tiny_data, key)
-        d = jax.tree.map(lambda p, a: p - a, w, avg.variables["params"])
-        u = d if u is None else jax.tree.map(lambda ui, di: 0.5 * ui + di, u, d)  # u_0 = 0
-        want = jax.tree.map(lambda p, ui: p - 0.7 * ui, w, u)
-        s, _ = algo.round(s, tiny_data, key)
-        _close(s.variables["params"], want)
-        _close(s.velocity, u)
+    key = jax.random.PRNGKey(11)
+    s1, _ = algo.round(s0, tiny_data, key)
+    avg, _ = fa.round(FedAvgState(variables=s0.variables, round=jnp.int32(0)), tiny_data, key)
+    _close(s1.variables, avg.variables)
