@@ -50,14 +50,20 @@ def worker(args) -> dict:
     ds = load_dataset("synthetic", seed=0, num_train=K * per_client, image_shape=(32, 32, 3))
     data = make_federated_data(ds, part.manifest_splits(make_partition(ecfg, ds)))
     cfg = FedNASConfig(C=C, layers=layers, nodes=nodes, batch_size=batch, local_epochs=1)
-    algo = fednas(cfg, data.info, clients_per_round=K, placement=Placement("map"))
+    algo = fednas(cfg, data.info, clients_per_round=K, placement=Placement(args.placement))
     state = algo.init(init_key(0))
     t0 = time.perf_counter()
     state, metrics = algo.round(state, data, round_key(0, 0))
     jax.block_until_ready(state)
     first = time.perf_counter() - t0
-    return {"peak_rss_mib": bu.peak_rss_mib(), "rss_after_mib": bu.rss_mib(), "first_round_s": first,
-            "local_steps": int(metrics["local_steps"]), "train_loss": float(metrics["train_loss"])}
+    out = {"peak_rss_mib": bu.peak_rss_mib(), "rss_after_mib": bu.rss_mib(), "first_round_s": first,
+           "local_steps": int(metrics["local_steps"]), "train_loss": float(metrics["train_loss"]),
+           "devices": jax.device_count(), "placement": Placement(args.placement).resolved()}
+    if args.second_round:
+        t0 = time.perf_counter()
+        jax.block_until_ready(algo.round(state, data, round_key(0, 1)))
+        out["second_round_s"] = time.perf_counter() - t0
+    return out
 
 
 def main(argv=None) -> int:
@@ -65,6 +71,10 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="a", choices=sorted(CONFIGS))
     p.add_argument("--steps", type=int, default=10, help="local minibatches per client")
     p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--placement", default="map", help="run.placement of the round (auto, vmap, map, shard_map)")
+    p.add_argument("--devices", type=int, default=1, help="host CPU devices (XLA_FLAGS device count) of each worker")
+    p.add_argument("--variants", default="off,on", help="memory release variants to run: off, on or both")
+    p.add_argument("--second-round", action="store_true", help="also time a second round (no compile)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     bu.add_output_args(p, "config q (C=4, one cell of one node), 2 clients x 2 steps")
     args = bu.parse_with_quick(p, argv, QUICK)
@@ -72,10 +82,14 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(worker(args)))
         return 0
     rows, results = [], {}
-    for variant in ("off", "on"):
-        env = {**os.environ, "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off"}
+    for variant in args.variants.split(","):
+        env = {**os.environ, "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off",
+               "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
+                             + f" --xla_force_host_platform_device_count={args.devices}").strip()}
         cmd = [sys.executable, __file__, "--worker", variant, "--config", args.config, "--steps", str(args.steps),
-               "--clients", str(args.clients)]
+               "--clients", str(args.clients), "--placement", args.placement]
+        if args.second_round:
+            cmd.append("--second-round")
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if out.returncode != 0:
             print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
@@ -83,18 +97,22 @@ def main(argv=None) -> int:
         res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
         results[variant] = res
         rows.append([variant, f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
-                     f"{res['first_round_s']:.1f}", res["local_steps"]])
-    if results["on"]["train_loss"] != results["off"]["train_loss"]:
+                     f"{res['first_round_s']:.1f}",
+                     f"{res['second_round_s']:.1f}" if "second_round_s" in res else "-", res["local_steps"],
+                     f"{res['devices']} x {res['placement']}"])
+    if len(results) == 2 and results["on"]["train_loss"] != results["off"]["train_loss"]:
         raise SystemExit("the release changed the round's result")
     C, layers, batch, nodes = CONFIGS[args.config]
     body = (f"FedNAS config ({args.config}): C={C}, {layers} cells, {nodes} nodes, batch {batch}; {args.clients} "
-            f"synthetic 32x32x3 clients x {args.steps} local steps, Placement('map'), the plain Python API "
+            f"synthetic 32x32x3 clients x {args.steps} local steps, Placement({args.placement!r}) on "
+            f"{args.devices} host device(s), the plain Python API "
             "(`fednas(cfg, info).init` then one `round`), each variant in a fresh process, no compilation cache. "
-            "Same train loss in both (checked).\n\n"
+            + ("Same train loss in both (checked).\n\n" if len(results) == 2 else "\n\n")
             + bu.markdown_table(["release after compiles", "peak RSS (GiB)", "RSS after the round (GiB)",
-                                 "first round incl. compile (s)", "local steps"], rows)
-            + f"\n\nPeak with the release / without: "
-              f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x.")
+                                 "first round incl. compile (s)", "second round (s)", "local steps",
+                                 "devices x placement"], rows)
+            + (f"\n\nPeak with the release / without: "
+               f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x." if len(results) == 2 else ""))
     bu.publish("FedNAS round memory through the plain API", "api_memory.py", body,
                write=True, path=bu.results_path(args))
     return 0
