@@ -126,6 +126,7 @@ def ditto(
 ) -> FederatedAlgorithm:
     """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
     when given (e.g. a DARTS network from a genotype)."""
+    server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate,

@@ -145,6 +145,8 @@ def fednas_train(
 ) -> FederatedAlgorithm:
     """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``; ``rounds``
     (T, ``run.rounds``) is needed by the linear drop-path ramp."""
+    server.refuse("fednas_train", "the derived genotype is fixed: no architecture parameters are trained",
+                  arch_optimizer=True)
     algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
                   dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
                   drop_path=drop_path_schedule(cfg, rounds), server=server)

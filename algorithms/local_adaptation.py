@@ -117,6 +117,7 @@ def local_adaptation(
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
     ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
+    server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)
     base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model,
                   dropout_rate=dropout_rate, server=server)
     finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs))

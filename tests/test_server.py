@@ -304,3 +304,12 @@ def test_perfedrlnas_aggregation_takes_the_masked_robust_aggregators():
     np.testing.assert_array_equal(med["params"]["w"], [2, 20, 5, -7])
     mean = aggregate(cfg, Space(), old, new, choices, w)
     np.testing.assert_allclose(mean["params"]["w"], [(5 + 2 + 100) / 7, (50 + 20 + 30) / 7, 5, -7], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ditto", "fednas_train", "local_adaptation"])
+def test_a_refusal_from_an_algorithm_built_on_fedavg_names_that_algorithm(name):
+    from jaxfednas.registry import algorithm_module
+
+    cfg, data = tiny_federation(name, **{"run.arch_server_optimizer": "adam"})
+    with pytest.raises(ConfigError, match=rf"{name}.*arch_server_optimizer|arch_server_optimizer.*{name}"):
+        algorithm_module(name).build(cfg, data.info)
