@@ -81,7 +81,7 @@ import optax
 from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
+from jaxfednas.config import ConfigError, ExperimentConfig, Validated, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
@@ -738,11 +738,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
                        server=Server.from_run(config.run))
 
 
-def __getattr__(name):
-    if name == "PersonalArchitectures":  # its former name, one class per meaning since 0.2
-        import warnings
-
-        warnings.warn(f"{__name__}.PersonalArchitectures is now {__name__}.PersonalSubnets; the old name goes in "
-                      "jaxfednas 0.3", FutureWarning, stacklevel=2)
-        return PersonalSubnets
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# its former name, one class per meaning since 0.2
+__getattr__ = former_module_names(__name__, {"PersonalArchitectures": "PersonalSubnets"}, globals())

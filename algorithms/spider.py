@@ -74,7 +74,7 @@ import optax
 from jaxfednas.algorithms.common import AUGMENTS, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.config import ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
@@ -645,11 +645,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
                   server=Server.from_run(config.run))
 
 
-def __getattr__(name):
-    if name == "PersonalArchitectures":  # its former name, one class per meaning since 0.2
-        import warnings
-
-        warnings.warn(f"{__name__}.PersonalArchitectures is now {__name__}.PersonalGenotypes; the old name goes in "
-                      "jaxfednas 0.3", FutureWarning, stacklevel=2)
-        return PersonalGenotypes
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# its former name, one class per meaning since 0.2
+__getattr__ = former_module_names(__name__, {"PersonalArchitectures": "PersonalGenotypes"}, globals())

@@ -280,6 +280,19 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
 REMOVAL_VERSION = "0.3"
 
 
+def former_module_names(module: str, renamed: Mapping[str, str], namespace: Mapping[str, Any]):
+    """A module ``__getattr__`` resolving each former name in ``renamed`` (old -> new) to the
+    object now named ``new`` in ``namespace`` (the module's ``globals()``), with the same
+    one-line :class:`FutureWarning` as a renamed config field."""
+    def __getattr__(name):
+        if name in renamed:
+            warnings.warn(f"{module}.{name} is now {module}.{renamed[name]}; the old name goes in jaxfednas "
+                          f"{REMOVAL_VERSION}", FutureWarning, stacklevel=2)
+            return namespace[renamed[name]]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return __getattr__
+
+
 def current_name(cls: type, name: str) -> str:
     """A config field's name now, given its name now or a former one (``cls.RENAMED``)."""
     return getattr(cls, "RENAMED", {}).get(name, name)

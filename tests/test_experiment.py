@@ -344,3 +344,15 @@ def test_a_run_directory_written_with_former_names_resumes_to_the_same_end(tmp_p
                       for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert rows(old) == rows(straight)
     assert json.loads((old / "config.json").read_text())["algo"]["lr"] == stored["algo"]["client_lr"]
+
+
+def test_a_former_class_name_resolves_with_a_warning():
+    import jaxfednas.algorithms.perfedrlnas as pf
+    import jaxfednas.algorithms.spider as sp
+
+    with pytest.warns(FutureWarning, match=r"spider\.PersonalArchitectures is now .*spider\.PersonalGenotypes"):
+        assert sp.PersonalArchitectures is sp.PersonalGenotypes
+    with pytest.warns(FutureWarning, match=r"PersonalArchitectures is now .*perfedrlnas\.PersonalSubnets"):
+        assert pf.PersonalArchitectures is pf.PersonalSubnets
+    with pytest.raises(AttributeError):
+        sp.PersonalArchitecture  # noqa: B018 -- not a former name
