@@ -70,6 +70,7 @@ too small, i.e. first order).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from typing import Any
@@ -226,6 +227,57 @@ def physical_batch(cfg: DPFNASConfig, max_examples: int, sampling_prob: float) -
     return int(b)
 
 
+def example_loss(model: DartsSearchNetwork, params, arch, x, y):
+    """ℓ_i(W, A): cross-entropy of ONE example (the network sees a batch of one: no coupling)."""
+    logits = model.apply({"params": params, "arch": arch}, x[None], train=True)[0]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    return loss, (jnp.argmax(logits) == y).astype(jnp.float32)
+
+
+def poisson_batch(client: ClientData, key, p: float, slots: int, tags: tuple[int, int], info: DataInfo, aug):
+    """Algorithm 1, "take a Poisson subsample I_t with probability p" of a party's split, augmented."""
+    sample_tag, aug_tag = tags
+    s = dp.poisson_sample(jax.random.fold_in(key, sample_tag), client.count, client.y.shape[0], p, slots)
+    x = augment_batch(jax.random.fold_in(key, aug_tag), info.normalize(client.x[s.idx]), aug)
+    return {"x": x, "y": client.y[s.idx]}, s
+
+
+def expected_batch(p: float, count: jax.Array) -> jax.Array:
+    """The normaliser p N_k of G_k and H_k (public; Algorithm 1 divides by |I_t|, see Caveats)."""
+    return jnp.maximum(p * count, p)
+
+
+def sample_loss(loss, mask: jax.Array, expected: jax.Array, params, arch, batch) -> jax.Array:
+    """Eq. 5's L_k^tr(W, A): the losses of the party's training sample, normalised as G_k."""
+    losses = jax.vmap(lambda x, y: loss(params, arch, x, y)[0])(batch["x"], batch["y"])
+    return jnp.where(mask, losses, 0.0).sum() / expected
+
+
+def weight_gradient(loss, params, arch, e):
+    """Algorithm 1: g_t^(i) = ∇_W ℓ_i(W, A) of one training example."""
+    (value, correct), g = jax.value_and_grad(loss, has_aux=True)(params, arch, e["x"], e["y"])
+    return g, {"loss": value, "correct": correct}
+
+
+def arch_gradient(loss, w_new, arch, e, hessian_term=None, xi=None):
+    """Eq. 5: h_i = ∇_A ℓ_i(W', A) − ξ ∇²_{A,W} L_k^tr(W, A) ∇_{W'} ℓ_i(W', A) of one validation
+    example; ``hessian_term(v) = ∇²_{A,W} L_k^tr · v``, None: first order (Algorithm 1 as printed)."""
+    if hessian_term is None:
+        (value, correct), g_a = jax.value_and_grad(loss, argnums=1, has_aux=True)(w_new, arch, e["x"], e["y"])
+    else:
+        (value, correct), (g_a, v) = jax.value_and_grad(loss, argnums=(1, 0), has_aux=True)(
+            w_new, arch, e["x"], e["y"])
+        hv = hessian_term(v)
+        g_a = jax.tree.map(lambda a, h: a - xi * h, g_a, hv)
+    return g_a, {"loss": value, "correct": correct}
+
+
+def gaussian_mechanism(clipped_sum, key, noise_tag: int, noise_std: float, expected: jax.Array):
+    """Algorithm 1 / Eqs. 6-7: (Σ_i clipped + σ R U_k) / (p N_k), the party's release G_k or H_k."""
+    return dp.noisy_average(clipped_sum, jax.random.fold_in(key, noise_tag), noise_std=noise_std,
+                            expected_batch_size=expected)
+
+
 def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | None = None):
     """Party k's two releases of Algorithm 1, as the compiled round runs them (one party; the
     runtime maps them over the parties):
@@ -240,75 +292,44 @@ def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | 
     """
     model = make_supernet(cfg, info) if model is None else model
     aug = make_augment(cfg.augment, info.name)
-    clip_g = cfg.clip_norm or None
-    clip_h = cfg.arch_clip_norm or None
+    loss = functools.partial(example_loss, model)
     chunk = cfg.per_example_chunk or None
 
-    def example_loss(params, arch, x, y):
-        """Cross-entropy of ONE example (the network sees a batch of one: no coupling)."""
-        logits = model.apply({"params": params, "arch": arch}, x[None], train=True)[0]
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-        return loss, (jnp.argmax(logits) == y).astype(jnp.float32)
-
-    def sample(client: ClientData, key, tag, p, slots, aug_tag):
-        s = dp.poisson_sample(jax.random.fold_in(key, tag), client.count, client.y.shape[0], p, slots)
-        x = augment_batch(jax.random.fold_in(key, aug_tag), info.normalize(client.x[s.idx]), aug)
-        return {"x": x, "y": client.y[s.idx]}, s
+    def sample_train(train: ClientData, key):  # I ~ Poisson(p) of D_k^tr (the same key: the same examples)
+        slots = physical_batch(cfg, train.y.shape[0], cfg.sampling_prob)
+        return poisson_batch(train, key, cfg.sampling_prob, slots, (rng.DP_TRAIN_SAMPLE, rng.DP_TRAIN_AUG), info, aug)
 
     def party_G(args, shared):
         """Party k, first exchange: the clipped, noised weight gradient G_k."""
-        train, key = args
-        params, arch = shared
-        slots = physical_batch(cfg, train.y.shape[0], cfg.sampling_prob)
-        batch, s = sample(train, key, rng.DP_TRAIN_SAMPLE, cfg.sampling_prob, slots, rng.DP_TRAIN_AUG)
-
-        def example_fn(e):
-            (loss, correct), g = jax.value_and_grad(example_loss, has_aux=True)(params, arch, e["x"], e["y"])
-            return g, {"loss": loss, "correct": correct}
-
-        total, aux, n_clip = dp.per_example_clipped_sum(example_fn, batch, s.mask, clip_g, chunk=chunk)
-        expected = jnp.maximum(cfg.sampling_prob * train.count, cfg.sampling_prob)
-        g_k = dp.noisy_average(total, jax.random.fold_in(key, rng.DP_TRAIN_NOISE),
-                               noise_std=cfg.noise_multiplier * cfg.clip_norm, expected_batch_size=expected)
-        stats = {"train_loss_sum": aux["loss"], "train_correct": aux["correct"], "train_sampled": s.num_sampled,
-                 "train_overflow": s.overflow, "train_clipped": n_clip}
-        return g_k, stats
+        (train, key), (params, arch) = args, shared
+        batch, s = sample_train(train, key)
+        g_i = functools.partial(weight_gradient, loss, params, arch)
+        # Σ_{i∈I} clip_{R^G}(g_i), then G_k
+        total, aux, n_clip = dp.per_example_clipped_sum(g_i, batch, s.mask, cfg.clip_norm or None, chunk=chunk)
+        g_k = gaussian_mechanism(total, key, rng.DP_TRAIN_NOISE, cfg.noise_multiplier * cfg.clip_norm,
+                                 expected_batch(cfg.sampling_prob, train.count))
+        return g_k, {"train_loss_sum": aux["loss"], "train_correct": aux["correct"], "train_sampled": s.num_sampled,
+                     "train_overflow": s.overflow, "train_clipped": n_clip}
 
     def party_H(args, shared):
         """Party k, second exchange: the clipped, noised architecture gradient H_k (Eq. 5-7)."""
-        train, val, key = args
-        w_old, w_new, arch, xi = shared
-        slots_tr = physical_batch(cfg, train.y.shape[0], cfg.sampling_prob)
+        (train, val, key), (w_old, w_new, arch, xi) = args, shared
         slots_val = physical_batch(cfg, val.y.shape[0], cfg.p_val)
-        vb, s_val = sample(val, key, rng.DP_VAL_SAMPLE, cfg.p_val, slots_val, rng.DP_VAL_AUG)
-        if cfg.arch_gradient != "first":
-            # the training sample of this iteration's G_k (same key: the same examples)
-            tb, s_tr = sample(train, key, rng.DP_TRAIN_SAMPLE, cfg.sampling_prob, slots_tr, rng.DP_TRAIN_AUG)
-            expected_tr = jnp.maximum(cfg.sampling_prob * train.count, cfg.sampling_prob)
-
-            def train_loss(params, arch_, batch):  # L_k^tr on the sample, normalised as G_k
-                losses = jax.vmap(lambda x, y: example_loss(params, arch_, x, y)[0])(batch["x"], batch["y"])
-                return jnp.where(s_tr.mask, losses, 0.0).sum() / expected_tr
-
-        def example_fn(e):
-            if cfg.arch_gradient == "first":
-                (loss, correct), g_a = jax.value_and_grad(example_loss, argnums=1, has_aux=True)(
-                    w_new, arch, e["x"], e["y"])
-            else:
-                (loss, correct), (g_a, v) = jax.value_and_grad(example_loss, argnums=(1, 0), has_aux=True)(
-                    w_new, arch, e["x"], e["y"])
-                method = "fd" if cfg.arch_gradient == "second_fd" else "hvp"
-                hv = arch_hessian_vector(train_loss, w_old, arch, tb, v, method=method, eps_scale=cfg.fd_eps)
-                g_a = jax.tree.map(lambda a, h: a - xi * h, g_a, hv)
-            return g_a, {"loss": loss, "correct": correct}
-
-        total, aux, n_clip = dp.per_example_clipped_sum(example_fn, vb, s_val.mask, clip_h, chunk=chunk)
-        expected = jnp.maximum(cfg.p_val * val.count, cfg.p_val)
-        h_k = dp.noisy_average(total, jax.random.fold_in(key, rng.DP_VAL_NOISE),
-                               noise_std=cfg.tau * cfg.arch_clip_norm, expected_batch_size=expected)
-        stats = {"val_loss_sum": aux["loss"], "val_correct": aux["correct"], "val_sampled": s_val.num_sampled,
-                 "val_overflow": s_val.overflow, "val_clipped": n_clip}
-        return h_k, stats
+        vb, s_val = poisson_batch(val, key, cfg.p_val, slots_val, (rng.DP_VAL_SAMPLE, rng.DP_VAL_AUG), info, aug)
+        hessian_term = None
+        if cfg.arch_gradient != "first":  # Eq. 5's second-order term on this iteration's G_k sample
+            tb, s_tr = sample_train(train, key)
+            train_loss = functools.partial(sample_loss, loss, s_tr.mask, expected_batch(cfg.sampling_prob, train.count))
+            method = "fd" if cfg.arch_gradient == "second_fd" else "hvp"
+            hessian_term = functools.partial(arch_hessian_vector, train_loss, w_old, arch, tb, method=method,
+                                             eps_scale=cfg.fd_eps)
+        h_i = functools.partial(arch_gradient, loss, w_new, arch, hessian_term=hessian_term, xi=xi)
+        # Σ_{i∈J} clip_{R^H}(h_i), then H_k
+        total, aux, n_clip = dp.per_example_clipped_sum(h_i, vb, s_val.mask, cfg.arch_clip_norm or None, chunk=chunk)
+        h_k = gaussian_mechanism(total, key, rng.DP_VAL_NOISE, cfg.tau * cfg.arch_clip_norm,
+                                 expected_batch(cfg.p_val, val.count))
+        return h_k, {"val_loss_sum": aux["loss"], "val_correct": aux["correct"], "val_sampled": s_val.num_sampled,
+                     "val_overflow": s_val.overflow, "val_clipped": n_clip}
 
     return party_G, party_H
 
@@ -325,8 +346,113 @@ def _clt_budget_warning(cfg: DPFNASConfig, cap: int, accountant: Accountant) -> 
     return msg + "; use algo.accountant=pld for a guarantee"
 
 
+def privacy_budget(cfg: DPFNASConfig) -> tuple[int, Accountant]:
+    """Theorem 3.1's accountant and the iterations T it allows within ``target_epsilon``."""
+    cap = max_iterations(cfg)
+    if cap == 0:
+        raise ConfigError(f"algo.target_epsilon={cfg.target_epsilon} is exceeded by a single iteration "
+                          f"(accountant {cfg.accountant}, delta {cfg.delta})")
+    accountant = Accountant(cfg)
+    if cfg.accountant == "clt" and cfg.target_epsilon > 0:
+        warnings.warn(_clt_budget_warning(cfg, cap, accountant), stacklevel=3)  # at dp_fnas's caller
+    return cap, accountant
+
+
+def server_weight_optimizer(cfg: DPFNASConfig) -> tuple[optax.Schedule, optax.GradientTransformation]:
+    """Algorithm 1, server: W ← W − ξ Σ_k G_k (with momentum, weight decay, clipping; ξ's schedule)."""
+    if cfg.lr_decay_iterations:
+        xi_schedule = cosine_lr(cfg.lr, cfg.lr_min, cfg.lr_decay_iterations)
+    else:
+        xi_schedule = optax.constant_schedule(cfg.lr)
+    w_parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.weight_decay),
+                       optax.sgd(xi_schedule, momentum=cfg.momentum or None))
+    return xi_schedule, w_tx
+
+
+def server_arch_optimizer(cfg: DPFNASConfig) -> optax.GradientTransformation:
+    """Algorithm 1, server: A ← A − η Σ_k H_k (Adam as DARTS, or SGD as printed; weight decay)."""
+    a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
+             else optax.sgd(cfg.arch_lr))
+    return optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
+
+
 def _tree_sum(tree):
     return jax.tree.map(lambda x: x.sum(0), tree)
+
+
+def server_aggregate(per_party, aggregation: str, num_parties: int):
+    """Algorithm 1, server: Σ_k of the parties' releases (``aggregation="mean"``: divided by K)."""
+    s = _tree_sum(per_party)
+    if aggregation == "mean":
+        s = jax.tree.map(lambda x: x / num_parties, s)
+    return s
+
+
+def server_step(tx: optax.GradientTransformation, grad, opt_state, params):
+    """Algorithm 1, server: one step of ``tx`` on the aggregated release; returns (params, opt_state)."""
+    upd, opt_state = tx.update(grad, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state
+
+
+def init_state(model: DartsSearchNetwork, info: DataInfo, w_tx, a_tx, key) -> DPFNASState:
+    """Algorithm 1's starting point: the supernet's W and A and both server optimizers' states."""
+    x = jnp.zeros((1,) + info.image_shape, jnp.float32)
+    v = dict(model.init({"params": key}, x, train=False))
+    v = {"params": v["params"], "arch": v["arch"]}
+    return DPFNASState(variables=v, w_opt_state=w_tx.init(v["params"]), a_opt_state=a_tx.init(v["arch"]),
+                       iteration=jnp.int32(0), round=jnp.int32(0))
+
+
+def round_metrics(stats: dict, it: jax.Array, cap: int, xi_schedule, arch) -> dict:
+    """The round's diagnostics over its iterations (private-data sums: not releases, see Caveats)."""
+    s = {k: v.sum() for k, v in stats.items()}
+    n_tr, n_val = jnp.maximum(s["train_sampled"], 1), jnp.maximum(s["val_sampled"], 1)
+    return {
+        "train_loss": s["train_loss_sum"] / n_tr, "train_acc": s["train_correct"] / n_tr,
+        "search_val_loss": s["val_loss_sum"] / n_val, "search_val_acc": s["val_correct"] / n_val,
+        "train_sampled": s["train_sampled"], "val_sampled": s["val_sampled"],
+        "train_overflow": s["train_overflow"], "val_overflow": s["val_overflow"],
+        "train_clipped_frac": s["train_clipped"] / n_tr, "val_clipped_frac": s["val_clipped"] / n_val,
+        "iterations": it, "iterations_run": s["iterations_run"], "max_iterations": jnp.int32(cap),
+        "budget_exhausted": (it >= cap).astype(jnp.int32), "lr": xi_schedule(it),
+        "arch_entropy": arch_entropy(arch),
+    }
+
+
+def privacy_spent(cfg: DPFNASConfig, accountant: Accountant, state: DPFNASState,
+                  data: FederatedData) -> dict[str, float]:
+    """Theorem 3.1 (and the PLD guarantee): μ and ε per mechanism after the T iterations done."""
+    t = int(to_host(state.iteration))
+    out = dict(accountant.report(t))
+    if cfg.noise_multiplier > 0 or cfg.tau > 0:
+        counts = to_host((data.train.counts, data.val.counts))  # (gathered if split over processes)
+        out.update(accountant.overflow_bound(
+            t, counts[0], counts[1], physical_batch(cfg, data.train.y.shape[1], cfg.sampling_prob),
+            physical_batch(cfg, data.val.y.shape[1], cfg.p_val)))
+    return out
+
+
+def evaluate_supernet(cfg: DPFNASConfig, model: DartsSearchNetwork, info: DataInfo, placement: Placement,
+                      state: DPFNASState, data: FederatedData) -> dict:
+    """Test accuracy of the searched supernet (W, A) on the server's and the parties' splits (§4)."""
+    def logits_fn(variables):
+        return lambda x: model.apply(variables, info.normalize(x), train=False)
+
+    v = state.variables
+    out = global_accuracy(logits_fn(v), data, cfg.eval_batch_size)
+    for split in ("val", "test"):
+        out.update(client_accuracies(logits_fn, v, data, cfg.eval_batch_size, placement=placement, split=split))
+    out["arch_entropy"] = arch_entropy(v["arch"])
+    out["iterations"] = state.iteration
+    return out
+
+
+def export_genotype(cfg: DPFNASConfig, state: DPFNASState):
+    """The searched architecture: DARTS' derivation from A (the paper's final cell)."""
+    arch = jax.device_get(state.variables["arch"])
+    return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=PRIMITIVE_SETS[cfg.primitives],
+                  steps=cfg.nodes, multiplier=cfg.nodes)
 
 
 def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement()) -> FederatedAlgorithm:
@@ -336,115 +462,52 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
     data)``, which the runner adds to both. Nothing depends on ``run.rounds``, so a
     finished run can be extended or resumed exactly.
     """
-    primitives = PRIMITIVE_SETS[cfg.primitives]
     model = make_supernet(cfg, info)
-    cap = max_iterations(cfg)
-    if cap == 0:
-        raise ConfigError(f"algo.target_epsilon={cfg.target_epsilon} is exceeded by a single iteration "
-                          f"(accountant {cfg.accountant}, delta {cfg.delta})")
-    accountant = Accountant(cfg)
-    if cfg.accountant == "clt" and cfg.target_epsilon > 0:
-        warnings.warn(_clt_budget_warning(cfg, cap, accountant), stacklevel=2)
-    if cfg.lr_decay_iterations:
-        xi_schedule = cosine_lr(cfg.lr, cfg.lr_min, cfg.lr_decay_iterations)
-    else:
-        xi_schedule = optax.constant_schedule(cfg.lr)
-    w_parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
-    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.weight_decay),
-                       optax.sgd(xi_schedule, momentum=cfg.momentum or None))
-    a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
-             else optax.sgd(cfg.arch_lr))
-    a_tx = optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
-
+    cap, accountant = privacy_budget(cfg)
+    xi_schedule, w_tx = server_weight_optimizer(cfg)
+    a_tx = server_arch_optimizer(cfg)
     party_G, party_H = make_parties(cfg, info, model)
-
-    def combine(per_party):
-        s = _tree_sum(per_party)
-        if cfg.aggregation == "mean":
-            s = jax.tree.map(lambda x: x / info.num_clients, s)
-        return s
+    aggregate = functools.partial(server_aggregate, aggregation=cfg.aggregation, num_parties=info.num_clients)
 
     def iteration(carry, key, data: FederatedData):
         """One iteration of Algorithm 1 (skipped, with no release, once the budget is spent)."""
-        variables, w_state, a_state, it = carry
-        ids = jnp.arange(info.num_clients)
-        keys = client_keys(key, ids)
+        keys = client_keys(key, jnp.arange(info.num_clients))
         train, val = data.all_clients("train"), data.all_clients("val")
 
         def run(c):
             variables, w_state, a_state, it = c
             params, arch = variables["params"], variables["arch"]
-            g_k, st_g = map_clients(party_G, (train, keys), (params, arch), placement=placement)
+            g_k, st_g = map_clients(party_G, (train, keys), (params, arch), placement=placement)  # every party: G_k
             xi = xi_schedule(it)  # the step size of this W update (Eq. 5's xi)
-            upd, w_state = w_tx.update(combine(g_k), w_state, params)
-            new_params = optax.apply_updates(params, upd)
-            h_k, st_h = map_clients(party_H, (train, val, keys), (params, new_params, arch, xi), placement=placement)
-            upd, a_state = a_tx.update(combine(h_k), a_state, arch)
-            new_arch = optax.apply_updates(arch, upd)
+            new_params, w_state = server_step(w_tx, aggregate(g_k), w_state, params)  # W' = W − ξ Σ_k G_k
+            h_k, st_h = map_clients(party_H, (train, val, keys), (params, new_params, arch, xi),
+                                    placement=placement)  # every party: H_k (Eq. 5-7)
+            new_arch, a_state = server_step(a_tx, aggregate(h_k), a_state, arch)  # A ← A − η Σ_k H_k
             stats = {k: v.sum() for k, v in {**st_g, **st_h}.items()}
             stats["iterations_run"] = jnp.int32(1)
             return ({"params": new_params, "arch": new_arch}, w_state, a_state, it + 1), stats
 
-        return step_if(it < cap, run, carry)
+        return step_if(carry[3] < cap, run, carry)
 
     def init(key):
-        x = jnp.zeros((1,) + info.image_shape, jnp.float32)
-        v = dict(model.init({"params": key}, x, train=False))
-        v = {"params": v["params"], "arch": v["arch"]}
-        return DPFNASState(variables=v, w_opt_state=w_tx.init(v["params"]), a_opt_state=a_tx.init(v["arch"]),
-                           iteration=jnp.int32(0), round=jnp.int32(0))
+        return init_state(model, info, w_tx, a_tx, key)
 
     def round_fn(state: DPFNASState, data: FederatedData, key):
         carry = (state.variables, state.w_opt_state, state.a_opt_state, state.iteration)
         carry, stats = jax.lax.scan(lambda c, j: iteration(c, rng.dp_iteration_key(key, j), data), carry,
                                     jnp.arange(cfg.iterations_per_round))
         variables, w_state, a_state, it = carry
-        s = {k: v.sum() for k, v in stats.items()}
-        n_tr, n_val = jnp.maximum(s["train_sampled"], 1), jnp.maximum(s["val_sampled"], 1)
-        metrics = {
-            "train_loss": s["train_loss_sum"] / n_tr, "train_acc": s["train_correct"] / n_tr,
-            "search_val_loss": s["val_loss_sum"] / n_val, "search_val_acc": s["val_correct"] / n_val,
-            "train_sampled": s["train_sampled"], "val_sampled": s["val_sampled"],
-            "train_overflow": s["train_overflow"], "val_overflow": s["val_overflow"],
-            "train_clipped_frac": s["train_clipped"] / n_tr, "val_clipped_frac": s["val_clipped"] / n_val,
-            "iterations": it, "iterations_run": s["iterations_run"], "max_iterations": jnp.int32(cap),
-            "budget_exhausted": (it >= cap).astype(jnp.int32), "lr": xi_schedule(it),
-            "arch_entropy": arch_entropy(variables["arch"]),
-        }
-        new = state.replace(variables=variables, w_opt_state=w_state, a_opt_state=a_state, iteration=it,
-                            round=state.round + 1)
-        return new, metrics
-
-    def host_report(state: DPFNASState, data: FederatedData) -> dict[str, float]:
-        t = int(to_host(state.iteration))
-        out = dict(accountant.report(t))
-        if cfg.noise_multiplier > 0 or cfg.tau > 0:
-            counts = to_host((data.train.counts, data.val.counts))  # (gathered if split over processes)
-            out.update(accountant.overflow_bound(
-                t, counts[0], counts[1], physical_batch(cfg, data.train.y.shape[1], cfg.sampling_prob),
-                physical_batch(cfg, data.val.y.shape[1], cfg.p_val)))
-        return out
-
-    def logits_fn(variables):
-        return lambda x: model.apply(variables, info.normalize(x), train=False)
+        metrics = round_metrics(stats, it, cap, xi_schedule, variables["arch"])
+        return state.replace(variables=variables, w_opt_state=w_state, a_opt_state=a_state, iteration=it,
+                             round=state.round + 1), metrics
 
     def evaluate(state: DPFNASState, data: FederatedData):
-        v = state.variables
-        out = global_accuracy(logits_fn(v), data, cfg.eval_batch_size)
-        for split in ("val", "test"):
-            out.update(client_accuracies(logits_fn, v, data, cfg.eval_batch_size, placement=placement, split=split))
-        out["arch_entropy"] = arch_entropy(v["arch"])
-        out["iterations"] = state.iteration
-        return out
-
-    def export(state: DPFNASState):
-        arch = jax.device_get(state.variables["arch"])
-        return derive(arch["alphas_normal"], arch["alphas_reduce"], primitives=primitives, steps=cfg.nodes,
-                      multiplier=cfg.nodes)
+        return evaluate_supernet(cfg, model, info, placement, state, data)
 
     return FederatedAlgorithm(name="dp_fnas", init=placement.jit_init(init), round=jit(round_fn),
-                              evaluate=jit(evaluate),
-                              export=export, host_metrics=host_report, write_architecture=write_architecture_plots)
+                              evaluate=jit(evaluate), export=functools.partial(export_genotype, cfg),
+                              host_metrics=functools.partial(privacy_spent, cfg, accountant),
+                              write_architecture=write_architecture_plots)
 
 
 def privacy_report(cfg: DPFNASConfig, iterations: int) -> privacy.DPFNASReport:
