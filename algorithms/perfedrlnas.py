@@ -68,8 +68,9 @@ took part by evaluating sampled subnets of the final supernet only (no weight up
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Any
+from typing import Any, NamedTuple
 from collections.abc import Callable
 
 import flax.struct
@@ -482,159 +483,230 @@ def aggregate(cfg: PerFedRLNASConfig, space, old: dict, new: dict, choices: jax.
     return out
 
 
-def perfedrlnas(
-    cfg: PerFedRLNASConfig,
-    info: DataInfo,
-    *,
-    rounds: int,
-    clients_per_round: int | float = 0.25,
-    placement: Placement = Placement(),
-    dropout_rate: float = 0.0,
-    server: Server = Server(),
-) -> FederatedAlgorithm:
-    """Build PerFedRLNAS for data described by ``info``; ``rounds`` sets the learning rate's
-    cosine. A client that fails to report (``dropout_rate``) neither enters the aggregate
-    nor gets a reward (its policy and accuracy history stay as they were). ``server``:
-    sampler and (with ``algo.aggregation=count_normalized``) aggregator
-    (:class:`jaxfednas.server.Server`); no server optimizer."""
+def reduce_probs_from(cfg: PerFedRLNASConfig, n_dims: int) -> np.ndarray | None:
+    """Eqs. 5-7's p_i^d per dimension: its own (None, the paper) or the DARTS normal cell's (the code)."""
+    if cfg.reduce_probs != "normal":
+        return None
+    e = n_dims // 2
+    return np.concatenate([np.arange(e), np.arange(e)])
+
+
+def policy_optimizer(cfg: PerFedRLNASConfig) -> optax.GradientTransformation:
+    """Line 16's optimizer of each α_i: Adam (the code's lr 0.5, β1 0.5), one state per client."""
+    return optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
+
+
+def init_state(cfg: PerFedRLNASConfig, space, info: DataInfo, policy_tx: optax.GradientTransformation,
+               num_clients: int, memory_range: tuple[float, float], key: jax.Array) -> PerFedRLNASState:
+    """Algorithm 1, line 2: the supernet A_0, every α_i = 0 with its Adam state, and the simulated devices."""
+    k_net, k_res = jax.random.split(key)
+    variables = space.init(k_net, jnp.zeros((1,) + tuple(info.image_shape), jnp.float32))
+    policy = jnp.zeros((num_clients,) + choice_mask(space.dims).shape, jnp.float32)  # "initial α_i are all 0"
+    zeros = jnp.zeros((num_clients,), jnp.float32)
+    return PerFedRLNASState(
+        variables=variables, policy=policy, policy_opt=jax.vmap(policy_tx.init)(policy),
+        acc=zeros, best_acc=zeros, seen=jnp.zeros((num_clients,), bool),
+        resources=draw_resources(cfg, k_res, num_clients, memory_range), round=jnp.zeros((), jnp.int32))
+
+
+def sample_subnets(keys: jax.Array, policy: jax.Array, valid: np.ndarray) -> jax.Array:
+    """Algorithm 1, line 6 / Eq. 4: v_i^d ~ softmax(α_i^d), one choice per dimension (``[N, D]`` int32)."""
+    return jax.vmap(lambda k, a: jax.random.categorical(k, masked_logits(a, valid)))(keys, policy).astype(jnp.int32)
+
+
+def client_update(train: Callable, space, info: DataInfo, eval_batch_size: int, c, shared):
+    """Algorithm 1, lines 8-10: client i trains its subnet w_i and uploads it with its accuracy Acc_i."""
+    choice, d, e, k = c
+    v, lr_t = shared
+    v, metrics = train(v, choice, d, k, lr_t)
+    return v, subnet_accuracy(space, info, v, choice, e, eval_batch_size), metrics
+
+
+def simulated_round_time(cfg: PerFedRLNASConfig, space, resources: Resources, idx: jax.Array, choices: jax.Array,
+                         n_train: jax.Array, n_eval: jax.Array) -> tuple[jax.Array, jax.Array, Resources]:
+    """Algorithm 1, line 13: the round time RT_i of each client's subnet; ``(costs, RT, devices)``."""
+    res = gather_rows(resources, idx)
+    costs = traced_costs(space, choices)
+    return costs, round_time(costs, n_train, n_eval, cfg.local_epochs, res), res
+
+
+class Scores(NamedTuple):
+    """Algorithm 1, line 13 for the round's clients (leading axis N): the reward and its parts."""
+
+    reward: jax.Array  # r_i of Eq. 8 (− φ_i of Eq. 9 under a memory budget)
+    acc: jax.Array  # Acc_i (0 for a subnet over its client's memory budget)
+    round_time: jax.Array  # RT_i, simulated seconds (over budget: the round's largest)
+    time: jax.Array  # Eq. 8's λ_time term
+    baseline: jax.Array  # mean Acc
+    fits: jax.Array  # bool: the subnet fits its client's memory budget
+
+
+def client_rewards(cfg: PerFedRLNASConfig, state: PerFedRLNASState, idx: jax.Array, acc: jax.Array, rt: jax.Array,
+                   costs: jax.Array, budget: jax.Array, reported: jax.Array) -> Scores:
+    """Algorithm 1, line 13: r_i = Acc_i − mean Acc − λ_time (RT_i − min RT) (Eq. 8), − φ_i (Eq. 9)."""
+    m = acc.shape[0]
+    phi, fits = jnp.zeros((m,), jnp.float32), jnp.ones((m,), bool)
+    if cfg.memory_budget:
+        acc, rt, phi, fits = memory_penalty(acc, rt, training_memory(costs, cfg.batch_size), budget, reported, cfg.phi)
+    baseline = accuracy_baseline(cfg.baseline, state.acc, state.best_acc, state.seen, idx, acc, reported)
+    time = time_penalty(rt, reported, cfg.lambda_time, cfg.time_term)
+    return Scores(rewards(acc, baseline, time, phi), acc, rt, time, baseline, fits)
+
+
+def reinforce_step(policy_tx: optax.GradientTransformation, policy: jax.Array, opt, choices: jax.Array,
+                   reward: jax.Array, valid: np.ndarray, probs_from: np.ndarray | None = None):
+    """Algorithm 1, line 16 / Eqs. 5-7: α_i ← Adam ascent on r_i ∇ log p(v_i), for each client (leading axis)."""
+    grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid, probs_from))(policy, choices, reward)
+    updates, opt = jax.vmap(policy_tx.update)(-grads, opt)  # optax minimises: the negative ascent direction
+    return policy + updates, opt
+
+
+def reported_rows(state: PerFedRLNASState, idx: jax.Array, policy: jax.Array, opt, acc: jax.Array,
+                  reported: jax.Array) -> dict:
+    """Algorithm 1, lines 13 and 16: the new α_i, Adam states and accuracy history of the clients that reported."""
+    return scatter_rows(
+        {"policy": state.policy, "policy_opt": state.policy_opt, "acc": state.acc, "best_acc": state.best_acc,
+         "seen": state.seen}, idx,
+        {"policy": policy, "policy_opt": opt, "acc": acc, "best_acc": jnp.maximum(state.best_acc[idx], acc),
+         "seen": jnp.ones(idx.shape, bool)}, keep=reported)
+
+
+def round_metrics(metrics: dict, scores: Scores, costs: jax.Array, reported: jax.Array, weights: jax.Array,
+                  policy: jax.Array, valid: np.ndarray) -> dict:
+    """The round's diagnostics: local training, the reward's parts (Eqs. 8-9), the subnets, the policies."""
+    trained = scores.fits.astype(jnp.float32)  # over budget: the device could not train, nothing to report
+    n = jnp.maximum((metrics["examples"] * trained).sum(), 1)
+    per_reported = jnp.maximum(reported.sum(), 1)
+    return {
+        "train_loss": (metrics["loss_sum"] * trained).sum() / n,
+        "train_acc": (metrics["correct"] * trained).sum() / n,
+        "train_examples": (metrics["examples"] * trained).sum(),
+        "reward_time_share": (jnp.abs(scores.time * reported).sum()
+                              / jnp.maximum(jnp.abs(scores.reward * reported).sum(), 1e-12)),
+        "reward_acc": (scores.acc * reported).sum() / per_reported,
+        "reward_mean": (scores.reward * reported).sum() / per_reported,
+        "acc_baseline": scores.baseline, "round_time_s": jnp.max(jnp.where(reported, scores.round_time, 0.0)),
+        "subnet_params": (costs[:, 0] * reported).sum() / per_reported,
+        "over_budget": (~scores.fits).sum(), "policy_entropy": policy_entropy(policy, valid),
+        "server_update_skipped": nothing_to_aggregate(weights),
+    }
+
+
+def evaluate_policies(cfg: PerFedRLNASConfig, space, info: DataInfo, placement: Placement,
+                      state: PerFedRLNASState, data: FederatedData) -> dict:
+    """Each client's final architecture, the argmax of α_i (§"Policy"), tested with the supernet's weights."""
+    valid = choice_mask(space.dims)
+    best = policy_argmax(state.policy, valid)  # [K, D]
+    if cfg.aggregate_bn:
+        def logits_of(choice):
+            return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
+
+        rows = best
+    else:  # the server's statistics never left init: each client measures its subnet's
+        def logits_of(row):
+            v = {**state.variables, "batch_stats": row[1]}
+            return lambda x: space.subnet(row[0]).apply(v, info.normalize(x), train=False)
+
+        rows = (best, map_clients(lambda c, v: recalibrated(cfg, space, info, v, c[0], c[1])["batch_stats"],
+                                  (best, data.all_clients("train")), state.variables, placement=placement))
+
+    out = client_accuracies(logits_of, rows, data, cfg.eval_batch_size, placement=placement, personal=True)
+    costs = traced_costs(space, best)
+    seen = jnp.maximum(state.seen.sum(), 1)
+    out.update({
+        "reported_acc_mean": (state.acc * state.seen).sum() / seen,
+        "best_reported_acc_mean": (state.best_acc * state.seen).sum() / seen,  # the code's logged number
+        "policy_entropy": policy_entropy(state.policy, valid),
+        "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
+        "client_memory_budget_mb": state.resources.memory_budget / 2**20,
+        "client_throughput_gmacs": state.resources.throughput / 1e9,
+        "client_memory_mb": training_memory(costs, cfg.batch_size) / 2**20,
+    })
+    return out
+
+
+def personalize_subnets(cfg: PerFedRLNASConfig, space, info: DataInfo, placement: Placement, train: Callable,
+                        lr: Callable, state: PerFedRLNASState, data: FederatedData, key: jax.Array):
+    """Algorithm 1, lines 8-10 on every client's argmax subnet: the test accuracy it would report now.
+
+    E local epochs on its train split from the supernet's weights (the round's learning rate
+    ``lr(round)``), then its local test accuracy (``client_test_acc``; :meth:`evaluate` tests the
+    supernet's weights untrained). Rows: ``{"choice": [K, D]}``."""
+    best = policy_argmax(state.policy, choice_mask(space.dims))
+    ids = jnp.arange(best.shape[0])
+
+    def client(c, shared):
+        choice, d, e, k = c
+        v, lr_c = shared
+        v, _ = train(v, choice, d, k, lr_c)
+        logits = lambda x: space.subnet(choice).apply(v, info.normalize(x), train=False)  # noqa: E731
+        return evaluate_examples(logits, e.x, e.y, e.count, batch_size=cfg.eval_batch_size)
+
+    r = map_clients(client, (best, data.clients("train", ids), data.clients("test", ids),
+                             rng.client_keys(key, ids)), (state.variables, lr(state.round)), placement=placement)
+    return {"choice": best}, client_accuracy_summary(r["correct"], r["count"], prefix="client_test")
+
+
+def _refuse_server_options(cfg: PerFedRLNASConfig, server: Server) -> None:
+    """Server choices with no place in Algorithm 1, line 14 (the supernet is averaged per entry, not stepped)."""
     server.refuse("perfedrlnas", "each client trains a subnet, so a supernet entry is covered by a varying subset of "
                   "clients and a server optimizer's momentum would move entries no client trained",
                   optimizer=True, arch_optimizer=True)
     if cfg.aggregation != "count_normalized":
         server.refuse("perfedrlnas", f"algo.aggregation={cfg.aggregation!r} adds masked deltas; a robust aggregator "
                       "needs algo.aggregation=count_normalized", aggregator=True)
+
+
+def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 0.25,
+                placement: Placement = Placement(), dropout_rate: float = 0.0,
+                server: Server = Server()) -> FederatedAlgorithm:
+    """Build PerFedRLNAS for data described by ``info``; ``rounds`` sets the learning rate's
+    cosine. A client that fails to report (``dropout_rate``) neither enters the aggregate
+    nor gets a reward (its policy and accuracy history stay as they were). ``server``:
+    sampler and (with ``algo.aggregation=count_normalized``) aggregator
+    (:class:`jaxfednas.server.Server`); no server optimizer."""
+    _refuse_server_options(cfg, server)
     space = make_space(cfg, info)
-    if space.single_path:
-        placement = placement.single_path()
+    placement = placement.single_path() if space.single_path else placement
     num_clients = info.num_clients
     m = resolve_clients_per_round(clients_per_round, num_clients)
     server.check_clients(num_clients, m)
-    dims = space.dims
-    valid = choice_mask(dims)
-    n_dims = len(dims)
-    probs_from = None
-    if cfg.reduce_probs == "normal":
-        e = n_dims // 2
-        probs_from = np.concatenate([np.arange(e), np.arange(e)])
-    policy_tx = optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
+    valid, probs_from = choice_mask(space.dims), reduce_probs_from(cfg, len(space.dims))
+    policy_tx = policy_optimizer(cfg)
     train = make_client_train(cfg, info, space)
+    client = functools.partial(client_update, train, space, info, cfg.eval_batch_size)
     lr = cosine_lr(cfg.lr, cfg.lr_min, rounds)
     memory_range = tuple(float(space.cost(c(space)).memory_bytes(cfg.batch_size))
                          for c in (smallest_choice, largest_choice))
 
     def init(key):
-        k_net, k_res = jax.random.split(key)
-        variables = space.init(k_net, jnp.zeros((1,) + tuple(info.image_shape), jnp.float32))
-        policy = jnp.zeros((num_clients,) + valid.shape, jnp.float32)  # "initial α_i are all 0"
-        zeros = jnp.zeros((num_clients,), jnp.float32)
-        return PerFedRLNASState(
-            variables=variables, policy=policy, policy_opt=jax.vmap(policy_tx.init)(policy),
-            acc=zeros, best_acc=zeros, seen=jnp.zeros((num_clients,), bool),
-            resources=draw_resources(cfg, k_res, num_clients, memory_range), round=jnp.zeros((), jnp.int32))
+        return init_state(cfg, space, info, policy_tx, num_clients, memory_range, key)
 
     def round_fn(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
-        idx, keys = server.sample(key, state.round, data, num_clients, m)
+        idx, keys = server.sample(key, state.round, data, num_clients, m)  # line 5
         policy = state.policy[idx]
-        # line 6 / Eq. 4: one choice per dimension from softmax(α_i^d)
-        choices = jax.vmap(lambda k, a: jax.random.categorical(k, masked_logits(a, valid)))(
-            rng.policy_keys(keys), policy).astype(jnp.int32)
+        choices = sample_subnets(rng.policy_keys(keys), policy, valid)  # line 6
         train_data, eval_data = data.clients("train", idx), data.clients(cfg.reward_split, idx)
-
-        def client(c, shared):  # lines 8-10
-            choice, d, e, k = c
-            v, lr_t = shared
-            v, metrics = train(v, choice, d, k, lr_t)
-            return v, subnet_accuracy(space, info, v, choice, e, cfg.eval_batch_size), metrics
-
         new, acc, metrics = map_clients(client, (choices, train_data, eval_data, keys),
-                                        (state.variables, lr(state.round)), placement=placement)
-        # line 13: simulated round time, memory budget (Eq. 9), reward (Eq. 8)
-        res = gather_rows(state.resources, idx)
-        costs = traced_costs(space, choices)
-        rt = round_time(costs, train_data.count, eval_data.count, cfg.local_epochs, res)
+                                        (state.variables, lr(state.round)), placement=placement)  # lines 8-10
+        costs, rt, res = simulated_round_time(cfg, space, state.resources, idx, choices, train_data.count,
+                                              eval_data.count)
         reported = reporting_clients(key, idx, dropout_rate)
-        phi, fits = jnp.zeros((m,), jnp.float32), jnp.ones((m,), bool)
-        if cfg.memory_budget:
-            acc, rt, phi, fits = memory_penalty(acc, rt, training_memory(costs, cfg.batch_size), res.memory_budget,
-                                                reported, cfg.phi)
-        baseline = accuracy_baseline(cfg.baseline, state.acc, state.best_acc, state.seen, idx, acc, reported)
-        time = time_penalty(rt, reported, cfg.lambda_time, cfg.time_term)
-        r = rewards(acc, baseline, time, phi)
-        # line 14: aggregation (clients over budget could not train: weight 0)
-        weights = server.weights(train_data.count, reported) * fits
-        variables = aggregate(cfg, space, state.variables, new, choices, weights, server)
-        # line 16: REINFORCE with Adam (optax minimises: feed the negative ascent direction)
-        grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid, probs_from))(policy, choices, r)
-        updates, opt = jax.vmap(policy_tx.update)(-grads, gather_rows(state.policy_opt, idx))
-        rows = scatter_rows(
-            {"policy": state.policy, "policy_opt": state.policy_opt, "acc": state.acc, "best_acc": state.best_acc,
-             "seen": state.seen}, idx,
-            {"policy": policy + updates, "policy_opt": opt, "acc": acc,
-             "best_acc": jnp.maximum(state.best_acc[idx], acc), "seen": jnp.ones((m,), bool)}, keep=reported)
-        state = state.replace(variables=variables, round=state.round + 1, **rows)
-        trained = fits.astype(jnp.float32)  # over budget: the device could not train, nothing to report
-        n = jnp.maximum((metrics["examples"] * trained).sum(), 1)
-        return state, {
-            "train_loss": (metrics["loss_sum"] * trained).sum() / n,
-            "train_acc": (metrics["correct"] * trained).sum() / n,
-            "train_examples": (metrics["examples"] * trained).sum(),
-            "reward_time_share": jnp.abs(time * reported).sum() / jnp.maximum(jnp.abs(r * reported).sum(), 1e-12),
-            "reward_acc": (acc * reported).sum() / jnp.maximum(
-                reported.sum(), 1), "reward_mean": (r * reported).sum() / jnp.maximum(reported.sum(), 1),
-            "acc_baseline": baseline, "round_time_s": jnp.max(jnp.where(reported, rt, 0.0)),
-            "subnet_params": (costs[:, 0] * reported).sum() / jnp.maximum(reported.sum(), 1),
-            "over_budget": (~fits).sum(), "policy_entropy": policy_entropy(state.policy, valid),
-            "server_update_skipped": nothing_to_aggregate(weights),
-            **reported_metrics(weights, key, idx, dropout_rate),
-        }
+        scores = client_rewards(cfg, state, idx, acc, rt, costs, res.memory_budget, reported)  # line 13
+        weights = server.weights(train_data.count, reported) * scores.fits  # over budget: could not train
+        variables = aggregate(cfg, space, state.variables, new, choices, weights, server)  # line 14
+        policy, opt = reinforce_step(policy_tx, policy, gather_rows(state.policy_opt, idx), choices, scores.reward,
+                                     valid, probs_from)  # line 16
+        state = state.replace(variables=variables, round=state.round + 1,
+                              **reported_rows(state, idx, policy, opt, scores.acc, reported))
+        return state, {**round_metrics(metrics, scores, costs, reported, weights, state.policy, valid),
+                       **reported_metrics(weights, key, idx, dropout_rate)}
 
     def evaluate(state: PerFedRLNASState, data: FederatedData):
-        best = policy_argmax(state.policy, valid)  # [K, D]
-        if cfg.aggregate_bn:
-            def logits_of(choice):
-                return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
-
-            rows = best
-        else:  # the server's statistics never left init: each client measures its subnet's
-            def logits_of(row):
-                v = {**state.variables, "batch_stats": row[1]}
-                return lambda x: space.subnet(row[0]).apply(v, info.normalize(x), train=False)
-
-            rows = (best, map_clients(lambda c, v: recalibrated(cfg, space, info, v, c[0], c[1])["batch_stats"],
-                                      (best, data.all_clients("train")), state.variables, placement=placement))
-
-        out = client_accuracies(logits_of, rows, data, cfg.eval_batch_size, placement=placement, personal=True)
-        costs = traced_costs(space, best)
-        seen = jnp.maximum(state.seen.sum(), 1)
-        out.update({
-            "reported_acc_mean": (state.acc * state.seen).sum() / seen,
-            "best_reported_acc_mean": (state.best_acc * state.seen).sum() / seen,  # the code's logged number
-            "policy_entropy": policy_entropy(state.policy, valid),
-            "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
-            "client_memory_budget_mb": state.resources.memory_budget / 2**20,
-            "client_throughput_gmacs": state.resources.throughput / 1e9,
-            "client_memory_mb": training_memory(costs, cfg.batch_size) / 2**20,
-        })
-        return out
+        return evaluate_policies(cfg, space, info, placement, state, data)
 
     def personalize(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
-        """Every client's argmax subnet as a client of Algorithm 1 would report it now: E local
-        epochs on its train split from the supernet's weights (the round's learning rate),
-        then its local test accuracy (``client_test_acc``; :meth:`evaluate` tests the
-        supernet's weights untrained). Rows: ``{"choice": [K, D]}``."""
-        best = policy_argmax(state.policy, valid)
-        ids = jnp.arange(num_clients)
-
-        def client(c, shared):
-            choice, d, e, k = c
-            v, lr_t = shared
-            v, _ = train(v, choice, d, k, lr_t)
-            logits = lambda x: space.subnet(choice).apply(v, info.normalize(x), train=False)  # noqa: E731
-            return evaluate_examples(logits, e.x, e.y, e.count, batch_size=cfg.eval_batch_size)
-
-        r = map_clients(client, (best, data.clients("train", ids), data.clients("test", ids),
-                                 rng.client_keys(key, ids)), (state.variables, lr(state.round)), placement=placement)
-        return {"choice": best}, client_accuracy_summary(r["correct"], r["count"], prefix="client_test")
+        return personalize_subnets(cfg, space, info, placement, train, lr, state, data, key)
 
     def export(state: PerFedRLNASState) -> PersonalSubnets:
         return PersonalSubnets.of(state, space, cfg)
@@ -699,7 +771,7 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     n = int(ids.shape[0])
     if n < 1 or rounds < 1:
         raise ValueError(f"adapt_new_clients needs clients and rounds >= 1, got {n} clients, {rounds} rounds")
-    tx = optax.adam(cfg.policy_lr, b1=cfg.policy_beta1, b2=cfg.policy_beta2)
+    tx = policy_optimizer(cfg)
     evald, traind = data.clients(split, ids), data.clients("train", ids)
     res = gather_rows(state.resources, ids)
 
@@ -710,15 +782,12 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     @jit
     def step(carry, k):
         policy, opt = carry
-        choices = jax.vmap(lambda kk, a: jax.random.categorical(kk, masked_logits(a, valid)))(
-            jax.random.split(k, n), policy).astype(jnp.int32)
+        choices = sample_subnets(jax.random.split(k, n), policy, valid)
         acc = jax.lax.map(lambda a: score(*a), (choices, evald, traind))
         costs = traced_costs(space, choices)
         rt = costs[:, 1] * evald.count / res.throughput
         r = rewards(acc, acc.mean(), time_penalty(rt, jnp.ones((n,), bool), cfg.lambda_time, cfg.time_term), 0.0)
-        grads = jax.vmap(lambda a, c, rr: policy_gradient(a, c, rr, valid))(policy, choices, r)
-        updates, opt = jax.vmap(tx.update)(-grads, opt)
-        return (policy + updates, opt), acc.mean()
+        return reinforce_step(tx, policy, opt, choices, r, valid), acc.mean()
 
     policy = jnp.zeros((n,) + valid.shape, jnp.float32)
     carry = (policy, jax.vmap(tx.init)(policy))

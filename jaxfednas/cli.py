@@ -4,16 +4,19 @@ Usage::
 
     jaxfednas run ALGO [--dataset digits] [--clients 8] [--rounds 10] [--seed 0] [--out DIR]
                        [--preset smoke|paper] [--resume] [--set section.field=value ...]
+                       [--import MODULE_OR_FILE ...]
                        [--coordinator HOST:PORT --num-processes N --process-id I]
     jaxfednas partition --dataset digits --method dirichlet --clients 16 --alpha 0.5 --seed 0 --out DIR
     jaxfednas privacy --sampling-prob P --noise-multiplier S --steps T --delta D [--target-epsilon E]
     jaxfednas plan ALGO [--preset paper] [--set section.field=value ...] [--memory-budget-gib G]
-                        [--local-steps N] [--no-round] [--json FILE]
+                        [--local-steps N] [--no-round] [--json FILE] [--import MODULE_OR_FILE ...]
     jaxfednas list
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -35,6 +38,59 @@ def _fields_help() -> str:
         for name, default, help_ in describe(mod.CONFIG):
             lines.append(f"  algo.{name} (default {default!r}): {help_}")
     return "\n".join(lines)
+
+
+_IMPORT_HELP = ("import this module (a dotted name) or .py file first, e.g. one that registers an aggregator with "
+                "jaxfednas.server.register_aggregator for --set run.aggregator=NAME; repeatable")
+
+
+def _add_import(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help=_IMPORT_HELP)
+
+
+def import_module_or_file(spec: str):
+    """Import ``spec``: a path ending in ``.py`` (as the module named by its stem) or a dotted
+    module name (also looked up in the current directory). ConfigError if there is none."""
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        path = Path(spec).resolve()
+        if not path.is_file():
+            raise ConfigError(f"--import {spec}: no such file")
+        name = path.stem
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+                return loaded
+            raise ConfigError(f"--import {spec}: a module named {name!r} is already imported from elsewhere; "
+                              f"rename the file")
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        if e.name != spec.split(".")[0] or "" in sys.path or str(Path.cwd()) in sys.path:
+            raise ConfigError(f"--import {spec}: {e}") from None
+    sys.path.insert(0, str(Path.cwd()))  # a console script's path lacks the current directory
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"--import {spec}: {e}") from None
+
+
+def _import_first(argv: list[str]) -> None:
+    """The ``--import`` modules of ``argv``, before the parser is built (so that ``--help``
+    lists what they register)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_import(pre)
+    for spec in pre.parse_known_args(argv)[0].imports:
+        import_module_or_file(spec)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="any setting (see below); repeatable")
     r.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    _add_import(r)
     mp = r.add_argument_group(
         "several processes / hosts (jax.distributed; every process runs the same command with its own "
         "--process-id; or set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; SLURM is detected)")
@@ -108,6 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-chunk-probe", action="store_true",
                     help="compile the round once (no per-client-in-flight memory, no budget fit)")
     pl.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
+    _add_import(pl)
 
     sub.add_parser("list", help="list algorithms and their presets")
     return p
@@ -314,6 +372,12 @@ def run_privacy_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _import_first(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
     from jaxfednas.distributed import DistributedError

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from jaxfednas.aggregators import AGGREGATORS  # run.aggregator's choices: live, grows with register_aggregator
 from jaxfednas.data.datasets import DATASETS
 from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
 
@@ -25,7 +26,7 @@ from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
 PLACEMENTS: tuple[str, ...] = ("auto", "vmap", "map", "shard_map")
 #: The server's choices (:mod:`jaxfednas.server`): client samplers, aggregators, server optimizers.
 SAMPLERS: tuple[str, ...] = ("uniform", "proportional", "available")
-AGGREGATORS: tuple[str, ...] = ("mean", "median", "trimmed_mean")
+AVAILABILITY_PATTERNS: tuple[str, ...] = ("cyclic", "markov")
 SERVER_OPTIMIZERS: tuple[str, ...] = ("none", "sgd", "avgm", "adagrad", "adam", "yogi")
 
 
@@ -77,7 +78,7 @@ def check_fields(cfg: Any, section: str) -> None:
             raise ConfigError(f"{name}={v!r} has the wrong type: expected {_type_name(hints[f.name])}")
         choices = f.metadata.get("choices")
         if choices is not None and v not in choices:
-            raise ConfigError(f"{name}={v!r} is not allowed: choose one of {list(choices)}")
+            raise ConfigError(f"{name}={v!r} is not allowed: choose one of {list(choices)}{getattr(choices, 'hint', '')}")
         rng = f.metadata.get("range")
         if rng is not None and v is not None:
             lo, hi = rng
@@ -176,8 +177,17 @@ class RunConfig(Validated):
                                      "online in turn", range=(1, 1_000_000))
     availability_on: int = param(1, "sampler=available: rounds of every availability_period a client is online",
                                  range=(1, 1_000_000))
+    availability_pattern: str = param("cyclic", "sampler=available: which clients are online in a round: cyclic "
+                                      "(availability_period groups in turn) or markov (each client on or off by its "
+                                      "own seeded two-state Markov chain)", choices=AVAILABILITY_PATTERNS)
+    availability_fraction: float = param(0.5, "availability_pattern=markov: probability a client is online in a "
+                                         "round (its long-run fraction of rounds online)", range=(0.001, 1.0))
+    availability_persistence: float = param(0.5, "availability_pattern=markov: probability a client's on/off state "
+                                            "carries over to the next round rather than being redrawn (0: "
+                                            "independent rounds)", range=(0.0, 0.999))
     aggregator: str = param("mean", "how the server combines the clients' models: n_k-weighted mean, "
-                            "coordinate-wise median or trimmed_mean (Yin et al. 2018)",
+                            "coordinate-wise median or trimmed_mean (Yin et al. 2018), or one registered with "
+                            "jaxfednas.server.register_aggregator",
                             choices=AGGREGATORS)
     trim_fraction: float = param(0.1, "aggregator=trimmed_mean: fraction β dropped from each end per coordinate",
                                  range=(0.0, 0.499))

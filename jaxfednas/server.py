@@ -13,13 +13,23 @@ global model moves. One object, :class:`Server`, built from ``run.*`` like
     drawn twice counts twice): ``E[(1/m) Σ_j x_{k_j}] = Σ_k (n_k / n) x_k``, the same
     expectation as full participation's n_k-weighted mean. A client drawn twice trains
     twice from the same key (the same update); its persistent rows get that one update.
-  - ``available``: a cyclic availability pattern (clients that are online only part of the
-    time, as in diurnal cross-device training): the clients are split into
-    ``run.availability_period`` = P groups by a permutation drawn from the seed; client
-    ``k`` of group ``g_k`` is online in round ``r`` when ``(r − g_k) mod P <
-    run.availability_on``. Each round samples ``m`` clients uniformly without replacement
-    among the online ones, aggregated with weights ``n_k``. The configuration is refused
-    when a round could have fewer than ``m`` clients online.
+  - ``available``: clients that are online only part of the time. Each round samples ``m``
+    clients uniformly without replacement among the online ones, aggregated with weights
+    ``n_k`` (the n_k-weighted mean over the online clients in expectation). Which clients
+    are online, ``run.availability_pattern``:
+
+    * ``cyclic`` (the default; diurnal cross-device training): the clients are split into
+      ``run.availability_period`` = P groups by a permutation drawn from the seed; client
+      ``k`` of group ``g_k`` is online in round ``r`` when ``(r − g_k) mod P <
+      run.availability_on``. The configuration is refused when a round could have fewer
+      than ``m`` clients online.
+    * ``markov``: each client's on/off trace is its own seeded two-state Markov chain
+      (:func:`markov_online`), a function of ``(seed, round)``: online with probability
+      ``π = run.availability_fraction`` in every round, its state carried over from the
+      previous round with probability ``ρ = run.availability_persistence`` and otherwise
+      redrawn (``P(on → off) = (1 − ρ)(1 − π)``; ρ = 0: independent Bernoulli rounds).
+      Refused when ``π K < m``; a round that still has fewer than ``m`` online takes every
+      online client and tops up with offline ones drawn uniformly.
 
   ``run.dropout_rate`` applies after sampling whatever the sampler (a sampled client may
   still fail to report).
@@ -31,7 +41,9 @@ global model moves. One object, :class:`Server`, built from ``run.*`` like
   smallest of the ``c`` reporting values dropped, the rest averaged unweighted,
   ``β = run.trim_fraction``); the robust pair as in Yin et al. 2018 (unweighted: a client's
   ``n_k`` only decides whether it reports). :meth:`Server.masked_aggregate`: the same per
-  entry over the clients whose mask covers it (PerFedRLNAS' subnets).
+  entry over the clients whose mask covers it (PerFedRLNAS' subnets). Each is a function
+  of one leaf in the registry of ``jaxfednas.aggregators``; :func:`register_aggregator`
+  adds one of your own under a name ``run.aggregator`` then accepts.
 
 * **Server optimizers** (``run.server_optimizer`` for the weights,
   ``run.arch_server_optimizer`` for the architecture parameters α where the server
@@ -70,7 +82,8 @@ import numpy as np
 import optax
 
 from jaxfednas import rng
-from jaxfednas.config import AGGREGATORS, SAMPLERS, SERVER_OPTIMIZERS, ConfigError
+from jaxfednas.aggregators import aggregator_rule, register_aggregator, unknown_message
+from jaxfednas.config import AGGREGATORS, AVAILABILITY_PATTERNS, SAMPLERS, SERVER_OPTIMIZERS, ConfigError
 from jaxfednas.runtime import nothing_to_aggregate, round_clients, weighted_mean
 
 
@@ -92,8 +105,9 @@ def proportional_clients(key: jax.Array, sizes: jax.Array, m: int) -> jax.Array:
 
 def availability_groups(seed: int, num_clients: int, period: int) -> np.ndarray:
     """``[K]`` int: each client's group ``0..period-1`` (a seeded permutation cut into
-    near-equal groups; host constant)."""
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), AVAILABILITY)
+    near-equal groups; host constant, also when called inside a traced round)."""
+    with jax.ensure_compile_time_eval():
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), AVAILABILITY)
     return (rng.host_generator(key).permutation(num_clients) % period).astype(np.int32)
 
 
@@ -103,59 +117,110 @@ def online(groups: Any, round: Any, period: int, on: int) -> Any:
     return (round - groups) % period < on
 
 
+def markov_online(seed: int, round: Any, num_clients: int, fraction: float, persistence: float) -> jax.Array:
+    """``[K]`` bool: whether each client is online in ``round`` (traced or not) under the
+    ``markov`` availability pattern. Each client's on/off trace is its own two-state Markov
+    chain: in round 0 on with probability ``fraction``; in each later round its state is
+    kept with probability ``persistence`` and otherwise redrawn (on with probability
+    ``fraction``). So ``P(on → off) = (1 − persistence)(1 − fraction)``, ``P(off → on) =
+    (1 − persistence) fraction``, every round is on with probability ``fraction``, and
+    ``persistence`` 0 is an independent Bernoulli trace. The state is that of the client's
+    last redraw, found by walking back from ``round`` with the redraw coins of
+    ``(seed, round, client)``: a function of ``(seed, round)`` only, computed without the
+    earlier rounds (on average ``1 / (1 − persistence)`` steps back)."""
+    base = jax.random.fold_in(jax.random.PRNGKey(seed), AVAILABILITY)
+    redraw_key, state_key = jax.random.fold_in(base, 1), jax.random.fold_in(base, 2)
+    clients = jnp.arange(num_clients)
+
+    def uniform(key, t):  # [K]: the uniform of (round t[k], client k)
+        return jax.vmap(lambda t, k: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, t), k)))(t, clients)
+
+    def redrawn(t):
+        return (t <= 0) | (uniform(redraw_key, t) >= persistence)
+
+    def back(carry):
+        t, done = carry
+        t = jnp.where(done, t, t - 1)
+        return t, redrawn(t)
+
+    t0 = jnp.broadcast_to(jnp.asarray(round, jnp.int32), (num_clients,))
+    t, _ = jax.lax.while_loop(lambda c: ~c[1].all(), back, (t0, redrawn(t0)))
+    return uniform(state_key, t) < fraction
+
+
 def available_clients(key: jax.Array, is_online: jax.Array, m: int) -> jax.Array:
     """Sorted ids of ``m`` clients drawn uniformly without replacement among those where
-    ``is_online`` holds (there must be at least ``m``)."""
+    ``is_online`` holds; with fewer than ``m`` online, every online client and the rest
+    drawn uniformly among the others."""
     u = jax.random.uniform(key, is_online.shape)
-    _, idx = jax.lax.top_k(jnp.where(is_online, u, -1.0), m)
+    _, idx = jax.lax.top_k(jnp.where(is_online, u, u - 2.0), m)
     return jnp.sort(idx).astype(jnp.int32)
 
 
 # --- Aggregators ------------------------------------------------------------------
+#
+# Every aggregator is a function of one leaf in the registry of jaxfednas.aggregators (see
+# there for the arguments): the built-ins below and any a user registers.
 
 
-def _robust(x: jax.Array, valid: jax.Array, kind: str, trim: float, fallback: jax.Array) -> jax.Array:
-    """Coordinate-wise median / trimmed mean of ``x`` ``[m, ...]`` over the rows where
-    ``valid`` (broadcastable to ``x``) holds; ``fallback`` where none does."""
-    valid = jnp.broadcast_to(valid, x.shape)
-    s = jnp.sort(jnp.where(valid, x.astype(jnp.float32), jnp.inf), axis=0)  # reporting values first
+@register_aggregator("mean")
+def weighted_mean_rule(x: jax.Array, weights: jax.Array, valid: jax.Array, server: Server) -> jax.Array:
+    """``Σ w_k x_k / Σ w_k`` over the values that count (per entry): in the masked form the
+    arithmetic of :func:`jaxfednas.runtime.masked_weighted_mean`, bit for bit. (Unmasked,
+    :meth:`Server.aggregate` computes ``mean`` with :func:`jaxfednas.runtime.weighted_mean`:
+    the same value, its own arithmetic.)"""
+    wm = valid.astype(jnp.float32) * weights
+    den = wm.sum(0)
+    return (wm * x).sum(0) / jnp.where(den > 0, den, 1.0)
+
+
+@register_aggregator("median")
+def coordinate_median(x: jax.Array, weights: jax.Array, valid: jax.Array, server: Server) -> jax.Array:
+    """Coordinate-wise median of the values that count (the mean of the two middle ones for
+    an even count); unweighted."""
+    s = jnp.sort(jnp.where(valid, x, jnp.inf), axis=0)  # the values that count first
     n = valid.sum(0)
-    if kind == "median":
-        lo = jnp.take_along_axis(s, jnp.maximum(n - 1, 0)[None] // 2, 0)[0]
-        hi = jnp.take_along_axis(s, jnp.minimum(n // 2, x.shape[0] - 1)[None], 0)[0]
-        out = (lo + hi) / 2
-    else:
-        b = jnp.floor(n * trim + 1e-4).astype(n.dtype)
-        pos = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
-        keep = (pos >= b) & (pos < n - b)
-        out = jnp.where(keep, s, 0.0).sum(0) / jnp.maximum(n - 2 * b, 1)
-    return jnp.where(n > 0, out, fallback.astype(jnp.float32)).astype(x.dtype)
+    lo = jnp.take_along_axis(s, jnp.maximum(n - 1, 0)[None] // 2, 0)[0]
+    hi = jnp.take_along_axis(s, jnp.minimum(n // 2, x.shape[0] - 1)[None], 0)[0]
+    return (lo + hi) / 2
+
+
+@register_aggregator("trimmed_mean")
+def coordinate_trimmed_mean(x: jax.Array, weights: jax.Array, valid: jax.Array, server: Server) -> jax.Array:
+    """Coordinate-wise: of the ``c`` values that count, the ``⌊β c⌋`` largest and ``⌊β c⌋``
+    smallest dropped, the rest averaged unweighted (``β = server.trim_fraction``)."""
+    s = jnp.sort(jnp.where(valid, x, jnp.inf), axis=0)
+    n = valid.sum(0)
+    b = jnp.floor(n * server.trim_fraction + 1e-4).astype(n.dtype)
+    pos = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
+    keep = (pos >= b) & (pos < n - b)
+    return jnp.where(keep, s, 0.0).sum(0) / jnp.maximum(n - 2 * b, 1)
+
+
+def _apply_rule(server: Server, x: jax.Array, weights: jax.Array, valid: jax.Array, fallback: jax.Array) -> jax.Array:
+    """Aggregator ``server.aggregator`` on one leaf ``x`` ``[m, ...]``, ``fallback`` where no
+    value counts (``valid``, broadcastable to ``x``)."""
+    valid = jnp.broadcast_to(valid, x.shape)
+    w = jnp.asarray(weights, jnp.float32).reshape((-1,) + (1,) * (x.ndim - 1))
+    out = aggregator_rule(server.aggregator)(x.astype(jnp.float32), w, valid, server)
+    if jnp.shape(out) != x.shape[1:]:
+        raise ValueError(f"aggregator {server.aggregator!r} returned shape {jnp.shape(out)} for a leaf of shape "
+                         f"{x.shape} (clients first): expected {x.shape[1:]}")
+    n = valid.sum(0)
+    return jnp.where(n > 0, jnp.asarray(out, jnp.float32), fallback.astype(jnp.float32)).astype(x.dtype)
 
 
 def robust_mean(tree: Any, weights: jax.Array, kind: str, trim: float = 0.0, fallback: Any = None) -> Any:
-    """``kind`` = ``"median"`` or ``"trimmed_mean"`` (``trim`` = β from each end) of every
-    leaf over its leading client axis, among clients with weight > 0; ``fallback`` (or
-    zeros) where no client has."""
-    valid = jnp.asarray(weights) > 0
-    if fallback is None:
-        fallback = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], x.dtype), tree)
-
-    def one(x, fb):
-        return _robust(x, valid.reshape((-1,) + (1,) * (x.ndim - 1)), kind, trim, fb)
-
-    return jax.tree.map(one, tree, fallback)
+    """Aggregator ``kind`` (e.g. ``"median"`` or ``"trimmed_mean"``, ``trim`` = β from each
+    end) of every leaf over its leading client axis, among clients with weight > 0;
+    ``fallback`` (or zeros) where no client has."""
+    return Server(aggregator=kind, trim_fraction=trim).aggregate_by_rule(tree, weights, fallback)
 
 
 def masked_robust_mean(tree: Any, masks: Any, weights: jax.Array, kind: str, trim: float, fallback: Any) -> Any:
     """:func:`robust_mean` per entry over the clients whose mask (``{0, 1}``, broadcastable
     to the leaf) covers it; ``fallback`` where none does."""
-    w = jnp.asarray(weights) > 0
-
-    def one(x, m, fb):
-        valid = (jnp.broadcast_to(m, x.shape) > 0) & w.reshape((-1,) + (1,) * (x.ndim - 1))
-        return _robust(x, valid, kind, trim, fb)
-
-    return jax.tree.map(one, tree, masks, fallback)
+    return Server(aggregator=kind, trim_fraction=trim).masked_aggregate(tree, masks, weights, fallback)
 
 
 # --- Server optimizers ------------------------------------------------------------
@@ -244,10 +309,16 @@ class Server:
     arch_lr: float = 1.0
     availability_period: int = 2
     availability_on: int = 1
+    availability_pattern: str = "cyclic"
+    availability_fraction: float = 0.5
+    availability_persistence: float = 0.5
     seed: int = 0
 
     def __post_init__(self):
-        for name, value, choices in (("sampler", self.sampler, SAMPLERS), ("aggregator", self.aggregator, AGGREGATORS),
+        if self.aggregator not in AGGREGATORS:
+            raise ConfigError(unknown_message(self.aggregator))
+        for name, value, choices in (("sampler", self.sampler, SAMPLERS),
+                                     ("availability_pattern", self.availability_pattern, AVAILABILITY_PATTERNS),
                                      ("server_optimizer", self.optimizer, SERVER_OPTIMIZERS),
                                      ("arch_server_optimizer", self.arch_optimizer, SERVER_OPTIMIZERS)):
             if value not in choices:
@@ -257,6 +328,9 @@ class Server:
         if not 1 <= self.availability_on <= self.availability_period:
             raise ConfigError(f"run.availability_on={self.availability_on} must be in [1, run.availability_period="
                               f"{self.availability_period}]")
+        if not 0.0 < self.availability_fraction <= 1.0 or not 0.0 <= self.availability_persistence < 1.0:
+            raise ConfigError(f"run.availability_fraction={self.availability_fraction} must be in (0, 1] and "
+                              f"run.availability_persistence={self.availability_persistence} in [0, 1)")
 
     @classmethod
     def from_run(cls, run: Any) -> Server:
@@ -265,7 +339,9 @@ class Server:
                    optimizer=run.server_optimizer, lr=run.server_lr, momentum=run.server_momentum,
                    b1=run.server_b1, b2=run.server_b2, tau=run.server_tau,
                    arch_optimizer=run.arch_server_optimizer, arch_lr=run.arch_server_lr,
-                   availability_period=run.availability_period, availability_on=run.availability_on, seed=run.seed)
+                   availability_period=run.availability_period, availability_on=run.availability_on,
+                   availability_pattern=run.availability_pattern, availability_fraction=run.availability_fraction,
+                   availability_persistence=run.availability_persistence, seed=run.seed)
 
     # -- what applies where
 
@@ -284,8 +360,17 @@ class Server:
                 raise ConfigError(f"{option} does not apply to {algorithm}: {why}")
 
     def check_clients(self, num_clients: int, m: int) -> None:
-        """ConfigError when sampler ``available`` could leave fewer than ``m`` clients online."""
+        """ConfigError when sampler ``available`` could leave fewer than ``m`` clients online
+        (pattern ``cyclic``) or would on average (``markov``: ``fraction · K < m``)."""
         if self.sampler != "available":
+            return
+        if self.availability_pattern == "markov":
+            if self.availability_fraction * num_clients < m:
+                raise ConfigError(
+                    f"run.sampler='available' with run.availability_pattern='markov' has on average "
+                    f"{self.availability_fraction * num_clients:g} of {num_clients} clients online "
+                    f"(run.availability_fraction={self.availability_fraction}), fewer than the {m} clients per round "
+                    f"(run.clients_per_round): raise availability_fraction or lower clients_per_round")
             return
         groups = availability_groups(self.seed, num_clients, self.availability_period)
         fewest = min(int(online(groups, r, self.availability_period, self.availability_on).sum())
@@ -311,11 +396,18 @@ class Server:
         if self.sampler == "proportional":
             ids = proportional_clients(key, data.all_clients("train").count, m)
         else:
-            self.check_clients(num_clients, m)
-            groups = availability_groups(self.seed, num_clients, self.availability_period)
-            ids = available_clients(key, online(jnp.asarray(groups), round, self.availability_period,
-                                                self.availability_on), m)
+            ids = available_clients(key, self.online_clients(round, num_clients, m), m)
         return ids, rng.client_keys(round_key, ids)
+
+    def online_clients(self, round: Any, num_clients: int, m: int) -> jax.Array:
+        """``[K]`` bool: the clients online in ``round`` for sampler ``available`` (its
+        pattern, ``run.availability_pattern``)."""
+        self.check_clients(num_clients, m)
+        if self.availability_pattern == "markov":
+            return markov_online(self.seed, round, num_clients, self.availability_fraction,
+                                 self.availability_persistence)
+        groups = availability_groups(self.seed, num_clients, self.availability_period)
+        return online(jnp.asarray(groups), round, self.availability_period, self.availability_on)
 
     def weights(self, counts: jax.Array, reported: jax.Array) -> jax.Array:
         """Aggregation weights of the sampled clients: ``counts * reported`` (``n_k``, 0 for a
@@ -327,17 +419,36 @@ class Server:
     # -- aggregation
 
     def aggregate(self, tree: Any, weights: jax.Array, fallback: Any = None) -> Any:
-        """The clients' ``tree`` (leading client axis) combined by ``run.aggregator``."""
+        """The clients' ``tree`` (leading client axis) combined by ``run.aggregator`` over
+        the clients with weight > 0; ``fallback`` (or zeros) where none has. ``mean``:
+        :func:`jaxfednas.runtime.weighted_mean` itself."""
         if self.aggregator == "mean":
             return weighted_mean(tree, weights, fallback=fallback)
-        return robust_mean(tree, weights, self.aggregator, self.trim_fraction, fallback)
+        return self.aggregate_by_rule(tree, weights, fallback)
+
+    def aggregate_by_rule(self, tree: Any, weights: jax.Array, fallback: Any = None) -> Any:
+        """:meth:`aggregate` through the registered function of ``run.aggregator`` (also for
+        ``mean``)."""
+        valid = jnp.asarray(weights) > 0
+        if fallback is None:
+            fallback = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], x.dtype), tree)
+
+        def one(x, fb):
+            return _apply_rule(self, x, weights, valid.reshape((-1,) + (1,) * (x.ndim - 1)), fb)
+
+        return jax.tree.map(one, tree, fallback)
 
     def masked_aggregate(self, tree: Any, masks: Any, weights: jax.Array, fallback: Any) -> Any:
-        """Per entry over the clients whose mask covers it (``mean``: the caller's own
-        masked mean; this method is for ``median`` and ``trimmed_mean``)."""
-        if self.aggregator == "mean":
-            raise ValueError("masked_aggregate is for the robust aggregators; use masked_weighted_mean")
-        return masked_robust_mean(tree, masks, weights, self.aggregator, self.trim_fraction, fallback)
+        """Per entry over the clients with weight > 0 whose mask (``{0, 1}``, leaves
+        broadcastable to ``tree``'s) covers it; ``fallback`` where none does (PerFedRLNAS'
+        subnets). ``mean``: :func:`jaxfednas.runtime.masked_weighted_mean`'s value, bit for bit."""
+        w = jnp.asarray(weights) > 0
+
+        def one(x, m, fb):
+            valid = (jnp.broadcast_to(m, x.shape) > 0) & w.reshape((-1,) + (1,) * (x.ndim - 1))
+            return _apply_rule(self, x, weights, valid, fb)
+
+        return jax.tree.map(one, tree, masks, fallback)
 
     # -- server optimizer
 
@@ -393,6 +504,7 @@ def tolerate_missing_server_state(cls: type) -> type:
     return cls
 
 
-__all__ = ["SAMPLERS", "AGGREGATORS", "SERVER_OPTIMIZERS", "Server", "proportional_clients", "availability_groups",
-           "online", "available_clients", "robust_mean", "masked_robust_mean", "scale_by_fedopt", "server_transform",
-           "server_step", "tolerate_missing_server_state"]
+__all__ = ["SAMPLERS", "AGGREGATORS", "SERVER_OPTIMIZERS", "Server", "register_aggregator", "proportional_clients",
+           "availability_groups", "online", "markov_online", "available_clients", "weighted_mean_rule",
+           "coordinate_median", "coordinate_trimmed_mean", "robust_mean", "masked_robust_mean", "scale_by_fedopt",
+           "server_transform", "server_step", "tolerate_missing_server_state"]

@@ -175,6 +175,7 @@ FAST_FILES = {
     "test_rng.py", "test_privacy.py", "test_data_partition.py", "test_data_federated.py", "test_nn.py",
     "test_optim.py", "test_sampling.py", "test_package.py", "test_checkpoint_robustness.py",
     "test_runtime.py", "test_readme.py", "test_cifar_archives.py",
+    "test_strategies_plugin.py",
 }
 
 

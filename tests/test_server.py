@@ -3,6 +3,7 @@ constructed updates with outliers, client samplers (determinism, proportionality
 availability), defaults bitwise equal to the plain weighted mean, refusals, and a few cheap
 FedAvg rounds on the contract test's tiny federation."""
 import dataclasses
+import functools
 
 import chex
 import flax.serialization
@@ -17,8 +18,8 @@ from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
 from jaxfednas.config import ConfigError, RunConfig
 from jaxfednas.registry import algorithm_module
 from jaxfednas.rng import init_key, round_key
-from jaxfednas.runtime import map_clients, round_clients, weighted_mean
-from jaxfednas.server import (Server, availability_groups, available_clients, masked_robust_mean, online,
+from jaxfednas.runtime import map_clients, masked_weighted_mean, round_clients, weighted_mean
+from jaxfednas.server import (Server, availability_groups, available_clients, markov_online, masked_robust_mean, online,
                               proportional_clients, robust_mean, server_step, server_transform)
 
 # --- server optimizers: NumPy by hand ------------------------------------------------
@@ -126,8 +127,9 @@ def test_default_aggregation_is_the_weighted_mean_bit_for_bit():
     chex.assert_trees_all_equal(Server().aggregate(tree, w, fb), weighted_mean(tree, w, fallback=fb))
     counts, rep = jnp.array([3, 4, 5], jnp.int32), jnp.array([True, False, True])
     np.testing.assert_array_equal(Server().weights(counts, rep), counts * rep)
-    with pytest.raises(ValueError, match="masked_weighted_mean"):
-        Server().masked_aggregate(tree, tree, w, fb)
+    masks = jax.tree.map(lambda a: (np.abs(a) > 0.5).astype(np.float32), tree)
+    chex.assert_trees_all_equal(Server().masked_aggregate(tree, masks, w, fb),  # the registered "mean", masked
+                                masked_weighted_mean(tree, masks, w, fb))
 
 
 # --- samplers -------------------------------------------------------------------------
@@ -313,3 +315,135 @@ def test_a_refusal_from_an_algorithm_built_on_fedavg_names_that_algorithm(name):
     cfg, data = tiny_federation(name, **{"run.arch_server_optimizer": "adam"})
     with pytest.raises(ConfigError, match=rf"{name}.*arch_server_optimizer|arch_server_optimizer.*{name}"):
         algorithm_module(name).build(cfg, data.info)
+
+
+# --- availability pattern "markov" ---------------------------------------------------
+
+
+def test_markov_availability_is_a_seeded_function_of_the_round_with_the_documented_chain():
+    k, rounds, frac = 300, 40, 0.7
+    trace = jax.jit(lambda seed, keep: jax.vmap(lambda r: markov_online(seed, r, k, frac, keep))(jnp.arange(rounds)))
+    t = np.asarray(trace(3, 0.6))
+    np.testing.assert_array_equal(t, trace(3, 0.6))  # same seed, same trace
+    assert (t != np.asarray(trace(4, 0.6))).mean() > 0.2  # another seed, another trace
+    np.testing.assert_array_equal(t[17], markov_online(3, 17, k, frac, 0.6))  # round 17 alone: the same
+    assert abs(t.mean() - frac) < 0.02  # on in a fraction `frac` of rounds
+    on, nxt = t[:-1], t[1:]
+    off_after_on = (on & ~nxt).sum() / on.sum()
+    on_after_off = (~on & nxt).sum() / (~on).sum()
+    assert abs(off_after_on - (1 - 0.6) * (1 - frac)) < 0.02, off_after_on  # 0.12
+    assert abs(on_after_off - (1 - 0.6) * frac) < 0.03, on_after_off  # 0.28
+    ind = np.asarray(trace(3, 0.0))
+    assert abs((ind[:-1] & ~ind[1:]).sum() / ind[:-1].sum() - (1 - frac)) < 0.03  # persistence 0: independent
+
+
+def test_markov_sampler_draws_online_clients_weighted_by_n_k_and_refuses_too_few():
+    k, m, rounds = 10, 3, 30
+    s = Server(sampler="available", availability_pattern="markov", availability_fraction=0.5,
+               availability_persistence=0.5, seed=5)
+    assert Server.from_run(RunConfig(sampler="available", availability_pattern="markov", availability_fraction=0.5,
+                                     availability_persistence=0.5, seed=5)) == s
+    ids, up = jax.jit(jax.vmap(lambda r: (s.sample(round_key(5, r), r, None, k, m)[0],
+                                          markov_online(5, r, k, 0.5, 0.5))))(jnp.arange(rounds))
+    ids, up = np.asarray(ids), np.asarray(up)
+    np.testing.assert_array_equal(ids[7], s.sample(round_key(5, 7), 7, None, k, m)[0])  # (seed, round) only
+    np.testing.assert_array_equal(ids[7], available_clients(rng.sample_key(round_key(5, 7)), up[7], m))
+    assert all(len(set(row)) == m for row in ids)  # without replacement
+    enough = up.sum(1) >= m
+    assert 0 < enough.sum() < rounds
+    for i, u in zip(ids, up):
+        assert u[i].sum() == min(u.sum(), m)  # only online clients; a short round takes every online one
+    many = np.asarray(jax.vmap(lambda key: available_clients(key, jnp.asarray(up[0]), m))(
+        jax.random.split(jax.random.PRNGKey(0), 1500)))
+    assert up[0].sum() >= m  # uniform among the online ones
+    np.testing.assert_allclose(np.bincount(many.ravel(), minlength=k)[up[0]] / 1500, m / up[0].sum(), atol=0.06)
+    counts, rep = jnp.array([3, 4, 5], jnp.int32), jnp.array([True, False, True])
+    np.testing.assert_array_equal(s.weights(counts, rep), counts * rep)  # n_k-weighted, as documented
+    with pytest.raises(ConfigError, match="raise availability_fraction"):
+        s.check_clients(k, 6)
+    with pytest.raises(ConfigError, match="availability_pattern='poisson' is not allowed"):
+        RunConfig(availability_pattern="poisson")
+
+
+# --- client drop-out with each sampler; a registered aggregator in a FedAvg round ------
+
+
+@functools.cache
+def _local_models():
+    """``(variables, data, ids, keys) -> (each client's model after local training, n_k)``:
+    FedAvg's clients of the tiny federation, by hand."""
+    from jaxfednas.algorithms.common import make_local_train
+    from jaxfednas.runtime import Placement, jit
+    from jaxfednas.search_spaces.models import make_model
+
+    cfg, data = tiny_federation("fedavg")
+    info = data.info
+    local_train = make_local_train(make_model(cfg.algo.model, info.num_classes, info.name), info, cfg.algo)
+
+    @jit
+    def models(variables, data, ids, keys):
+        clients = data.clients("train", ids)
+        new = map_clients(lambda c, v: local_train(v, c[0], c[1], None), (clients, keys), variables,
+                          placement=Placement.from_run(cfg.run))[0]
+        return new, clients.count
+
+    return models
+
+
+def _fedavg_step(variables, aggregate):
+    return {"params": jax.tree.map(lambda w, a: w + 1.0 * (a - w), variables["params"], aggregate["params"]),
+            "batch_stats": aggregate["batch_stats"]}
+
+
+@pytest.mark.parametrize("over", [
+    {"run.sampler": "proportional"},
+    {"run.sampler": "available"},
+    {"run.sampler": "available", "run.availability_pattern": "markov", "run.availability_fraction": 0.75},
+], ids=["proportional", "available-cyclic", "available-markov"])
+def test_dropout_with_each_sampler_leaves_the_failed_client_out(over):
+    from jaxfednas.runtime import reporting_clients
+
+    cfg, data = tiny_federation("fedavg", **{"run.dropout_rate": 0.5, **over})
+    server = Server.from_run(cfg.run)
+    algo = algorithm_module("fedavg").build(cfg, data.info)
+    s0 = algo.init(init_key(0))
+    # a round key whose two sampled clients are one that reports and one that fails
+    reported = jax.jit(jax.vmap(lambda key: reporting_clients(key, server.sample(key, 0, data, 4, 2)[0], 0.5).sum()))
+    keys = jax.vmap(lambda r: round_key(0, r))(jnp.arange(32))
+    key = keys[int(np.argmax(np.asarray(reported(keys)) == 1))]
+    s1, m1 = algo.round(s0, data, key)
+    s1b, _ = algo.round(s0, data, key)
+    chex.assert_trees_all_equal(s1, s1b)  # deterministic
+    assert int(m1["clients_reported"]) == 1 and float(m1["server_update_skipped"]) == 0.0
+    ids, keys = server.sample(key, 0, data, 4, 2)
+    rep = np.asarray(reporting_clients(key, ids, 0.5))
+    new, _ = _local_models()(s0.variables, data, ids, keys)
+    # the aggregate is the one reporting client's model: the failed one is left out
+    alone = jax.tree.map(lambda x: x[int(np.argmax(rep))], new)
+    want = _fedavg_step(s0.variables, alone)
+    for a, b in zip(jax.tree.leaves(s1.variables), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    both = _fedavg_step(s0.variables, jax.tree.map(lambda x: x.mean(0), new))
+    assert not np.allclose(np.asarray(jax.tree.leaves(both)[0]), np.asarray(jax.tree.leaves(s1.variables)[0]))
+
+
+def test_a_fedavg_round_with_a_registered_aggregator_is_it_by_hand():
+    from jaxfednas.aggregators import unregister_aggregator
+    from jaxfednas.server import register_aggregator
+
+    @register_aggregator("max_of_reporting")
+    def coordinate_max(x, weights, valid, server):
+        return jnp.where(valid, x, -jnp.inf).max(0)
+
+    try:
+        cfg, data = tiny_federation("fedavg", **{"run.aggregator": "max_of_reporting"})
+        algo = algorithm_module("fedavg").build(cfg, data.info)
+        s0 = algo.init(init_key(0))
+        s1, _ = algo.round(s0, data, round_key(0, 0))
+    finally:
+        unregister_aggregator("max_of_reporting")
+    ids, keys = round_clients(round_key(0, 0), 4, 2)
+    new, _ = _local_models()(s0.variables, data, ids, keys)
+    want = _fedavg_step(s0.variables, jax.tree.map(lambda x: x.max(0), new))
+    for a, b in zip(jax.tree.leaves(s1.variables), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
