@@ -16,6 +16,7 @@ from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import Augment, augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
+from jaxfednas.precision import compute_in
 from jaxfednas.runtime import map_clients, Placement, weighted_mean
 
 AUGMENTS = ("auto", "none", "crop_flip", "crop_flip_cutout")
@@ -64,7 +65,8 @@ def make_client_optimizer(cfg: SupervisedConfig) -> optax.GradientTransformation
     return optax.chain(*parts)
 
 
-def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weight: float = 0.0) -> Callable:
+def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weight: float = 0.0,
+                    precision: str = "fp32") -> Callable:
     """``batch_grad(params, stats, batch, key, drop_path_prob=None) -> (grads, stats, metrics)``:
     the gradient of one minibatch's masked mean cross entropy (``key`` drives augmentation),
     the BatchNorm statistics after that training-mode pass, and ``loss_sum`` / ``correct`` /
@@ -75,8 +77,11 @@ def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weigh
     loss is CE + aux_weight · CE_aux (``loss_sum`` is that objective, as DARTS logs it;
     ``correct`` counts the main head); ``drop_path_prob`` (a traced scalar) is passed to the
     model with a ``"dropout"`` rng from :func:`jaxfednas.rng.drop_path_key` of ``key``. With
-    both off the computation is the plain one, unchanged."""
+    both off the computation is the plain one, unchanged. ``precision``: what the forward and
+    backward compute in (:func:`jaxfednas.precision.compute_in`; gradients and statistics
+    come back float32)."""
     aug = make_augment(augment, info.name)
+    apply = compute_in(precision, model.apply)
 
     def batch_grad(params, stats, batch, key, drop_path_prob=None):
         x = augment_batch(key, info.normalize(batch["x"]), aug)
@@ -86,7 +91,7 @@ def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weigh
             "drop_path_prob": drop_path_prob, "rngs": {"dropout": rng.drop_path_key(key)}}
 
         def loss_fn(p):
-            out, new_vars = model.apply(
+            out, new_vars = apply(
                 {"params": p, "batch_stats": stats}, x, train=True, mask=mask, mutable=["batch_stats"], **extra
             )
             logits, aux_logits = out if aux_weight > 0 else (out, None)
@@ -102,13 +107,15 @@ def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weigh
     return batch_grad
 
 
-def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig, *, aux_weight: float = 0.0) -> Callable:
+def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig, *, aux_weight: float = 0.0,
+                     precision: str = "fp32") -> Callable:
     """``local_train(variables, client, key, drop_path_prob=None) -> (variables, metrics)``: E
     epochs of minibatch SGD from ``variables`` on one client's data, with a fresh optimizer
     (as FedAvg's clients do every round); ``aux_weight`` and ``drop_path_prob``: see
-    :func:`make_batch_grad` (None: no drop path, and no dropout rng drawn)."""
+    :func:`make_batch_grad` (None: no drop path, and no dropout rng drawn); ``precision``:
+    see :func:`make_batch_grad`."""
     opt = make_client_optimizer(cfg)
-    batch_grad = make_batch_grad(model, info, cfg.augment, aux_weight=aux_weight)
+    batch_grad = make_batch_grad(model, info, cfg.augment, aux_weight=aux_weight, precision=precision)
 
     def local_train(variables: dict, client: ClientData, key: jax.Array, drop_path_prob: jax.Array | None = None):
         def step(carry, batch, key):

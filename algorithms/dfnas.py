@@ -78,6 +78,7 @@ from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, cosine_lr
+from jaxfednas.precision import compute_in
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
 from jaxfednas.server import Server, tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
@@ -247,17 +248,21 @@ def make_supernet(cfg: DFNASConfig, info: DataInfo, *, all_paths: bool = False) 
                           all_paths=all_paths, bn_eps=cfg.bn_eps, scan_blocks=cfg.scan_blocks)
 
 
-def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, epochs: int) -> Callable:
+def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, epochs: int, *,
+                      precision: str = "fp32") -> Callable:
     """``local_search(variables, fixed, fixed_choice, lr, client, key) -> (variables, metrics)``:
-    Algorithm 1 for ``epochs`` local epochs on the client's training split."""
+    Algorithm 1 for ``epochs`` local epochs on the client's training split. ``precision``: what
+    the forward and backward compute in (:func:`jaxfednas.precision.compute_in`: weights, gate
+    credits and BatchNorm statistics stay float32)."""
     aug = make_augment(cfg.augment, info.name)
+    apply = compute_in(precision, model.apply)
     nc = model.space.num_candidates
     arch_tx = optax.adam(cfg.arch_lr, b1=0.5, b2=0.999)
     penalty = macs_penalty(cfg, info) if cfg.macs_coef > 0 else None  # static: off compiles today's program
 
     def loss_fn(params, gates, stats, batch, path):
-        logits, new = model.apply({"params": params, "batch_stats": stats}, batch["x"], path, gates, train=True,
-                                  mask=batch["mask"], mutable=["batch_stats"])
+        logits, new = apply({"params": params, "batch_stats": stats}, batch["x"], path, gates, train=True,
+                            mask=batch["mask"], mutable=["batch_stats"])
         mask = batch["mask"]
         labels = optax.smooth_labels(jax.nn.one_hot(batch["y"], info.num_classes), cfg.label_smoothing)
         ce = optax.softmax_cross_entropy(logits, labels) * mask
@@ -300,16 +305,17 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
 
 def dfnas(
     cfg: DFNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(), dropout_rate: float = 0.0, server: Server = Server(),
+    placement: Placement = Placement(), dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon). ``server``:
     sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`;
-    fixed blocks keep their α whatever the α optimizer)."""
+    fixed blocks keep their α whatever the α optimizer). ``precision``: what the local search
+    computes in (:mod:`jaxfednas.precision`); evaluation runs in float32."""
     model = make_supernet(cfg, info)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     server.check_clients(info.num_clients, m)
     placement = placement.single_path()
-    local_search = make_local_search(cfg, info, model, cfg.local_epochs)
+    local_search = make_local_search(cfg, info, model, cfg.local_epochs, precision=precision)
     nb = model.space.num_blocks
     table = cost_table(cfg, info)
     madds = jnp.asarray(table.blocks, jnp.float32)  # float32 sums: exact to ~1e-7 relative
@@ -407,5 +413,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return dfnas(
         config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

@@ -85,13 +85,13 @@ class DittoState:
 ROWS = ("personal",)  # per-client fields (leading axis K): split along the clients mesh
 
 
-def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig) -> Callable:
+def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig, *, precision: str = "fp32") -> Callable:
     """``personal_train(v, w, client, key) -> (v, metrics)``: E local epochs of
     ``v ← v − η(∇F_k(v) + λ(v − w))`` with a fresh client optimizer; ``w`` (the
     round's global model) stays fixed. With ``λ = 0`` this is
     :func:`jaxfednas.algorithms.common.make_local_train` from ``v``."""
     opt = make_client_optimizer(cfg)
-    batch_grad = make_batch_grad(model, info, cfg.augment)
+    batch_grad = make_batch_grad(model, info, cfg.augment, precision=precision)
 
     def personal_train(personal: dict, anchor: dict, client: ClientData, key: jax.Array):
         w = anchor["params"]
@@ -123,15 +123,17 @@ def ditto(
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
     server: Server = Server(),
+    precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
-    when given (e.g. a DARTS network from a genotype)."""
+    when given (e.g. a DARTS network from a genotype). ``precision``: what client training
+    (global and personal models) computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
     server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate,
-                  server=server)
-    personal_train = make_personal_train(model, info, cfg)
+                  server=server, precision=precision)
+    personal_train = make_personal_train(model, info, cfg, precision=precision)
 
     def init(key):
         g = base.init(key)
@@ -171,5 +173,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return ditto(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

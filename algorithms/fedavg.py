@@ -76,6 +76,7 @@ def fedavg(
     aux_weight: float = 0.0,
     drop_path: Callable[[jax.Array], jax.Array] | None = None,
     server: Server = Server(),
+    precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
     ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`).
@@ -85,7 +86,8 @@ def fedavg(
     probability of the round's local training (every client, every step), None: no drop
     path (the computation of plain FedAvg). ``server``: sampler, aggregator and server
     optimizer (:class:`jaxfednas.server.Server`); with a server optimizer ``cfg.server_lr``
-    must stay 1 (use ``run.server_lr``)."""
+    must stay 1 (use ``run.server_lr``). ``precision``: what client training computes in
+    (:mod:`jaxfednas.precision`; evaluation float32)."""
     if server.optimizer != "none" and cfg.server_lr != 1.0:
         raise ConfigError(f"algo.server_lr={cfg.server_lr} and run.server_optimizer={server.optimizer!r} both given: "
                           "algo.server_lr is plain server SGD; with a server optimizer set run.server_lr instead")
@@ -93,7 +95,7 @@ def fedavg(
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     server.check_clients(info.num_clients, m)
-    local_train = make_local_train(model, info, cfg, aux_weight=aux_weight)
+    local_train = make_local_train(model, info, cfg, aux_weight=aux_weight, precision=precision)
 
     def init(key):
         variables = init_variables(model, key, info.image_shape)
@@ -134,5 +136,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

@@ -55,6 +55,7 @@ from jaxfednas.data.federated import (ClientData, DataInfo, FederatedData, num_s
 from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, evaluate_examples, global_accuracy,
                                   select_by_validation)
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
+from jaxfednas.precision import compute_in
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
 from jaxfednas.server import Server, tolerate_missing_server_state
@@ -149,7 +150,8 @@ def make_supernet(cfg: FedNASConfig, info: DataInfo) -> DartsSearchNetwork:
     return supernet_of(cfg, info.num_classes, scan_edges=cfg.scan_edges)
 
 
-def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int) -> Callable:
+def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwork, epochs: int, *,
+                      precision: str = "fp32") -> Callable:
     """``local_search(variables, train, val, key, select=None) -> (variables, metrics)``:
     ClientLocalSearch(k, w, α) of Algorithm 1 (lines 9-15), ``epochs`` local epochs of
     the MiLeNAS step (Eq. 4) with fresh optimizers and a cosine schedule over the epochs.
@@ -157,14 +159,17 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
     ``select(variables) -> (score, record)``, if given, scores the starting model and the
     model after every epoch and the best one is returned instead of the last
     (:func:`jaxfednas.data.federated.run_local_epochs_selected`: ties to the later epoch,
-    ``metrics["selected"]`` and ``metrics["candidates"]``); the steps are the same."""
+    ``metrics["selected"]`` and ``metrics["candidates"]``); the steps are the same.
+    ``precision``: what both passes of Eq. 4 compute in (:func:`jaxfednas.precision.compute_in`:
+    w, α, their gradients and the BatchNorm statistics stay float32)."""
     aug = make_augment(cfg.augment, info.name)
+    apply = compute_in(precision, model.apply)
 
     code_bn = cfg.bn_stats_updates == "code"
 
     def loss_fn(params, arch, stats, batch):
         with unbiased_running_var(code_bn):  # parity option: PyTorch's n/(n-1) var in the running variance
-            logits, new = model.apply(
+            logits, new = apply(
                 {"params": params, "arch": arch, "batch_stats": stats}, batch["x"], train=True, mask=batch["mask"],
                 mutable=["batch_stats"],
             )
@@ -263,16 +268,18 @@ def recalibrated_batch_stats(
 
 def fednas(
     cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, server: Server = Server(),
+    dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5. ``server``:
-    sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`)."""
+    sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`).
+    ``precision``: what the local search and §2.5's adaptation compute in
+    (:mod:`jaxfednas.precision`); evaluation and BatchNorm recalibration run in float32."""
     primitives = PRIMITIVE_SETS[cfg.primitives]
     model = make_supernet(cfg, info)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     server.check_clients(info.num_clients, m)
-    local_search = make_local_search(cfg, info, model, cfg.local_epochs)
-    adapt = make_local_search(cfg, info, model, cfg.personalize_epochs)
+    local_search = make_local_search(cfg, info, model, cfg.local_epochs, precision=precision)
+    adapt = make_local_search(cfg, info, model, cfg.personalize_epochs, precision=precision)
 
     def init(key):
         x = jnp.zeros((1,) + info.image_shape, jnp.float32)
@@ -403,5 +410,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

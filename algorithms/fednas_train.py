@@ -141,15 +141,16 @@ def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
 
 def fednas_train(
     cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, rounds: int | None = None, server: Server = Server(),
+    dropout_rate: float = 0.0, rounds: int | None = None, server: Server = Server(), precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``; ``rounds``
-    (T, ``run.rounds``) is needed by the linear drop-path ramp."""
+    (T, ``run.rounds``) is needed by the linear drop-path ramp. ``precision``: what client
+    training computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
     server.refuse("fednas_train", "the derived genotype is fixed: no architecture parameters are trained",
                   arch_optimizer=True)
     algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
                   dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
-                  drop_path=drop_path_schedule(cfg, rounds), server=server)
+                  drop_path=drop_path_schedule(cfg, rounds), server=server, precision=precision)
     return algo._replace(name="fednas_train")
 
 
@@ -157,7 +158,7 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return fednas_train(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate, rounds=config.run.rounds,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )
 
 

@@ -113,14 +113,18 @@ def local_adaptation(
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
     server: Server = Server(),
+    precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
-    ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
+    ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
+    ``precision``: what client training and the fine-tuning before the adapted evaluation
+    compute in (:mod:`jaxfednas.precision`; the accuracies are measured in float32)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)
     base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model,
-                  dropout_rate=dropout_rate, server=server)
-    finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs))
+                  dropout_rate=dropout_rate, server=server, precision=precision)
+    finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs),
+                                precision=precision)
 
     def evaluate(state: FedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
@@ -139,5 +143,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_adaptation(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

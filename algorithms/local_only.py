@@ -55,16 +55,17 @@ ROWS = ("clients",)  # per-client fields (leading axis K): split along the clien
 
 def local_only(
     cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, server: Server = Server(),
+    dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """Each client trains its own model; ``server`` only samples the clients
-    (:class:`jaxfednas.server.Server`: no aggregator, no server optimizer)."""
+    (:class:`jaxfednas.server.Server`: no aggregator, no server optimizer). ``precision``:
+    what client training computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
     server.refuse("local_only", "there is no server model: each client keeps its own", aggregator=True,
                   optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name)
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     server.check_clients(info.num_clients, m)
-    local_train = make_local_train(model, info, cfg)
+    local_train = make_local_train(model, info, cfg, precision=precision)
 
     def init(key):
         v = init_variables(model, key, info.image_shape)
@@ -95,5 +96,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return local_only(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

@@ -93,10 +93,11 @@ class PerFedAvgState:
     server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
-def make_grad(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+def make_grad(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig, *, precision: str = "fp32") -> Callable:
     """``grad(params, stats, batch, key) -> (∇f(params; batch), stats, metrics)`` with
-    f = masked mean cross entropy + (weight_decay/2)·||params||²; ``key`` drives augmentation."""
-    batch_grad = make_batch_grad(model, info, cfg.augment)
+    f = masked mean cross entropy + (weight_decay/2)·||params||²; ``key`` drives augmentation;
+    ``precision``: what the forward and backward compute in (:mod:`jaxfednas.precision`)."""
+    batch_grad = make_batch_grad(model, info, cfg.augment, precision=precision)
 
     def grad(params, stats, batch, key):
         g, stats, metrics = batch_grad(params, stats, batch, key)
@@ -112,11 +113,11 @@ def make_outer_optimizer(cfg: PerFedAvgConfig) -> optax.GradientTransformation:
     return optax.chain(*parts, optax.sgd(cfg.lr, momentum=cfg.momentum or None))
 
 
-def make_meta_step(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+def make_meta_step(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig, *, precision: str = "fp32") -> Callable:
     """``meta_step(carry, batch_d, batch_d2, key) -> (carry, metrics)`` with
     ``carry = (params, batch_stats, outer_opt_state)``: one first-order Per-FedAvg step
     ``temp = w − α∇f(w; D)``, ``w ← w − β∇f(temp; D')``."""
-    grad = make_grad(model, info, cfg)
+    grad = make_grad(model, info, cfg, precision=precision)
     outer = make_outer_optimizer(cfg)
 
     def meta_step(carry, batch_d, batch_d2, key):
@@ -137,10 +138,10 @@ def random_batch(client: ClientData, key: jax.Array, batch_size: int) -> dict[st
     return get_batch(client, epoch_permutation(key, client.count, client.y.shape[0]), jnp.int32(0), batch_size)
 
 
-def make_meta_train(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+def make_meta_train(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig, *, precision: str = "fp32") -> Callable:
     """``meta_train(variables, client, key) -> (variables, metrics)``: E local epochs of
     :func:`make_meta_step`, D from the epoch's permutation, D' a fresh random draw."""
-    meta_step = make_meta_step(model, info, cfg)
+    meta_step = make_meta_step(model, info, cfg, precision=precision)
     outer = make_outer_optimizer(cfg)
 
     def meta_train(variables: dict, client: ClientData, key: jax.Array):
@@ -158,11 +159,11 @@ def make_meta_train(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> C
     return meta_train
 
 
-def make_adapt(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig) -> Callable:
+def make_adapt(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig, *, precision: str = "fp32") -> Callable:
     """``adapt(variables, client, key) -> variables``: ``adapt_steps`` steps
     ``w ← w − α∇f(w; D)`` on random minibatches D of the client's data (a client
     without data keeps ``variables``)."""
-    grad = make_grad(model, info, cfg)
+    grad = make_grad(model, info, cfg, precision=precision)
 
     def adapt(variables: dict, client: ClientData, key: jax.Array):
         def body(carry, s):
@@ -188,15 +189,18 @@ def perfedavg(
     model: nn.Module | None = None,
     dropout_rate: float = 0.0,
     server: Server = Server(),
+    precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """Build first-order Per-FedAvg for data described by ``info``. ``model`` replaces
-    ``cfg.model`` when given (e.g. a DARTS network from a genotype)."""
+    ``cfg.model`` when given (e.g. a DARTS network from a genotype). ``precision``: what the
+    meta-training and the adaptation steps before the personalized evaluation compute in
+    (:mod:`jaxfednas.precision`; the accuracies are measured in float32)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     server.refuse("perfedavg", "Per-FedAvg trains no architecture parameters", arch_optimizer=True)
     server.check_clients(info.num_clients, m)
-    meta_train = make_meta_train(model, info, cfg)
-    adapt = make_adapt(model, info, cfg)
+    meta_train = make_meta_train(model, info, cfg, precision=precision)
+    adapt = make_adapt(model, info, cfg, precision=precision)
 
     def init(key):
         variables = init_variables(model, key, info.image_shape)
@@ -228,5 +232,5 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     return perfedavg(
         config.algo, info, clients_per_round=config.run.clients_per_round,
         placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run),
+        server=Server.from_run(config.run), precision=config.run.precision,
     )

@@ -78,6 +78,7 @@ from jaxfednas.config import ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
+from jaxfednas.precision import in_precision
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, scatter_rows)
 from jaxfednas.server import Server, tolerate_missing_server_state
@@ -304,10 +305,12 @@ def make_searcher(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork) ->
     return make_search(cfg, len(net.primitives), make_val_accuracies(cfg, info, net))
 
 
-def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, full: dict) -> Callable:
+def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, full: dict, *,
+                 precision: str = "fp32") -> Callable:
     """``train(w, personal, opt_state, mask, data, key, lr_w, lr_v)``: Algorithm 1, lines
     12-18, for one client: local epochs of the global model's SGD step and the personal
-    model's step on Eq. 4, on the same minibatches."""
+    model's step on Eq. 4, on the same minibatches. ``precision``: what both models' forward
+    and backward compute in (:func:`jaxfednas.precision.compute_in`; the op masks too)."""
     primitives = tuple(net.primitives)
     w_tx, v_tx = sgd(cfg.grad_clip, cfg), sgd(cfg.personal_grad_clip, cfg)
 
@@ -321,7 +324,8 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
             (``lax.map`` over the pair: half the compile time of two call sites)."""
             def one(args):
                 params, stats, arch = args
-                return make_batch_grad(Subnet(net, unstack_cells(arch)), info, cfg.augment)(params, stats, batch, key)
+                subnet = Subnet(net, in_precision(precision, unstack_cells(arch)))
+                return make_batch_grad(subnet, info, cfg.augment, precision=precision)(params, stats, batch, key)
 
             pair = jax.tree.map(lambda a, b: jnp.stack([a, b]), (wp, ws), (vp, vs))
             g, s, m = jax.lax.map(one, (*pair, archs))
@@ -358,12 +362,15 @@ def spider(
     placement: Placement = Placement(),
     dropout_rate: float = 0.0,
     server: Server = Server(),
+    precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """Build SPIDER for data described by ``info``; ``rounds`` sets the learning rates'
     per-round cosine. A client that fails to report (``dropout_rate``) is left out of the
     aggregate and keeps its rows (model, architecture, search progress, clock). ``server``:
     sampler, aggregator and server optimizer of the global supernet
-    (:class:`jaxfednas.server.Server`; the architectures are personal, never averaged)."""
+    (:class:`jaxfednas.server.Server`; the architectures are personal, never averaged).
+    ``precision``: what local training computes in (:mod:`jaxfednas.precision`); the searcher's
+    validation accuracies and evaluation run in float32."""
     server.refuse("spider", "its architectures are personal (A_k), the server averages only the global supernet's "
                   "weights", arch_optimizer=True)
     net = supernet_of(cfg, info.num_classes)
@@ -374,7 +381,7 @@ def spider(
     start = initial_mask(primitives, steps)
     full = {c: jnp.asarray(v) for c, v in start.items()}  # the global supernet: every op, weight 1
     search = make_searcher(cfg, info, net)
-    train = make_trainer(cfg, info, net, full)
+    train = make_trainer(cfg, info, net, full, precision=precision)
     v_tx = sgd(cfg.personal_grad_clip, cfg)
     lr_w, lr_v = cosine_lr(cfg.lr, cfg.lr_min, rounds), cosine_lr(cfg.personal_lr, cfg.lr_min, rounds)
 
@@ -642,7 +649,7 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
             "personal architectures stay partial", stacklevel=2)
     return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                   placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-                  server=Server.from_run(config.run))
+                  server=Server.from_run(config.run), precision=config.run.precision)
 
 
 # its former name, one class per meaning since 0.2

@@ -24,6 +24,10 @@ from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
 
 #: How clients are laid on devices (:class:`jaxfednas.runtime.Placement`).
 PLACEMENTS: tuple[str, ...] = ("auto", "vmap", "map", "shard_map")
+#: What client training computes in (:mod:`jaxfednas.precision`), and the algorithms that
+#: compute in float32 only (``run.precision`` other than fp32 is refused there).
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+FP32_ONLY_ALGORITHMS: tuple[str, ...] = ("dp_fnas", "perfedrlnas")
 #: The server's choices (:mod:`jaxfednas.server`): client samplers, aggregators, server optimizers.
 SAMPLERS: tuple[str, ...] = ("uniform", "proportional", "available")
 AVAILABILITY_PATTERNS: tuple[str, ...] = ("cyclic", "markov")
@@ -166,6 +170,9 @@ class RunConfig(Validated):
     memory_budget_gib: float | None = param(None, "pick client_chunk_size as the largest whose compiled round fits "
                                             "this many GiB per device (XLA's memory analysis; compiles a few "
                                             "candidates once); None: client_chunk_size as given", range=(0.001, None))
+    precision: str = param("fp32", "what client training computes in: fp32, or bf16 (forward and backward in "
+                           "bfloat16; parameters, BatchNorm statistics, optimizer state and evaluation float32)",
+                           choices=PRECISIONS)
     eval_every: int = param(1, "evaluate every N rounds (and after the last)", range=(1, None))
     checkpoint_every: int = param(1, "checkpoint every N rounds (and after the last)", range=(1, None))
     # The server (jaxfednas.server): samplers, aggregators, server optimizers.
@@ -228,6 +235,9 @@ class ExperimentConfig:
             raise ConfigError(f"run.clients_per_round={cpr} as a fraction must be in (0, 1]")
         if isinstance(cpr, int) and cpr > k:
             raise ConfigError(f"run.clients_per_round={cpr} is out of range: must be in [1, {k}] (data.num_clients)")
+        if self.run.precision != "fp32" and self.algorithm in FP32_ONLY_ALGORITHMS:
+            raise ConfigError(f"run.precision={self.run.precision!r} does not apply to {self.algorithm}: its client "
+                              "training computes in float32 only; use run.precision=fp32")
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -416,14 +416,19 @@ class BatchNorm(nn.Module):
     def __call__(self, x, mask=None, use_running_average: bool | None = None):
         if use_running_average is None:
             use_running_average = self.use_running_average
+        in_dtype = x.dtype
         x = x.astype(jnp.promote_types(x.dtype, jnp.float32))  # statistics in float32 at least, as Flax
         c = x.shape[-1]
         ra_mean = self.variable("batch_stats", "mean", lambda s: jnp.zeros(s, jnp.float32), (c,))
         ra_var = self.variable("batch_stats", "var", lambda s: jnp.ones(s, jnp.float32), (c,))
         scale = self.param("scale", self.scale_init, (c,), jnp.float32) if self.use_scale else jnp.ones((c,))
         bias = self.param("bias", self.bias_init, (c,), jnp.float32) if self.use_bias else jnp.zeros((c,))
+        # the output's dtype as Flax's: the input's and the parameters' (bfloat16 when all are)
+        dtype = jnp.result_type(in_dtype, *([scale.dtype] if self.use_scale else []),
+                                *([bias.dtype] if self.use_bias else []))
+        scale, bias = scale.astype(x.dtype), bias.astype(x.dtype)  # float32 given bfloat16 parameters
         if use_running_average:  # Flax's order of operations: (x - mean) * (rsqrt(var + eps) * scale) + bias
-            return (x - ra_mean.value) * (lax.rsqrt(ra_var.value + self.epsilon) * scale) + bias
+            return ((x - ra_mean.value) * (lax.rsqrt(ra_var.value + self.epsilon) * scale) + bias).astype(dtype)
         if mask is None:
             w = jnp.ones((x.shape[0],), x.dtype)
         elif mask.size == x.shape[0]:
@@ -435,4 +440,4 @@ class BatchNorm(nn.Module):
         if not self.is_initializing():
             ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean
             ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var
-        return y
+        return y.astype(dtype)
