@@ -18,6 +18,9 @@ configuration says), builds the algorithm, lowers and compiles one round ahead o
   (:func:`jaxfednas.cost.count_macs`: every padded local-step slot counted, an upper
   bound; of the program as built for this backend, e.g. on CPU a separable convolution
   runs as one dense convolution, so the CPU figure is larger than the GPU one);
+* the round compiled in each compute precision (``run.precision``: fp32 and bf16, where the
+  algorithm takes it): XLA's memory and cost analysis of each, side by side (the rest of the
+  plan is of the configured precision);
 * trace, lower and compile times, one measured round on this device (or a few local steps
   of it, extrapolated: :func:`plan_run`'s ``local_steps``), and the wall time of the whole
   run extrapolated from it (rounds x round time; compilation, evaluation, checkpoints and
@@ -39,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfednas.config import ConfigError, ExperimentConfig
+from jaxfednas.config import PRECISIONS, ConfigError, ExperimentConfig
 from jaxfednas.cost import count_macs, count_params
 from jaxfednas.data.datasets import NORMALIZATION, Dataset, load_dataset
 from jaxfednas.data.federated import FederatedData, make_federated_data
@@ -170,6 +173,30 @@ def _compile(cfg: ExperimentConfig, data: FederatedData) -> dict[str, Any]:
     return out
 
 
+def _by_precision(cfg: ExperimentConfig, data: FederatedData, built: dict, precisions, say) -> dict[str, Any]:
+    """XLA's memory and cost analysis of the round compiled in each of ``precisions``
+    (``run.precision``; ``built``: the round of ``cfg``'s own, reused). A precision the
+    algorithm refuses, or a round that does not compile, is reported with the reason."""
+    out: dict[str, Any] = {}
+    for p in precisions:
+        if p == cfg.run.precision:
+            b = built
+        else:
+            try:
+                other = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=p))
+            except ConfigError as e:
+                out[p] = {"available": False, "error": str(e)}
+                continue
+            say(f"compiling the round in {p} ...")
+            b = _compile(other, data)
+        if b["compiled"] is None:
+            out[p] = {"available": False, "error": b["error"]}
+            continue
+        out[p] = {"available": True, "compile_s": round(b["times"]["compile_s"], 3),
+                  "memory_bytes_per_device": _memory(b["compiled"]), "xla_cost": _cost(b["compiled"])}
+    return out
+
+
 def _run_timed(compiled, state, data, key) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(state, data, key))
@@ -261,9 +288,11 @@ def largest_chunk(chunk_1_bytes: int, chunk_2_bytes: int, per_device: int, budge
 
 def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, local_steps: int | None = None,
              measure: bool = True, probe_chunk: bool = True, data: FederatedData | None = None,
-             macs: bool = True, log: Any = None) -> dict[str, Any]:
+             macs: bool = True, precisions: tuple[str, ...] = PRECISIONS, log: Any = None) -> dict[str, Any]:
     """The plan of ``cfg`` (see the module docstring) as a JSON-ready dict; ``None`` marks a
-    figure that is not available. ``local_steps``: time rounds with only that many local-step
+    figure that is not available. ``precisions``: compile the round in each of these
+    ``run.precision`` values too and report their memory and cost analysis (``()``: only the
+    configured one, compiled once). ``local_steps``: time rounds with only that many local-step
     slots (of ``algo.batch_size`` examples) instead of a whole round, and extrapolate;
     ``measure=False``: time nothing. ``probe_chunk=False``: compile once (no per-client
     figure). ``data``: federated data to use instead of :func:`plan_data`'s. ``log(line)``, if
@@ -314,6 +343,7 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
             jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals])
     else:
         plan["round"]["jaxpr_macs_upper_bound"] = None
+    plan["precisions"] = _by_precision(cfg, data, built, precisions, say)
 
     # clients in flight: the round at client_chunk_size 1 and 2
     per_client = None
@@ -420,6 +450,15 @@ def format_plan(plan: dict[str, Any]) -> str:
     else:
         lines.append(f"  XLA memory per device: arguments {_bytes(m['argument'])}, outputs {_bytes(m['output'])}, "
                      f"aliased {_bytes(m['alias'])}, temporaries {_bytes(m['temp'])}; total {_bytes(m['total'])}")
+    for prec, f in plan.get("precisions", {}).items():
+        if not f["available"]:
+            lines.append(f"  round in {prec}: not available ({f['error']})")
+            continue
+        m, cost = f["memory_bytes_per_device"], f["xla_cost"] or {}
+        mem = "memory not available" if m is None else f"total {_bytes(m['total'])} (temporaries {_bytes(m['temp'])})"
+        mark = " (configured)" if prec == cfg["run"].get("precision", "fp32") else ""
+        lines.append(f"  round in {prec}{mark}: XLA memory per device {mem}, {_num(cost.get('flops'), 'FLOP')}, "
+                     f"compile {f['compile_s']:.3g} s")
     c = plan.get("clients_in_flight")
     if c is None:
         why = plan.get("clients_in_flight_note") or "needs >= 2 clients per device and XLA's memory analysis"

@@ -48,6 +48,26 @@ def test_plan_figures_present_and_positive(tiny_plan):
         assert figure in text, figure
 
 
+def test_round_compiled_in_each_precision(tiny_plan):
+    cfg, plan = tiny_plan
+    p = plan["precisions"]
+    assert set(p) == {"fp32", "bf16"} and all(f["available"] for f in p.values())
+    # the configured precision's figures are the round's own (compiled once)
+    assert p["fp32"]["memory_bytes_per_device"] == plan["round"]["memory_bytes_per_device"]
+    assert p["fp32"]["xla_cost"] == plan["round"]["xla_cost"]
+    for f in p.values():
+        assert f["memory_bytes_per_device"]["total"] > 0 and f["xla_cost"]["flops"] > 0 and f["compile_s"] > 0
+    text = format_plan(plan)
+    assert "round in fp32 (configured): XLA memory per device total" in text and "round in bf16: XLA memory" in text
+
+
+def test_precision_an_algorithm_refuses_is_said():
+    cfg = make_config("dp_fnas", overrides={**TINY, "data.split": (0.5, 0.25, 0.25)})
+    out = plan_mod._by_precision(cfg, None, None, ("bf16",), lambda line: None)  # refused before any compile
+    assert out == {"bf16": {"available": False, "error": "run.precision='bf16' does not apply to dp_fnas: its client "
+                            "training computes in float32 only; use run.precision=fp32"}}
+
+
 def test_budget_fit_follows_the_budget(tiny_plan):
     gib = 2**30
     assert largest_chunk(2 * gib, 3 * gib, 16, 1 * gib) == 0  # one client does not fit
