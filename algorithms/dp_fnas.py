@@ -94,6 +94,7 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.distributed import to_host
 from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import arch_hessian_vector, cosine_lr
+from jaxfednas.precision import compute_in
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import jit, Placement, map_clients, step_if
@@ -227,9 +228,10 @@ def physical_batch(cfg: DPFNASConfig, max_examples: int, sampling_prob: float) -
     return int(b)
 
 
-def example_loss(model: DartsSearchNetwork, params, arch, x, y):
-    """ℓ_i(W, A): cross-entropy of ONE example (the network sees a batch of one: no coupling)."""
-    logits = model.apply({"params": params, "arch": arch}, x[None], train=True)[0]
+def example_loss(model: DartsSearchNetwork, params, arch, x, y, precision: str = "fp32"):
+    """ℓ_i(W, A): cross-entropy of ONE example (the network sees a batch of one: no coupling),
+    computed in ``precision`` (:mod:`jaxfednas.precision`; the loss and its gradients float32)."""
+    logits = compute_in(precision, model.apply)({"params": params, "arch": arch}, x[None], train=True)[0]
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     return loss, (jnp.argmax(logits) == y).astype(jnp.float32)
 
@@ -278,7 +280,8 @@ def gaussian_mechanism(clipped_sum, key, noise_tag: int, noise_std: float, expec
                             expected_batch_size=expected)
 
 
-def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | None = None):
+def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | None = None,
+                 precision: str = "fp32"):
     """Party k's two releases of Algorithm 1, as the compiled round runs them (one party; the
     runtime maps them over the parties):
 
@@ -289,10 +292,12 @@ def make_parties(cfg: DPFNASConfig, info: DataInfo, model: DartsSearchNetwork | 
 
     ``key`` is the party's key of the iteration. These are the mechanisms the accountant
     (:class:`jaxfednas.privacy.Accountant`) composes: (p, σ) and (p_val, τ) per iteration.
+    ``precision``: what the per-example forward and backward compute in; the clipping, the
+    noise and everything after see float32 gradients, so the privacy analysis is unchanged.
     """
     model = make_supernet(cfg, info) if model is None else model
     aug = make_augment(cfg.augment, info.name)
-    loss = functools.partial(example_loss, model)
+    loss = functools.partial(example_loss, model, precision=precision)
     chunk = cfg.per_example_chunk or None
 
     def sample_train(train: ClientData, key):  # I ~ Poisson(p) of D_k^tr (the same key: the same examples)
@@ -455,18 +460,20 @@ def export_genotype(cfg: DPFNASConfig, state: DPFNASState):
                   steps=cfg.nodes, multiplier=cfg.nodes)
 
 
-def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement()) -> FederatedAlgorithm:
+def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement(),
+            precision: str = "fp32") -> FederatedAlgorithm:
     """DP-FNAS (Algorithm 1) on data described by ``info``; every party takes part in
     every iteration. ``round`` and ``evaluate`` are compiled; the host accountant's μ
     and ε per mechanism for the iterations done so far are ``host_metrics(state,
     data)``, which the runner adds to both. Nothing depends on ``run.rounds``, so a
-    finished run can be extended or resumed exactly.
+    finished run can be extended or resumed exactly. ``precision``: what the parties'
+    per-example gradients compute in (:mod:`jaxfednas.precision`; evaluation float32).
     """
     model = make_supernet(cfg, info)
     cap, accountant = privacy_budget(cfg)
     xi_schedule, w_tx = server_weight_optimizer(cfg)
     a_tx = server_arch_optimizer(cfg)
-    party_G, party_H = make_parties(cfg, info, model)
+    party_G, party_H = make_parties(cfg, info, model, precision)
     aggregate = functools.partial(server_aggregate, aggregation=cfg.aggregation, num_parties=info.num_clients)
 
     def iteration(carry, key, data: FederatedData):
@@ -537,13 +544,17 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     if config.run.dropout_rate > 0:
         raise ConfigError(f"run.dropout_rate={config.run.dropout_rate}: DP-FNAS's Algorithm 1 and its accountant "
                           "have every party in every iteration; use 0")
+    if config.run.precision != "fp32" and config.algo.arch_gradient == "second_fd":
+        raise ConfigError(f"run.precision={config.run.precision!r} with algo.arch_gradient=second_fd: the finite "
+                          "difference W' ± ε v (ε = 0.01/‖v‖) is below bfloat16's resolution of W'; use "
+                          "algo.arch_gradient=second_hvp or first, or run.precision=fp32")
     server = Server.from_run(config.run)
     server.refuse("dp_fnas", "its privacy accountant assumes every party in every iteration (it samples examples, "
                   "not parties: algo.sampling_prob); use run.sampler=uniform", sampler=True)
     server.refuse("dp_fnas", "the server sums the parties' noisy gradients (algo.aggregation) and steps W and α with "
                   "its own optimizers (algo.momentum, algo.arch_optimizer); there are no client models to combine",
                   aggregator=True, optimizer=True, arch_optimizer=True)
-    return dp_fnas(config.algo, info, placement=Placement.from_run(config.run))
+    return dp_fnas(config.algo, info, placement=Placement.from_run(config.run), precision=config.run.precision)
 
 
 __all__ = ["Accountant", "DPFNASConfig", "DPFNASState", "dp_fnas", "make_parties", "make_supernet",

@@ -27,7 +27,7 @@ PLACEMENTS: tuple[str, ...] = ("auto", "vmap", "map", "shard_map")
 #: What client training computes in (:mod:`jaxfednas.precision`), and the algorithms that
 #: compute in float32 only (``run.precision`` other than fp32 is refused there).
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
-FP32_ONLY_ALGORITHMS: tuple[str, ...] = ("dp_fnas", "perfedrlnas")
+FP32_ONLY_ALGORITHMS: tuple[str, ...] = ("perfedrlnas",)
 #: The server's choices (:mod:`jaxfednas.server`): client samplers, aggregators, server optimizers.
 SAMPLERS: tuple[str, ...] = ("uniform", "proportional", "available")
 AVAILABILITY_PATTERNS: tuple[str, ...] = ("cyclic", "markov")

@@ -52,7 +52,8 @@ def _has_bf16(jaxpr) -> bool:
 
 
 def _round(name, precision):
-    cfg, data = tiny_federation(name, **{"run.precision": precision})
+    extra = {"algo.arch_gradient": "first"} if name == "dp_fnas" else {}  # bf16 refuses its second_fd
+    cfg, data = tiny_federation(name, **{"run.precision": precision}, **extra)
     algo = algorithm_module(name).build(cfg, data.info)
     s0 = jax.eval_shape(algo.init, init_key(0))
     return s0, jax.make_jaxpr(algo.round)(s0, data, round_key(0, 0)), jax.eval_shape(
@@ -134,13 +135,23 @@ def test_compute_in_keeps_statistics_and_gradients_float32():
         np.testing.assert_allclose(g, g32, rtol=0.1, atol=0.02 * scale)
 
 
-@pytest.mark.parametrize("name", ["dp_fnas", "perfedrlnas"])
+@pytest.mark.parametrize("name", ["perfedrlnas"])
 def test_fp32_only_algorithms_refuse_bf16(name):
     with pytest.raises(ConfigError, match=f"run.precision='bf16' does not apply to {name}"):
         make_config(name, overrides={"run.precision": "bf16"})
     make_config(name, overrides={"run.precision": "fp32"})
     with pytest.raises(ConfigError, match="run.precision='fp16' is not allowed"):
         make_config("fedavg", overrides={"run.precision": "fp16"})
+
+
+def test_dp_fnas_bf16_refuses_the_finite_difference():
+    """W' ± ε v with ε = 0.01/‖v‖ is below bfloat16's resolution: second_fd is refused."""
+    cfg = make_config("dp_fnas", overrides={"run.precision": "bf16", "algo.arch_gradient": "second_fd"})
+    with pytest.raises(ConfigError, match="second_fd"):
+        algorithm_module("dp_fnas").build(cfg, tiny_federation("dp_fnas")[1].info)
+    for grad in ("second_hvp", "first"):
+        cfg = make_config("dp_fnas", overrides={"run.precision": "bf16", "algo.arch_gradient": grad})
+        algorithm_module("dp_fnas").build(cfg, tiny_federation("dp_fnas")[1].info)
 
 
 def test_bf16_fedavg_reaches_fp32_accuracy_on_digits():
