@@ -86,6 +86,7 @@ from jaxfednas.config import ConfigError, ExperimentConfig, Validated, former_mo
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
+from jaxfednas.precision import in_precision
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
                                reported_metrics, reporting_clients, resolve_clients_per_round, scatter_rows)
 from jaxfednas.server import Server
@@ -400,17 +401,21 @@ def training_memory(costs: jax.Array, batch_size: int) -> jax.Array:
     return BYTES_PER_FLOAT * (3.0 * costs[..., 0] + batch_size * costs[..., 2])
 
 
-def make_client_train(cfg: PerFedRLNASConfig, info: DataInfo, space) -> Callable:
+def make_client_train(cfg: PerFedRLNASConfig, info: DataInfo, space, precision: str = "fp32") -> Callable:
     """``train(variables, choice, data, key, lr) -> (variables, metrics)``: E epochs of SGD
     on the subnet ``choice`` alone. Only the entries it uses move (its variable mask:
     weight decay and momentum of unused weights are masked, BatchNorm statistics of unused
-    layers restored), so the upload is the subnet."""
+    layers restored), so the upload is the subnet. ``precision``: what the forward and
+    backward compute in (:mod:`jaxfednas.precision`)."""
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     tx = optax.chain(*parts, optax.add_decayed_weights(cfg.weight_decay), optax.trace(cfg.momentum))
 
     def train(variables, choice, data: ClientData, key, lr):
         keep = space.variable_mask(choice, variables)
-        grad = make_batch_grad(space.subnet(choice), info, cfg.augment)
+        subnet = space.subnet(choice)
+        if hasattr(subnet, "arch_weights"):  # DARTS: fixed op weights would pull activations back to float32
+            subnet = subnet._replace(arch_weights=in_precision(precision, subnet.arch_weights))
+        grad = make_batch_grad(subnet, info, cfg.augment, precision=precision)
 
         def step(carry, batch, key):
             params, stats, opt = carry
@@ -659,12 +664,13 @@ def _refuse_server_options(cfg: PerFedRLNASConfig, server: Server) -> None:
 
 def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 0.25,
                 placement: Placement = Placement(), dropout_rate: float = 0.0,
-                server: Server = Server()) -> FederatedAlgorithm:
+                server: Server = Server(), precision: str = "fp32") -> FederatedAlgorithm:
     """Build PerFedRLNAS for data described by ``info``; ``rounds`` sets the learning rate's
     cosine. A client that fails to report (``dropout_rate``) neither enters the aggregate
     nor gets a reward (its policy and accuracy history stay as they were). ``server``:
     sampler and (with ``algo.aggregation=count_normalized``) aggregator
-    (:class:`jaxfednas.server.Server`); no server optimizer."""
+    (:class:`jaxfednas.server.Server`); no server optimizer. ``precision``: what client
+    training computes in (:mod:`jaxfednas.precision`; rewards and evaluation float32)."""
     _refuse_server_options(cfg, server)
     space = make_space(cfg, info)
     placement = placement.single_path() if space.single_path else placement
@@ -673,7 +679,7 @@ def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_
     server.check_clients(num_clients, m)
     valid, probs_from = choice_mask(space.dims), reduce_probs_from(cfg, len(space.dims))
     policy_tx = policy_optimizer(cfg)
-    train = make_client_train(cfg, info, space)
+    train = make_client_train(cfg, info, space, precision)
     client = functools.partial(client_update, train, space, info, cfg.eval_batch_size)
     lr = cosine_lr(cfg.lr, cfg.lr_min, rounds)
     memory_range = tuple(float(space.cost(c(space)).memory_bytes(cfg.batch_size))
@@ -804,7 +810,7 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
                           "has none (e.g. --set data.split=0.7,0.1,0.2)")
     return perfedrlnas(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
                        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-                       server=Server.from_run(config.run))
+                       server=Server.from_run(config.run), precision=config.run.precision)
 
 
 # its former name, one class per meaning since 0.2

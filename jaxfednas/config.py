@@ -24,10 +24,8 @@ from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
 
 #: How clients are laid on devices (:class:`jaxfednas.runtime.Placement`).
 PLACEMENTS: tuple[str, ...] = ("auto", "vmap", "map", "shard_map")
-#: What client training computes in (:mod:`jaxfednas.precision`), and the algorithms that
-#: compute in float32 only (``run.precision`` other than fp32 is refused there).
+#: What client training computes in (:mod:`jaxfednas.precision`).
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
-FP32_ONLY_ALGORITHMS: tuple[str, ...] = ("perfedrlnas",)
 #: The server's choices (:mod:`jaxfednas.server`): client samplers, aggregators, server optimizers.
 SAMPLERS: tuple[str, ...] = ("uniform", "proportional", "available")
 AVAILABILITY_PATTERNS: tuple[str, ...] = ("cyclic", "markov")
@@ -235,9 +233,6 @@ class ExperimentConfig:
             raise ConfigError(f"run.clients_per_round={cpr} as a fraction must be in (0, 1]")
         if isinstance(cpr, int) and cpr > k:
             raise ConfigError(f"run.clients_per_round={cpr} is out of range: must be in [1, {k}] (data.num_clients)")
-        if self.run.precision != "fp32" and self.algorithm in FP32_ONLY_ALGORITHMS:
-            raise ConfigError(f"run.precision={self.run.precision!r} does not apply to {self.algorithm}: its client "
-                              "training computes in float32 only; use run.precision=fp32")
 
     def to_dict(self) -> dict[str, Any]:
         return {

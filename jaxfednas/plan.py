@@ -182,13 +182,13 @@ def _by_precision(cfg: ExperimentConfig, data: FederatedData, built: dict, preci
         if p == cfg.run.precision:
             b = built
         else:
-            try:
+            try:  # a refusal may come from the config or from the algorithm's build
                 other = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=p))
+                say(f"compiling the round in {p} ...")
+                b = _compile(other, data)
             except ConfigError as e:
                 out[p] = {"available": False, "error": str(e)}
                 continue
-            say(f"compiling the round in {p} ...")
-            b = _compile(other, data)
         if b["compiled"] is None:
             out[p] = {"available": False, "error": b["error"]}
             continue

@@ -62,10 +62,10 @@ def test_round_compiled_in_each_precision(tiny_plan):
 
 
 def test_precision_an_algorithm_refuses_is_said():
+    """DP-FNAS refuses bf16 with its default second-order finite difference (in its build)."""
     cfg = make_config("dp_fnas", overrides={**TINY, "data.split": (0.5, 0.25, 0.25)})
-    out = plan_mod._by_precision(cfg, None, None, ("bf16",), lambda line: None)  # refused before any compile
-    assert out == {"bf16": {"available": False, "error": "run.precision='bf16' does not apply to dp_fnas: its client "
-                            "training computes in float32 only; use run.precision=fp32"}}
+    out = plan_mod._by_precision(cfg, plan_data(cfg), None, ("bf16",), lambda line: None)  # refused before compiling
+    assert out["bf16"]["available"] is False and "algo.arch_gradient=second_fd" in out["bf16"]["error"], out
 
 
 def test_budget_fit_follows_the_budget(tiny_plan):

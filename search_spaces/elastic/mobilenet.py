@@ -540,6 +540,7 @@ def _batch_norm(x, p: dict, s: dict, train: bool, mask, active=None):
         else jnp.arange(c) < active
     mean, var = s["mean"][:c], s["var"][:c]
     new = s
+    dtype, x = x.dtype, x.astype(jnp.float32)  # statistics in float32 (a bfloat16 x: jaxfednas.precision)
     if train:
         axes = tuple(range(x.ndim - 1))
         m = mask.astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
@@ -551,8 +552,8 @@ def _batch_norm(x, p: dict, s: dict, train: bool, mask, active=None):
             run = BN_MOMENTUM * old + (1 - BN_MOMENTUM) * b
             new[k] = s[k].at[:c].set(run if keep is None else jnp.where(keep, run, old))
         mean, var = mean_b, var_b
-    y = (x - mean) * lax.rsqrt(var + BN_EPS) * p["scale"][:c] + p["bias"][:c]
-    return (y if keep is None else jnp.where(keep, y, 0.0)), new
+    y = ((x - mean) * lax.rsqrt(var + BN_EPS) * p["scale"][:c] + p["bias"][:c]).astype(dtype)
+    return (y if keep is None else jnp.where(keep, y, jnp.zeros((), dtype))), new
 
 
 def _pointwise(x, kernel, c_in: int, c_out: int):

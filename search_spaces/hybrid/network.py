@@ -421,22 +421,24 @@ def _batch_norm(x, p: dict, s: dict, train: bool, mask):
     those ``C`` entries only (the rest of ``s`` returned unchanged)."""
     c = x.shape[-1]
     scale, bias = p["scale"][:c], p["bias"][:c]
+    dtype, x = x.dtype, x.astype(jnp.float32)  # statistics in float32 (a bfloat16 x: jaxfednas.precision)
     if not train:
-        return (x - s["mean"][:c]) * lax.rsqrt(s["var"][:c] + BN_EPS) * scale + bias, s
+        return ((x - s["mean"][:c]) * lax.rsqrt(s["var"][:c] + BN_EPS) * scale + bias).astype(dtype), s
     m = mask.astype(x.dtype)[:, None, None, None]
     n = jnp.maximum(m.sum() * x.shape[1] * x.shape[2], 1.0)
     mean = (x * m).sum((0, 1, 2)) / n
     var = (jnp.square(x - mean) * m).sum((0, 1, 2)) / n
     new = {k: s[k].at[:c].set(BN_MOMENTUM * s[k][:c] + (1 - BN_MOMENTUM) * b) for k, b in (("mean", mean), ("var", var))}
-    return (x - mean) * lax.rsqrt(var + BN_EPS) * scale + bias, new
+    return ((x - mean) * lax.rsqrt(var + BN_EPS) * scale + bias).astype(dtype), new
 
 
 def _layer_norm(x, p: dict):
     """LayerNorm over the active width ``x.shape[-1]`` (the first entries of ``p``)."""
     c = x.shape[-1]
+    dtype, x = x.dtype, x.astype(jnp.float32)  # statistics in float32 (a bfloat16 x: jaxfednas.precision)
     mean = x.mean(-1, keepdims=True)
     var = jnp.square(x - mean).mean(-1, keepdims=True)
-    return (x - mean) * lax.rsqrt(var + LN_EPS) * p["scale"][:c] + p["bias"][:c]
+    return ((x - mean) * lax.rsqrt(var + LN_EPS) * p["scale"][:c] + p["bias"][:c]).astype(dtype)
 
 
 def _dense(x, p: dict, n_out: int):
@@ -549,7 +551,8 @@ class HybridSubnet(NamedTuple):
                 split = lambda a: a.reshape(b, n, n_heads, dh)  # noqa: E731
                 qh, kh, vh = (split(_dense(z, pj[name], q)) for name in ("query", "key", "value"))
                 logits = jnp.einsum("bqhd,bkhd->bhqk", qh, kh) / np.sqrt(dh).astype(np.float32)
-                a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), vh).reshape(b, n, q)
+                attn = jax.nn.softmax(logits.astype(jnp.float32), -1).astype(vh.dtype)  # float32 softmax
+                a = jnp.einsum("bhqk,bkhd->bqhd", attn, vh).reshape(b, n, q)
                 return _dense(a, pj["out"], e)
             return run
 
