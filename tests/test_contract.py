@@ -14,11 +14,19 @@ Each algorithm is built through its module's ``build`` on a tiny synthetic feder
 - ``host_metrics`` (if any): plain host numbers; ``export`` (if any): an architecture
   with a JSON round trip;
 - one vocabulary: every metric name of ``round``, ``evaluate`` and ``host_metrics`` is in
-  the glossary (:mod:`jaxfednas.metrics`), where it has one meaning across algorithms.
+  the glossary (:mod:`jaxfednas.metrics`), where it has one meaning across algorithms;
+- the same numbers as recorded: the round's state and metrics and the evaluation match
+  ``tests/golden/contract_rounds.json`` to float tolerance, so a speed change or a refactor
+  that alters a default result fails here (``JAXFEDNAS_UPDATE_GOLDEN=1`` rewrites the file,
+  for a change meant to alter results: say so in its commit).
 
 Exact aggregation (n_k-weighted means of hand-run clients) is algorithm-specific and is
 checked in each algorithm's own test file.
 """
+import json
+import os
+from pathlib import Path
+
 import chex
 import jax
 import numpy as np
@@ -121,6 +129,39 @@ def test_every_metric_name_is_in_the_glossary(run):
     if algo.host_metrics is not None:
         names |= set(algo.host_metrics(s1, data))
     assert metrics.unknown(names) == [], f"{name}: add these to jaxfednas.metrics.GLOSSARY (one meaning each)"
+
+
+GOLDEN = Path(__file__).parent / "golden" / "contract_rounds.json"
+
+
+def _summary(s1, m1, e1) -> dict:
+    """Float64 totals of the round's state (sum and sum of squares over every float leaf),
+    its metrics and the evaluation's."""
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(s1) if np.issubdtype(np.asarray(x).dtype, np.floating)]
+    out = {"state_sum": float(sum(x.sum() for x in leaves)), "state_sumsq": float(sum((x * x).sum() for x in leaves))}
+    out.update({f"round/{k}": float(v) for k, v in m1.items()})
+    out.update({f"evaluate/{k}": float(v) for k, v in e1.items() if np.shape(v) == ()})
+    return out
+
+
+def test_round_results_match_the_recorded_ones(run):
+    """Defaults unchanged: the first round and evaluation give the recorded numbers (rtol
+    1e-4; accuracies, counts of examples, within 0.02 -- a near-tie may flip one)."""
+    name, _, _, _, _, s1, m1, e1 = run
+    got = _summary(s1, m1, e1)
+    recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"algorithms": {}}
+    if os.environ.get("JAXFEDNAS_UPDATE_GOLDEN") == "1":
+        recorded["jax"] = jax.__version__
+        recorded["algorithms"][name] = got
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    want = recorded["algorithms"].get(name)
+    assert want is not None, f"no recorded numbers for {name}: run with JAXFEDNAS_UPDATE_GOLDEN=1"
+    assert sorted(got) == sorted(want), f"{name}: metric names changed"
+    why = f"{name} differs from {GOLDEN.name} (recorded with jax {recorded.get('jax')}, running {jax.__version__})"
+    for k, v in want.items():
+        tol = {"rtol": 0.0, "atol": 0.02} if "acc" in k else {"rtol": 1e-4, "atol": 1e-6}
+        np.testing.assert_allclose(got[k], v, err_msg=f"{why}: {k}", **tol)
 
 
 SERVER_CHOICES = {"run.sampler": "proportional", "run.aggregator": "trimmed_mean", "run.server_optimizer": "adam"}
