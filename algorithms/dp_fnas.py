@@ -548,6 +548,11 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
         raise ConfigError(f"run.precision={config.run.precision!r} with algo.arch_gradient=second_fd: the finite "
                           "difference W' ± ε v (ε = 0.01/‖v‖) is below bfloat16's resolution of W'; use "
                           "algo.arch_gradient=second_hvp or first, or run.precision=fp32")
+    if config.algo.arch_gradient == "second_hvp" and Placement.from_run(config.run).resolved() == "shard_map":
+        raise ConfigError("algo.arch_gradient=second_hvp under placement shard_map (run.placement=auto on several "
+                          "devices picks it): JAX cannot batch the per-example second-order gradient of a grouped "
+                          "(depthwise) convolution inside shard_map; use run.placement=map or vmap, or "
+                          "algo.arch_gradient=second_fd")
     server = Server.from_run(config.run)
     server.refuse("dp_fnas", "its privacy accountant assumes every party in every iteration (it samples examples, "
                   "not parties: algo.sampling_prob); use run.sampler=uniform", sampler=True)

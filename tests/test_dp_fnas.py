@@ -104,5 +104,11 @@ def test_config_errors(data2):
         mod.build(make_config("dp_fnas", overrides={"data.split_method": "shuffle"}), data2.info)
     with pytest.raises(ConfigError, match="every party"):
         mod.build(make_config("dp_fnas", overrides={"run.dropout_rate": 0.1}), data2.info)
+    # JAX cannot vmap the depthwise convolution's second-order gradient inside shard_map: refused, not a
+    # NotImplementedError from inside the compiled round
+    hvp = {"algo.arch_gradient": "second_hvp", "run.placement": "shard_map"}
+    with pytest.raises(ConfigError, match="second_hvp under placement shard_map"):
+        mod.build(make_config("dp_fnas", overrides=hvp), data2.info)
+    mod.build(make_config("dp_fnas", overrides={**hvp, "run.placement": "map"}), data2.info)
     assert make_config("dp_fnas").data.split_method == "independent"
     assert make_config("dp_fnas", preset="paper").algo.clip_norm == 0.01
