@@ -635,7 +635,7 @@ def personalize_subnets(cfg: PerFedRLNASConfig, space, info: DataInfo, placement
     """Algorithm 1, lines 8-10 on every client's argmax subnet: the test accuracy it would report now.
 
     E local epochs on its train split from the supernet's weights (the round's learning rate
-    ``lr(round)``), then its local test accuracy (``client_test_acc``; :meth:`evaluate` tests the
+    ``lr(round)``), then its local test accuracy (``client_test_acc``; the algorithm's ``evaluate`` tests the
     supernet's weights untrained). Rows: ``{"choice": [K, D]}``."""
     best = policy_argmax(state.policy, choice_mask(space.dims))
     ids = jnp.arange(best.shape[0])
