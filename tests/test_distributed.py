@@ -112,6 +112,9 @@ def test_fedavg_two_processes_equal_one_and_resume_in_one(tmp_path):
     _same_run(tmp_path / "one", tmp_path / "two")
 
 
+# opt-in (-m slow, ~36 s): the default tier keeps FedAvg's two-process check, and the slow
+# test_every_algorithm_two_processes runs FedNAS across processes too
+@pytest.mark.slow
 def test_fednas_two_processes_equal_one_device_count(tmp_path):
     # the tiny DARTS space: 2 processes x 1 device == 1 process x 2 devices, bitwise
     # (same global device count: the same per-device program; across device counts the
