@@ -86,7 +86,6 @@ from jaxfednas.config import ConfigError, ExperimentConfig, Validated, former_mo
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
-from jaxfednas.precision import in_precision
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
                                reported_metrics, reporting_clients, resolve_clients_per_round, scatter_rows)
 from jaxfednas.server import Server
@@ -412,10 +411,7 @@ def make_client_train(cfg: PerFedRLNASConfig, info: DataInfo, space, precision: 
 
     def train(variables, choice, data: ClientData, key, lr):
         keep = space.variable_mask(choice, variables)
-        subnet = space.subnet(choice)
-        if hasattr(subnet, "arch_weights"):  # DARTS: fixed op weights would pull activations back to float32
-            subnet = subnet._replace(arch_weights=in_precision(precision, subnet.arch_weights))
-        grad = make_batch_grad(subnet, info, cfg.augment, precision=precision)
+        grad = make_batch_grad(space.subnet(choice), info, cfg.augment, precision=precision)
 
         def step(carry, batch, key):
             params, stats, opt = carry

@@ -78,7 +78,6 @@ from jaxfednas.config import ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
-from jaxfednas.precision import in_precision
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, scatter_rows)
 from jaxfednas.server import Server, tolerate_missing_server_state
@@ -324,7 +323,7 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
             (``lax.map`` over the pair: half the compile time of two call sites)."""
             def one(args):
                 params, stats, arch = args
-                subnet = Subnet(net, in_precision(precision, unstack_cells(arch)))
+                subnet = Subnet(net, unstack_cells(arch))
                 return make_batch_grad(subnet, info, cfg.augment, precision=precision)(params, stats, batch, key)
 
             pair = jax.tree.map(lambda a, b: jnp.stack([a, b]), (wp, ws), (vp, vs))

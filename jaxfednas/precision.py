@@ -53,13 +53,6 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(cast, tree)
 
 
-def in_precision(precision: str, tree: Any) -> Any:
-    """``tree``'s floating leaves in ``precision``'s compute dtype (``tree`` itself for fp32):
-    for arrays a model reads outside its variables and arguments (e.g. fixed op weights)."""
-    check_precision(precision)
-    return tree if precision == "fp32" else cast_floating(tree, DTYPES[precision])
-
-
 def to_float32(tree: Any) -> Any:
     """``tree`` with every bfloat16 leaf cast to float32 (other leaves unchanged)."""
     return jax.tree.map(lambda x: x.astype(jnp.float32) if getattr(x, "dtype", None) == jnp.bfloat16 else x, tree)

@@ -117,7 +117,14 @@ class Subnet(NamedTuple):
     def apply(self, variables, x, **kwargs):
         shape = (num_edges(self.net.steps), len(self.net.primitives))
         unused = {"alphas_normal": jnp.zeros(shape), "alphas_reduce": jnp.zeros(shape)}  # op weights are fixed
-        return self.net.apply({**variables, "arch": unused}, x, arch_weights=self.arch_weights, **kwargs)
+        # floating op weights in x's: float32 ones would pull bfloat16 activations (jaxfednas.precision) back
+        def like_x(w):
+            w = jnp.asarray(w)
+            both = jnp.issubdtype(w.dtype, jnp.floating) and jnp.issubdtype(x.dtype, jnp.floating)
+            return w.astype(x.dtype) if both else w
+
+        weights = jax.tree.map(like_x, self.arch_weights)
+        return self.net.apply({**variables, "arch": unused}, x, arch_weights=weights, **kwargs)
 
 
 def incoming_edges(steps: int) -> np.ndarray:
