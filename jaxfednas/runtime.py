@@ -85,12 +85,36 @@ def cpu_opt_level() -> int:
     return int(raw)
 
 
-def compiler_options(scheduler: str = "memory") -> dict[str, str | int] | None:
+KEEP_CALLS_OPTIONS = {"xla_disable_hlo_passes": "call-inliner"}
+"""XLA options of a program that keeps the calls of its nested ``jax.jit`` s (XLA's
+``call-inliner`` pass off) instead of inlining them: for programs built from a few large
+functions traced once per shape and called many times, such as FedNAS' round over the
+grouped DARTS cells (``search_spaces/darts/wide.py``), whose HLO passes then run over far
+fewer instructions. Measured on a 2-core CPU (AMD EPYC, 2026-11-26), FedNAS' 8-cell round
+(C=16, batch 64, 4 clients; ``benchmarks/studies/compile_phases.py``, fresh processes
+alternated): HLO passes 18.5 -> 12.4 s, XLA compile 45.4 -> 39.9 s, trace + lower + compile
+52.6 -> 47.3 s; step time and results: ``benchmarks/studies/scheduler_ab.py --compare
+keep_calls``. A program asks for it with ``jit(..., keep_calls=True)``;
+``JAXFEDNAS_CPU_KEEP_CALLS=0|1`` in the environment overrides every program's choice."""
+
+
+def keep_calls_choice(keep_calls: bool) -> bool:
+    """``keep_calls``, or ``JAXFEDNAS_CPU_KEEP_CALLS`` (``0`` or ``1``) from the environment."""
+    raw = os.environ.get("JAXFEDNAS_CPU_KEEP_CALLS")
+    if not raw:
+        return bool(keep_calls)
+    if raw not in ("0", "1"):
+        raise ValueError(f"JAXFEDNAS_CPU_KEEP_CALLS must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def compiler_options(scheduler: str = "memory", keep_calls: bool = False) -> dict[str, str | int] | None:
     """The ``compiler_options`` of a program compiled with ``scheduler`` on the default
     backend. On CPU: ``xla_backend_optimization_level`` = :func:`cpu_opt_level` (left to JAX
     under ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which compiles at ``-O0``), plus
     :data:`CPU_COMPILER_OPTIONS` for ``"memory"`` (nothing more for ``"default"``, XLA's own
-    scheduler); ``None`` on other backends or where nothing is set.
+    scheduler), plus :data:`KEEP_CALLS_OPTIONS` where ``keep_calls`` (:func:`keep_calls_choice`);
+    ``None`` on other backends or where nothing is set.
     ``JAXFEDNAS_CPU_SCHEDULER=memory|default`` in the environment overrides every program's
     choice (for comparisons). Pass them to your own
     ``jax.jit(..., compiler_options=compiler_options())`` (or use :func:`jit`)."""
@@ -105,6 +129,8 @@ def compiler_options(scheduler: str = "memory") -> dict[str, str | int] | None:
         options["xla_backend_optimization_level"] = cpu_opt_level()
     if choice == "memory":
         options.update(CPU_COMPILER_OPTIONS)
+    if keep_calls_choice(keep_calls):
+        options.update(KEEP_CALLS_OPTIONS)
     return options or None
 
 
@@ -114,6 +140,7 @@ class _Jit:
     options only on the outermost jit; algorithms call each other's ``init`` / ``round``)."""
 
     def __init__(self, fn: Callable, options: dict | None, kwargs: dict):
+        self.options = dict(options or {})  # what the outermost program compiles with
         self.top = jax.jit(fn, compiler_options=options, **kwargs)
         self.nested = jax.jit(fn, **kwargs) if options else self.top
         self.__wrapped__ = fn
@@ -140,11 +167,11 @@ class _Jit:
         return self.top.trace(*args, **kwargs)
 
 
-def jit(fn: Callable, *, scheduler: str = "memory", **kwargs) -> Callable:
-    """``jax.jit(fn, **kwargs)`` compiled with :func:`compiler_options` of ``scheduler``
-    (only where it is the outermost jit: called inside another jitted function it is plain
-    ``jax.jit``)."""
-    return _Jit(fn, compiler_options(scheduler), kwargs)
+def jit(fn: Callable, *, scheduler: str = "memory", keep_calls: bool = False, **kwargs) -> Callable:
+    """``jax.jit(fn, **kwargs)`` compiled with :func:`compiler_options` of ``scheduler`` and
+    ``keep_calls`` (only where it is the outermost jit: called inside another jitted function
+    it is plain ``jax.jit``)."""
+    return _Jit(fn, compiler_options(scheduler, keep_calls), kwargs)
 
 
 RELEASE_AFTER_COMPILE_S = 1.0

@@ -18,6 +18,7 @@ from jaxfednas.runtime import (
     CPU_OPT_LEVEL,
     client_keys,
     compiler_options,
+    KEEP_CALLS_OPTIONS,
     gather_rows,
     jit,
     map_clients,
@@ -271,6 +272,28 @@ def test_jit_compiles_with_the_memory_scheduler_same_results_less_temporary_memo
     assert temp["ours"] < temp["plain"]  # measured 44 vs 52 MiB: both passes' activations no longer live at once
     for x, y in zip(ours(w, a, b), plain(w, a, b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _twice_nested(x):
+    inner = jax.jit(lambda h: jnp.tanh(h * 1.5 + 0.25))  # a nested jit called twice
+    return jax.grad(lambda h: jnp.sum(inner(inner(h)) ** 2))(x)
+
+
+def test_keep_calls_keeps_nested_jits_as_calls_same_results(monkeypatch):
+    monkeypatch.delenv("JAXFEDNAS_CPU_KEEP_CALLS", raising=False)
+    x = jnp.linspace(-2.0, 2.0, 64)
+    kept, inlined = jit(_twice_nested, keep_calls=True), jit(_twice_nested)
+    assert kept.options.items() >= KEEP_CALLS_OPTIONS.items() and not inlined.options.items() & KEEP_CALLS_OPTIONS.items()
+    calls = {name: f.lower(x).compile().as_text().count(" call(") for name, f in (("kept", kept), ("inlined", inlined))}
+    assert calls["kept"] >= 2 and calls["inlined"] == 0  # XLA kept the calls, or inlined them all
+    np.testing.assert_allclose(np.asarray(kept(x)), np.asarray(inlined(x)), rtol=1e-6, atol=1e-7)
+    monkeypatch.setenv("JAXFEDNAS_CPU_KEEP_CALLS", "0")  # the environment overrides every program's choice
+    assert not compiler_options(keep_calls=True).items() & KEEP_CALLS_OPTIONS.items()
+    monkeypatch.setenv("JAXFEDNAS_CPU_KEEP_CALLS", "1")
+    assert compiler_options().items() >= KEEP_CALLS_OPTIONS.items()
+    monkeypatch.setenv("JAXFEDNAS_CPU_KEEP_CALLS", "yes")
+    with pytest.raises(ValueError, match="JAXFEDNAS_CPU_KEEP_CALLS must be 0 or 1"):
+        compiler_options()
 
 
 def test_jit_inside_another_jit_drops_the_options():  # JAX takes compiler options on the outermost jit only
