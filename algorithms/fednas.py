@@ -380,10 +380,12 @@ def fednas(
                       multiplier=cfg.nodes)
 
     scheduler = cpu_scheduler(cfg)
+    keep_calls = model.runs_grouped(info.image_shape)  # the grouped cells: one nested jit per cell shape
     return FederatedAlgorithm(
-        name="fednas", init=placement.jit_init(init), round=jit(round_fn, scheduler=scheduler), evaluate=jit(evaluate),
+        name="fednas", init=placement.jit_init(init), round=jit(round_fn, scheduler=scheduler, keep_calls=keep_calls),
+        evaluate=jit(evaluate),
         export=export, write_architecture=write_architecture_plots,
-        personalize=jit(personalize, scheduler=scheduler),
+        personalize=jit(personalize, scheduler=scheduler, keep_calls=keep_calls),
     )
 
 

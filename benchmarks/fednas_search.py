@@ -151,7 +151,8 @@ def local_search_setup(cfg, steps: int, seed: int):
 
     info, train, val = _single_client_data(steps * cfg.batch_size, cfg.batch_size, seed)
     model = make_supernet(cfg, info)
-    local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg))  # as fednas()'s round
+    local = jit(make_local_search(cfg, info, model, epochs=1), scheduler=cpu_scheduler(cfg),
+                keep_calls=model.runs_grouped(info.image_shape))  # as fednas()'s round
     x0 = jax.numpy.zeros((1,) + info.image_shape)
     # jitted, as an algorithm's init is (eager init leaves ~0.6 GiB of per-op programs resident)
     init = jax.jit(lambda k: model.init({"params": k}, x0, train=False))
@@ -246,7 +247,8 @@ def worker_round(args, placement: str) -> dict:
 
     if placement == "loop":
         model = make_supernet(cfg, info)
-        local = jit(make_local_search(cfg, info, model, cfg.local_epochs), scheduler=cpu_scheduler(cfg))
+        local = jit(make_local_search(cfg, info, model, cfg.local_epochs), scheduler=cpu_scheduler(cfg),
+                    keep_calls=model.runs_grouped(info.image_shape))
 
         def prepare(key):
             return round_clients(key, K, K)

@@ -229,6 +229,21 @@ def test_cpu_scheduler_follows_the_pass_layout(monkeypatch):
     assert compiler_options(cpu_scheduler(FedNASConfig(**TINY))).items() >= memory_scheduler
 
 
+def test_round_keeps_the_nested_cells_as_calls_where_they_run_grouped(data2, monkeypatch):
+    # the grouped cells (CPU, images of 16x16 and more) are nested jits, one per cell shape: the
+    # round and §2.5's adaptation compile with XLA's call-inliner off; the 8x8 edge scan inlines
+    from jaxfednas.runtime import KEEP_CALLS_OPTIONS
+    monkeypatch.delenv("JAXFEDNAS_CPU_KEEP_CALLS", raising=False)
+    cfg = FedNASConfig(**TINY)
+    for shape, group_edges, grouped in (((8, 8, 1), "auto", False), ((16, 16, 3), "auto", True),
+                                        ((16, 16, 3), "off", False)):
+        c, info = dataclasses.replace(cfg, group_edges=group_edges), dataclasses.replace(data2.info, image_shape=shape)
+        assert make_supernet(c, info).runs_grouped(shape) == grouped
+        algo = fednas(c, info)
+        for program in (algo.round, algo.personalize):
+            assert (program.options.items() >= KEEP_CALLS_OPTIONS.items()) == grouped, (shape, group_edges)
+
+
 def test_select_by_validation_never_reads_test():
     val = jnp.array([[3, 5, 5, 4],   # tie at 1 and 2: the later
                      [0, 0, 0, 0],   # no validation examples: the last candidate

@@ -460,6 +460,15 @@ class DartsSearchNetwork(nn.Module):
     single_path: bool = False
     group_edges: bool | None = None
 
+    def runs_grouped(self, image_shape) -> bool:
+        """Whether this network's cells run grouped by source (:mod:`.wide`) on images of
+        ``image_shape`` (``(H, W, C)``) on the default backend (see ``group_edges``)."""
+        if self.group_edges is None and image_shape[0] * image_shape[1] < GROUP_EDGES_MIN_PIXELS:
+            return False
+        if group_edges_unsupported(self.scan_edges, self.norm, self.single_path, self.dw_impl):
+            return False
+        return bool(self.group_edges or (self.group_edges is None and use_fast_grad()))
+
     def _check(self):
         for field, v, lo in (("C", self.C, 1), ("num_classes", self.num_classes, 1), ("layers", self.layers, 1),
                              ("steps", self.steps, 1), ("stem_multiplier", self.stem_multiplier, 1)):
