@@ -19,11 +19,16 @@ per-example GroupNorm, 1 iteration per round (one iteration takes ~30 s here; at
 
 ``--compare opt_level`` runs the same A/B for LLVM's optimisation level instead
 (``JAXFEDNAS_CPU_OPT_LEVEL=2``, what every program compiles with, against XLA's default 3;
-:data:`jaxfednas.runtime.CPU_OPT_LEVEL`), each with the program's own scheduler.
+:data:`jaxfednas.runtime.CPU_OPT_LEVEL`), each with the program's own scheduler;
+``--compare keep_calls`` for XLA keeping the nested jits' calls (``JAXFEDNAS_CPU_KEEP_CALLS=1``,
+what FedNAS' search asks for where its cells run grouped) against inlining them (``0``;
+:data:`jaxfednas.runtime.KEEP_CALLS_OPTIONS`); the variable sets it in every program, DP-FNAS' and
+DFNAS' included.
 
     PYTHONPATH=. python benchmarks/studies/scheduler_ab.py
     PYTHONPATH=. python benchmarks/studies/scheduler_ab.py --algorithms dp_fnas --repeats 5 --no-write
     PYTHONPATH=. python benchmarks/studies/scheduler_ab.py --compare opt_level
+    PYTHONPATH=. python benchmarks/studies/scheduler_ab.py --compare keep_calls
 
 Frozen study: not maintained, may need the code of its time; its finding is in
 ``benchmarks/studies/README.md``.
@@ -54,7 +59,9 @@ LABELS = {"fednas": "FedNAS (MiLeNAS, Eq. 4), C=8, 5 cells, B=32",
 COMPARISONS = {"scheduler": ("JAXFEDNAS_CPU_SCHEDULER", ("memory", "default"),
                              "XLA:CPU scheduler A/B: FedNAS, DP-FNAS and DFNAS rounds, memory-optimised vs default"),
                "opt_level": ("JAXFEDNAS_CPU_OPT_LEVEL", ("2", "3"),
-                             "LLVM optimisation level A/B: FedNAS, DP-FNAS and DFNAS rounds, -O2 vs XLA's default -O3")}
+                             "LLVM optimisation level A/B: FedNAS, DP-FNAS and DFNAS rounds, -O2 vs XLA's default -O3"),
+               "keep_calls": ("JAXFEDNAS_CPU_KEEP_CALLS", ("1", "0"),
+                              "Nested calls kept vs inlined by XLA: FedNAS, DP-FNAS and DFNAS rounds")}
 
 
 def parse_args(argv=None):
