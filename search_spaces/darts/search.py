@@ -234,6 +234,17 @@ def group_edges_unsupported(scan_edges: bool, norm: str, single_path: bool, dw_i
     return ""
 
 
+def edges_run_grouped(group_edges: bool | None, scan_edges: bool, norm: str, single_path: bool,
+                      dw_impl: str | None) -> bool:
+    """Whether a cell with these settings runs its edges grouped by source: ``group_edges``
+    True (``ValueError`` where :func:`group_edges_unsupported` says why it cannot), or None
+    (auto) on CPU where it applies."""
+    why = group_edges_unsupported(scan_edges, norm, single_path, dw_impl)
+    if group_edges and why:
+        raise ValueError(f"group_edges=True needs {why}")
+    return bool(not why and (group_edges or (group_edges is None and use_fast_grad())))
+
+
 def edge_table(steps: int) -> list[tuple[int, int, int]]:
     """``(edge, src, node)`` for every edge in DARTS order; ``src`` indexes the states
     (0, 1 = cell inputs, 2 + j = node j)."""
@@ -320,10 +331,7 @@ class SearchCell(nn.Module):
     group_edges: bool | None = None
 
     def _grouped(self) -> bool:
-        why = group_edges_unsupported(self.scan_edges, self.norm, self.single_path, self.dw_impl)
-        if self.group_edges and why:
-            raise ValueError(f"group_edges=True needs {why}")
-        return not why and (self.group_edges or (self.group_edges is None and use_fast_grad()))
+        return edges_run_grouped(self.group_edges, self.scan_edges, self.norm, self.single_path, self.dw_impl)
 
     @nn.compact
     def __call__(self, s0, s1, weights, train: bool = False, mask=None):
@@ -465,9 +473,7 @@ class DartsSearchNetwork(nn.Module):
         ``image_shape`` (``(H, W, C)``) on the default backend (see ``group_edges``)."""
         if self.group_edges is None and image_shape[0] * image_shape[1] < GROUP_EDGES_MIN_PIXELS:
             return False
-        if group_edges_unsupported(self.scan_edges, self.norm, self.single_path, self.dw_impl):
-            return False
-        return bool(self.group_edges or (self.group_edges is None and use_fast_grad()))
+        return edges_run_grouped(self.group_edges, self.scan_edges, self.norm, self.single_path, self.dw_impl)
 
     def _check(self):
         for field, v, lo in (("C", self.C, 1), ("num_classes", self.num_classes, 1), ("layers", self.layers, 1),
