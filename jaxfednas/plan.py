@@ -49,7 +49,7 @@ from jaxfednas.data.federated import FederatedData, make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.registry import algorithm_module
 from jaxfednas.rng import init_key, round_key
-from jaxfednas.runtime import Placement
+from jaxfednas.runtime import Placement, gc_paused
 
 GIB = 2**30
 
@@ -158,10 +158,11 @@ def _compile(cfg: ExperimentConfig, data: FederatedData) -> dict[str, Any]:
     round_fn = algo.round if hasattr(algo.round, "lower") else jax.jit(algo.round)
     t0 = time.perf_counter()
     try:
-        traced = round_fn.trace(state, data, key) if hasattr(round_fn, "trace") else None
-        t1 = time.perf_counter()
-        lowered = traced.lower() if traced is not None else round_fn.lower(state, data, key)
-        t2 = time.perf_counter()
+        with gc_paused():  # as jaxfednas.runtime.jit traces and lowers
+            traced = round_fn.trace(state, data, key) if hasattr(round_fn, "trace") else None
+            t1 = time.perf_counter()
+            lowered = traced.lower() if traced is not None else round_fn.lower(state, data, key)
+            t2 = time.perf_counter()
         out["compiled"] = lowered.compile()
         t3 = time.perf_counter()
     except Exception as e:  # noqa: BLE001 -- a round that is not one compiled function

@@ -296,6 +296,34 @@ def test_keep_calls_keeps_nested_jits_as_calls_same_results(monkeypatch):
         compiler_options()
 
 
+def test_jit_traces_with_the_garbage_collector_paused_and_restores_it():
+    import gc
+
+    seen = []
+
+    def f(x):
+        seen.append(gc.isenabled())  # runs while JAX traces f
+        return x + 1
+
+    program = jit(f)
+    assert gc.isenabled()
+    assert float(program(jnp.float32(1))) == 2.0  # a top-level call traces under the pause
+    program.lower(jnp.zeros(3))  # a new shape: traced again
+    program.trace(jnp.zeros(4))
+    program.eval_shape(jnp.zeros(5))
+    assert seen == [False] * 4 and gc.isenabled()  # back on after each
+    gc.disable()
+    try:
+        with runtime.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a collector the caller had switched off stays off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError, match="boom"), runtime.gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()  # restored on an exception too
+
+
 def test_jit_inside_another_jit_drops_the_options():  # JAX takes compiler options on the outermost jit only
     inner = jit(lambda x: x * 2)
     outer = jit(lambda x: inner(x) + 1)
