@@ -39,6 +39,15 @@ def add_output_args(p: Any, quick_help: str = "") -> None:
                    help=f"results file (default {RESULTS.relative_to(REPO_ROOT)}; with --quick {QUICK_RESULTS})")
 
 
+def check_choices(p: Any, value: str, choices: Sequence[str], what: str) -> list[str]:
+    """``value`` split on commas; ``p.error`` names the entries not in ``choices``."""
+    items = value.split(",")
+    bad = [v for v in items if v not in choices]
+    if bad:
+        p.error(f"unknown {what} {bad}; choose from {tuple(choices)}")
+    return items
+
+
 def parse_with_quick(p: Any, argv: Sequence[str] | None, quick_defaults: dict[str, Any]) -> Any:
     """``p.parse_args(argv)``; under ``--quick`` the defaults become ``quick_defaults`` (flags given
     on the command line still win)."""

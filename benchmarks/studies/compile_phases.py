@@ -44,7 +44,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
-from _bench_util import (REPO_ROOT, RESULTS, command_line, ensure_repo_on_path, load_line, machine_info,
+from _bench_util import (REPO_ROOT, RESULTS, check_choices, command_line, ensure_repo_on_path, load_line, machine_info,
                          markdown_table, median, write_results)
 
 VARIANTS = {"default": {}, "no-call-inliner": {"XLA_FLAGS": "--xla_disable_hlo_passes=call-inliner"},
@@ -63,9 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    bad = [v for v in args.variants.split(",") if v not in VARIANTS]
-    if bad:
-        p.error(f"unknown variant(s) {bad}; choose from {tuple(VARIANTS)}")
+    check_choices(p, args.variants, tuple(VARIANTS), "variant(s)")
     if args.repeats < 1 or args.clients < 1 or args.steps < 1:
         p.error("--repeats, --clients and --steps must be >= 1")
     return args

@@ -43,7 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
-from _bench_util import (REPO_ROOT, RESULTS, command_line, ensure_repo_on_path, load_line, machine_info,
+from _bench_util import (REPO_ROOT, RESULTS, check_choices, command_line, ensure_repo_on_path, load_line, machine_info,
                          markdown_table, median, serve_worker, write_results)
 
 ALGORITHMS = ("fednas", "dp_fnas", "dfnas")
@@ -78,9 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    bad = [a for a in args.algorithms.split(",") if a not in ALGORITHMS]
-    if bad:
-        p.error(f"unknown algorithm(s) {bad}; choose from {ALGORITHMS}")
+    check_choices(p, args.algorithms, ALGORITHMS, "algorithm(s)")
     if args.clients < 1 or args.repeats < 1 or args.train_per_client < 8:
         p.error("--clients and --repeats must be >= 1, --train-per-client >= 8")
     return args

@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (_bench_util)
-from _bench_util import ensure_repo_on_path, load_line, markdown_table, publish
+from _bench_util import check_choices, ensure_repo_on_path, load_line, markdown_table, publish
 
 FORMS = ("fused", "einsum", "blockdiag", "peredge", "grouped")
 SHAPES = ((16, 32), (32, 16), (64, 8))  # config (b)'s normal cells: C=16 at 32x32, 32 at 16x16, 64 at 8x8
@@ -47,9 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=4, help="SGD steps per scan")
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
     args = p.parse_args(argv)
-    bad = [f for f in args.forms.split(",") if f not in FORMS]
-    if bad:
-        p.error(f"unknown form(s) {bad}; choose from {FORMS}")
+    check_choices(p, args.forms, FORMS, "form(s)")
     return args
 
 
