@@ -109,7 +109,8 @@ class DFNASConfig(Validated):
                                  range=(0.0, 1.0))
     augment: str = param("auto", "on-device augmentation", choices=AUGMENTS)
     dw_impl: str = param("auto", "depthwise conv form (auto: grouped on GPU; on CPU slices from 16x16 up, "
-                         "grouped below; benchmarks/RESULTS.md)", choices=("auto", "grouped", "slices"))
+                         "grouped below; benchmarks/RESULTS.md; hybrid: grouped with a per-tap kernel gradient, jaxfednas.nn)",
+                         choices=("auto", "grouped", "slices", "hybrid"))
     bn_eps: float = param(1e-5, "BatchNorm eps (DSNAS' ImageNet runs: 1e-2)", range=(0.0, 1.0))
     scan_blocks: bool = param(False, "run the identical blocks of a stage as one lax.scan: same variables and "
                               "numbers, traced once per stage (cross_silo local search on 2 CPU cores: compile "

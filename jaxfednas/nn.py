@@ -19,7 +19,7 @@ benchmark (``benchmarks/studies/conv_grad.py``). On GPU the native convolution i
 
 Depthwise convolutions (the DARTS and ShuffleNet spaces): :func:`depthwise_conv` and
 :class:`DepthwiseConv` alone, :class:`SeparableConv` when a 1x1 convolution follows
-(every DARTS sep/dil conv). The pair has three formulations with the same math,
+(every DARTS sep/dil conv). The pair has four formulations with the same math,
 selected by ``dw_impl``:
 
 * ``"grouped"`` -- ``lax.conv_general_dilated`` with ``feature_group_count=C``, then the
@@ -33,6 +33,11 @@ selected by ``dw_impl``:
   8-op edge at the search widths and as quick to compile as a plain conv; its cost grows
   with C^2, so for wide evaluation networks -- C=36: 3x3 blocks 2.3x faster in a scan --
   pass ``dw_impl="slices"``).
+* ``"hybrid"`` -- the grouped convolution forward and for the input gradient, its kernel
+  gradient as k*k per-tap products of a strided slice of the padded input with the
+  cotangent, each reduced over batch and space (:func:`depthwise_conv_hybrid`): a candidate
+  for XLA:GPU, whose grouped-convolution kernel gradient is the known slow part (public JAX
+  issues #13800, #26266); ``benchmarks/gpu.py`` times it beside the others.
 
 :func:`default_depthwise_impl` picks per backend; ``benchmarks/studies/darts_ops.py`` holds the
 numbers behind the choice (also in ``benchmarks/RESULTS.md``).
@@ -203,7 +208,7 @@ class Conv(nn.Module):
         return y
 
 
-DEPTHWISE_IMPLS = ("grouped", "slices", "fused")
+DEPTHWISE_IMPLS = ("grouped", "slices", "fused", "hybrid")
 
 
 def default_depthwise_impl() -> str:
@@ -223,9 +228,9 @@ def depthwise_conv(x, w, stride: int = 1, dilation: int = 1, padding: int = 0, i
     """Depthwise 2-D convolution of NHWC ``x`` with a ``[k, k, 1, C]`` (HWIO, grouped) kernel.
 
     Symmetric zero ``padding``, square ``stride`` and ``dilation``. ``impl`` is
-    ``"grouped"``, ``"slices"`` or ``None`` (the backend default, with ``"fused"`` read as
-    ``"slices"``: a lone depthwise conv has no 1x1 conv to fold into); both give the same
-    values and gradients up to float rounding.
+    ``"grouped"``, ``"slices"``, ``"hybrid"`` or ``None`` (the backend default, with
+    ``"fused"`` read as ``"slices"``: a lone depthwise conv has no 1x1 conv to fold into);
+    all give the same values and gradients up to float rounding.
     """
     impl = resolve_depthwise_impl(impl)
     if impl == "fused":
@@ -235,10 +240,9 @@ def depthwise_conv(x, w, stride: int = 1, dilation: int = 1, padding: int = 0, i
         raise ValueError(f"depthwise kernel must be [k, k, 1, C={x.shape[-1]}], got {w.shape}")
     w = w.astype(x.dtype)
     if impl == "grouped":
-        return lax.conv_general_dilated(
-            x, w, (stride, stride), ((padding, padding), (padding, padding)),
-            rhs_dilation=(dilation, dilation), dimension_numbers=_DN, feature_group_count=c,
-        )
+        return _grouped(x, w, stride, dilation, padding)
+    if impl == "hybrid":
+        return depthwise_conv_hybrid(x, w, stride, dilation, padding)
     b, h, wd, _ = x.shape
     xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0))) if padding else x
     span = dilation * (k - 1) + 1
@@ -254,6 +258,47 @@ def depthwise_conv(x, w, stride: int = 1, dilation: int = 1, padding: int = 0, i
             ) * w[u, v, 0]
             out = tap if out is None else out + tap
     return out
+
+
+def _grouped(x, w, stride: int, dilation: int, padding: int):
+    return lax.conv_general_dilated(
+        x, w, (stride, stride), ((padding, padding), (padding, padding)),
+        rhs_dilation=(dilation, dilation), dimension_numbers=_DN, feature_group_count=w.shape[-1],
+    )
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def depthwise_conv_hybrid(x, w, stride: int, dilation: int, padding: int):
+    """The grouped depthwise convolution (``[k, k, 1, C]`` kernel) whose kernel gradient is
+    computed tap by tap: ``dw[u, v, 0, c] = sum_{b, i, j} xp[b, s i + d u, s j + d v, c] *
+    g[b, i, j, c]`` (``xp`` the padded input) -- k*k products reduced over batch and space
+    instead of the grouped convolution with ``batch_group_count`` that JAX's transpose rule
+    emits. Forward and input gradient are the grouped convolution's own."""
+    return _grouped(x, w, stride, dilation, padding)
+
+
+def _hybrid_fwd(x, w, stride, dilation, padding):
+    return _grouped(x, w, stride, dilation, padding), (x, w)
+
+
+def _hybrid_bwd(stride, dilation, padding, res, g):
+    x, w = res
+    _, vjp_x = jax.vjp(lambda x_: _grouped(x_, w, stride, dilation, padding), x)
+    (dx,) = vjp_x(g)
+    k, b, ho, wo = w.shape[0], g.shape[0], g.shape[1], g.shape[2]
+    xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0))) if padding else x
+    g32 = g.astype(jnp.float32)
+    taps = [
+        jnp.sum(lax.slice(xp, (0, u * dilation, v * dilation, 0),
+                          (b, u * dilation + (ho - 1) * stride + 1, v * dilation + (wo - 1) * stride + 1, x.shape[-1]),
+                          (1, stride, stride, 1)).astype(jnp.float32) * g32, axis=(0, 1, 2))
+        for u in range(k) for v in range(k)
+    ]
+    dw = jnp.stack(taps).reshape(w.shape).astype(w.dtype)
+    return dx, dw
+
+
+depthwise_conv_hybrid.defvjp(_hybrid_fwd, _hybrid_bwd)
 
 
 class DepthwiseConv(nn.Module):

@@ -79,6 +79,23 @@ def test_default_groups_on_cpu_and_falls_back():
         SearchCell(4, False, False, scan_edges=False, group_edges=True)._grouped()
 
 
+@pytest.mark.parametrize("algo", ["fednas", "spider", "dp_fnas"])
+def test_algo_dw_impl_reaches_the_supernet(algo):
+    """``algo.dw_impl`` picks every DARTS algorithm's formulation (auto: the backend's), and a
+    non-fused one turns the CPU's grouped cells off; group_edges=on with it is refused."""
+    from jaxfednas.config import ConfigError
+    from jaxfednas.registry import make_config
+    from jaxfednas.search_spaces.darts import supernet_of
+
+    for impl, want in (("auto", None), ("slices", "slices"), ("hybrid", "hybrid")):
+        net = supernet_of(make_config(algo, overrides={"algo.dw_impl": impl}).algo, 10)
+        assert net.dw_impl == want
+        assert net.runs_grouped((32, 32, 3)) == (impl == "auto" and jax.default_backend() == "cpu")
+    if algo != "dp_fnas":  # DP-FNAS has no group_edges (its GroupNorm never groups)
+        with pytest.raises(ConfigError, match="dw_impl=fused"):
+            make_config(algo, overrides={"algo.dw_impl": "grouped", "algo.group_edges": "on"})
+
+
 def test_max_pool_gradient_goes_to_the_first_maximum():
     x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
     x = x.at[0, 2, 2, 0].set(5.0).at[0, 2, 3, 0].set(5.0)  # a tie inside several windows

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxfednas.config import ConfigError, Validated, param
+from jaxfednas.nn import DEPTHWISE_IMPLS
 
 from .operations import PRIMITIVE_SETS
 
@@ -46,8 +47,15 @@ class DartsSpaceConfig(Validated):
     layers: int = param(5, "supernet cells (paper 8); reductions at layers//3 and 2*layers//3", range=(1, 64))
     nodes: int = param(4, "intermediate nodes per cell (DARTS 4); all are concatenated", range=(1, 8))
     primitives: str = primitives_param()
+    dw_impl: str = param("auto", "formulation of every separable / dilated conv (the same math, jaxfednas.nn): "
+                         "grouped (lax grouped conv), slices (k*k shifted products), fused (one dense k x k conv), "
+                         "auto (the backend's default: fused on CPU, grouped elsewhere)",
+                         choices=("auto",) + DEPTHWISE_IMPLS)
 
     def check(self):
         """Subclasses that add checks call ``super().check()`` first."""
         if self.C % 2:
             raise ConfigError(f"{self.SECTION}.C={self.C} must be even (FactorizedReduce splits channels in two)")
+        if getattr(self, "group_edges", "auto") == "on" and self.dw_impl not in ("auto", "fused"):
+            raise ConfigError(f"{self.SECTION}.group_edges=on needs {self.SECTION}.dw_impl=fused (or auto on CPU); "
+                              f"got dw_impl={self.dw_impl}")

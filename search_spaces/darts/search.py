@@ -535,8 +535,12 @@ def supernet_of(cfg: Any, num_classes: int, **options) -> DartsSearchNetwork:
     :class:`~jaxfednas.search_spaces.darts.config.DartsSpaceConfig`), every intermediate node
     concatenated as in DARTS (``multiplier = steps``); ``options`` pass on the rest
     (``scan_edges``, ``norm``, ...); a ``cfg.group_edges`` of ``"auto"`` / ``"on"`` / ``"off"``
-    becomes ``group_edges`` None / True / False. One constructor for FedNAS, DP-FNAS and SPIDER."""
+    becomes ``group_edges`` None / True / False, a ``cfg.dw_impl`` other than ``"auto"`` the
+    depthwise formulation (``auto``: :func:`jaxfednas.nn.default_depthwise_impl`). One
+    constructor for FedNAS, DP-FNAS and SPIDER."""
     if "group_edges" not in options and hasattr(cfg, "group_edges"):
         options["group_edges"] = {"auto": None, "on": True, "off": False}[cfg.group_edges]
+    if "dw_impl" not in options and getattr(cfg, "dw_impl", "auto") != "auto":
+        options["dw_impl"] = cfg.dw_impl
     return DartsSearchNetwork(C=cfg.C, num_classes=num_classes, layers=cfg.layers, steps=cfg.nodes,
                               multiplier=cfg.nodes, primitives=PRIMITIVE_SETS[cfg.primitives], **options)

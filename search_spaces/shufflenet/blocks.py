@@ -98,7 +98,7 @@ class DepthwiseKxK(nn.Module):
         k = self.kernel_size
         w = self.param("kernel", spos_init(1), (k, k, 1, x.shape[-1]))
         impl = default_depthwise_impl() if self.dw_impl is None else self.dw_impl
-        f = _depthwise if impl == "grouped" else _depthwise_remat
+        f = _depthwise if impl in ("grouped", "hybrid") else _depthwise_remat
         return f(x, w, self.stride, k // 2, impl)
 
 
