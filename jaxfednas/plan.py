@@ -198,6 +198,11 @@ def _by_precision(cfg: ExperimentConfig, data: FederatedData, built: dict, preci
     return out
 
 
+def _accelerator() -> bool:
+    """Whether rounds run on an accelerator (its first call is never taken as a round's time)."""
+    return jax.default_backend() != "cpu"
+
+
 def _run_timed(compiled, state, data, key) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(state, data, key))
@@ -227,17 +232,22 @@ def _with_train_counts(data: FederatedData, counts: np.ndarray) -> FederatedData
     return data.replace(train=data.train.replace(counts=jnp.asarray(counts, jnp.int32)))
 
 
-def _measure(cfg: ExperimentConfig, data: FederatedData, built: dict, local_steps: int | None) -> dict[str, Any]:
+def measure_round(cfg: ExperimentConfig, data: FederatedData, built: dict, local_steps: int | None) -> dict[str, Any]:
     """Seconds of one round on this device: the whole round, or (``local_steps``) rounds
-    whose clients hold only a few training examples, extrapolated linearly."""
+    whose clients hold only a few training examples, extrapolated linearly. ``built``:
+    ``{"compiled", "state", "key"}``, the round of ``cfg`` compiled ahead of time. On an
+    accelerator every figure is a steady-state call (the first call, which loads the
+    program and autotunes its kernels there, is run and left out); on CPU a call of 10 s
+    or more (60 s for a few local steps) is taken as it is, its warm-up a small part of it."""
     compiled, state, key = built["compiled"], built["state"], built["key"]
     counts = np.asarray(data.train.counts)
     k = len(counts)
+    steady = _accelerator()
     if local_steps is None or not _sequential_clients(cfg):
         note = "" if local_steps is None else (
             "clients run vmapped here (a skipped local step costs as much as a real one): measured the whole round")
         first = _run_timed(compiled, state, data, key)
-        if first >= 10.0:  # one call: a long round's one-time warm-up is a small part of it
+        if first >= 10.0 and not steady:  # one call: a long round's one-time warm-up is a small part of it
             return {"method": "whole round (first call)", "round_s": first, "note": note or None}
         again = _run_timed(compiled, state, data, key)  # steady state, warm-up excluded
         return {"method": "whole round (second call)", "round_s": again, "first_call_s": first, "note": note or None}
@@ -257,7 +267,7 @@ def _measure(cfg: ExperimentConfig, data: FederatedData, built: dict, local_step
     empty = _with_train_counts(data, np.zeros(k, np.int64))
     few = _with_train_counts(data, reduced)
     t_few = _run_timed(compiled, state, few, key)  # the first call includes a one-time warm-up:
-    if t_few < 60.0:  # small against a long call, else measure again
+    if t_few < 60.0 or steady:  # the warm-up is small against a long call on CPU, else measure again
         t_few = _run_timed(compiled, state, few, key)
     t_empty = _run_timed(compiled, state, empty, key)
     if b:
@@ -384,7 +394,7 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
                                      "run.client_chunk_size, lower it)"}
     elif measure:
         say("measuring the round ..." if local_steps is None else f"measuring rounds with {local_steps} local-step slots ...")
-        t = _measure(cfg, data, built, local_steps)
+        t = measure_round(cfg, data, built, local_steps)
         rounds = cfg.run.rounds
         t["rounds"] = rounds
         t["run_s_estimate"] = t["round_s"] * rounds

@@ -30,7 +30,8 @@ from jaxfednas.distributed import DistributedError, initialize
 from jaxfednas.experiment import fit_memory_budget, round_memory_gib
 from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
 from jaxfednas.rng import init_key, round_key
-from jaxfednas.runtime import CLIENT_AXIS, client_mesh
+from jaxfednas.config import apply_overrides
+from jaxfednas.runtime import CLIENT_AXIS, client_mesh, Placement
 
 FEDAVG = ["fedavg", "--clients", "8", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
 FEDNAS = ["fednas", "--clients", "4", "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1",
@@ -215,6 +216,30 @@ def test_memory_budget_picks_clients_in_flight(tiny_data):
                               tiny_data, logs.append)
     assert tight.run.client_chunk_size == 1 and logs[-2].startswith("warning:")
     assert fit_memory_budget(cfg, tiny_data, logs.append) is cfg  # no budget: unchanged
+
+
+def test_auto_placement_fills_an_accelerator_by_itself(monkeypatch, tiny_data):
+    """placement=auto on an accelerator (faked here: 10 GiB, so 9 GiB usable) keeps every
+    client at once when that round fits and otherwise takes the largest chunk that fits; a
+    chunk size, a budget or another placement given by the user turns it off, as does the CPU."""
+    from jaxfednas import experiment as ex
+
+    cfg = make_config("fedavg", overrides={"data.dataset": "synthetic", "data.num_clients": 4, **TINY["fedavg"]})
+    assert ex.auto_memory_budget_gib(cfg) is None  # the CPU: clients one after another, nothing to fit
+    monkeypatch.setattr(ex, "_accelerator", lambda: True)
+    monkeypatch.setattr(ex, "_device_memory_gib", lambda: 10.0)
+    monkeypatch.setattr(Placement, "clients_per_device", lambda self, n: n)  # one device holds every client
+    assert ex.auto_memory_budget_gib(cfg) == pytest.approx(9.0)
+    for given in ({"run.client_chunk_size": 2}, {"run.memory_budget_gib": 5.0}, {"run.placement": "map"}):
+        assert ex.auto_memory_budget_gib(apply_overrides(cfg, given)) is None
+    # GiB of the round by clients in flight (None: as configured, every client at once)
+    for need, want in (({None: 8.0}, None), ({None: 20.0, 1: 2.0, 2: 4.0, 4: 20.0}, 2),
+                       ({None: 20.0, 1: 12.0, 2: 14.0, 4: 20.0}, 1)):
+        logs = []
+        monkeypatch.setattr(ex, "_round_gib", lambda c, d, need=need: need[c.run.client_chunk_size])
+        assert ex.fit_memory_budget(cfg, tiny_data, logs.append).run.client_chunk_size == want
+        assert logs[-1].startswith("placement=auto (9 GiB: 90% of the device)")
+        assert (want == 1) == any(line.startswith("warning:") for line in logs)
 
 
 def test_initialize_arguments(monkeypatch):

@@ -200,3 +200,17 @@ def test_chunk_probe_only_where_chunks_apply(tiny_plan):
     plan = plan_run(vmapped, measure=False, macs=False)
     assert plan["clients_in_flight"] is None and plan["memory_fit"]["largest_chunk_estimate"] is None
     assert "ignores run.client_chunk_size" in format_plan(plan)
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_a_long_first_call_is_the_round_only_on_cpu(monkeypatch, accelerator):
+    """On an accelerator the first call (program load, kernel autotuning) is never a round's
+    time: the second is; on CPU a first call of 10 s or more is taken as it is."""
+    calls = iter([12.0, 0.5])
+    monkeypatch.setattr(plan_mod, "_run_timed", lambda *a: next(calls))
+    monkeypatch.setattr(plan_mod, "_accelerator", lambda: accelerator)
+    cfg = make_config("fedavg", preset="smoke")
+    data = type("Data", (), {"train": type("Split", (), {"counts": np.ones(4, np.int32)})()})()
+    t = plan_mod.measure_round(cfg, data, {"compiled": None, "state": None, "key": None}, None)
+    assert t["round_s"] == (0.5 if accelerator else 12.0)
+    assert t["method"] == ("whole round (second call)" if accelerator else "whole round (first call)")
