@@ -11,6 +11,9 @@ cells, batch 64) with ``Placement("map")``, ``init`` and one round of E=1 local 
 (``--steps`` minibatches per client), and reports the process's peak RSS, the RSS after
 the round, and the wall time of the first round (compile + run). ``off`` sets
 ``JAXFEDNAS_RELEASE_MEMORY=0`` (the listener never installs); ``on`` is the default.
+``torch`` runs the same round in the PyTorch port of the authors' step
+(``benchmarks/torch_darts.py``) in its own process, the baseline of the speed and memory
+ratios printed under the table (measured in the same run, never taken from elsewhere).
 
     PYTHONPATH=. python benchmarks/api_memory.py                 # config (a), 10 steps per client
     PYTHONPATH=. python benchmarks/api_memory.py --quick         # a tiny supernet, seconds
@@ -28,12 +31,7 @@ import _bench_util as bu
 
 CONFIGS = {"a": (8, 5, 32, 4), "b": (16, 8, 64, 4), "q": (4, 1, 8, 1)}  # C, cells, batch, nodes
 QUICK = {"config": "q", "steps": 2, "clients": 2}
-# The authors' PyTorch FedNAS (torch 2.13 CPU, 2 threads) on a 2-core machine like this one, measured by
-# the team side by side with this API (issue 36; torch is not installed here, so not in this run):
-# seconds per client-step (low, high) and the process's peak RSS in GiB. (a): a 4-client x 10-step
-# round took 158-163 s at 2.46 GiB; (b): 26.2-27.3 s per step at 12.7 GiB (1 client x 3 steps).
-AUTHORS = {"a": ((158 / 40, 163 / 40), 2.46), "b": ((26.2, 27.3), 12.7)}
-
+VARIANTS = ("off", "on", "torch")
 
 def worker(args) -> dict:
     import jax
@@ -71,19 +69,63 @@ def worker(args) -> dict:
     return out
 
 
-def authors_line(args, results: dict) -> str:
-    """The round against the authors' PyTorch figures (:data:`AUTHORS`, not measured in this run)."""
-    if args.config not in AUTHORS or "on" not in results:
+def torch_worker(args) -> dict:
+    """The same round in the PyTorch port of the authors' step (``benchmarks/torch_darts.py``, their
+    3-pass MiLeNAS order, ``torch.set_num_threads(2)``): the clients one after another, as in their
+    code, each from the round's starting weights and α with fresh optimizers, the average of the
+    clients' weights and α at the end. Jax is not imported in this process."""
+    import copy
+
+    import torch
+
+    import torch_darts as td
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    C, layers, batch, nodes = CONFIGS[args.config]
+    net = td.DartsSearchNetwork(C, 10, layers, steps=nodes, multiplier=nodes)
+    net.train()
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(2 * args.steps, batch, 3, 32, 32, generator=g),
+             torch.randint(0, 10, (2 * args.steps, batch), generator=g)) for _ in range(args.clients)]
+
+    def one_round() -> float:
+        start = copy.deepcopy(net.state_dict()), [a.detach().clone() for a in net.arch_parameters()]
+        sums = None
+        t0 = time.perf_counter()
+        for x, y in data:
+            net.load_state_dict(start[0])
+            with torch.no_grad():
+                for a, a0 in zip(net.arch_parameters(), start[1]):
+                    a.copy_(a0)
+            w_opt, a_opt = td.make_optimizers(net)
+            for i in range(args.steps):
+                td.milenas_step(net, w_opt, a_opt, x[i], y[i], x[args.steps + i], y[args.steps + i])
+            tensors = [t.detach().clone() for t in net.state_dict().values()] + \
+                [a.detach().clone() for a in net.arch_parameters()]
+            sums = tensors if sums is None else [s + t for s, t in zip(sums, tensors)]
+        return time.perf_counter() - t0
+
+    first = one_round()
+    out = {"first_round_s": first, "local_steps": args.clients * args.steps, "devices": 1,
+           "placement": "clients one after another", "torch": torch.__version__}
+    if args.second_round:
+        out["second_round_s"] = one_round()
+    out.update(peak_rss_mib=bu.peak_rss_mib(), rss_after_mib=bu.rss_mib())
+    return out
+
+
+def versus_torch(results: dict) -> str:
+    """Speed and peak memory of the default API (release on) against the PyTorch port, this run."""
+    if "on" not in results or "torch" not in results:
         return ""
-    (lo, hi), gib = AUTHORS[args.config]
-    res, steps = results["on"], args.clients * args.steps
-    ours = res.get("second_round_s")
-    speed = (f"their {steps} client-steps take {lo * steps:.0f}-{hi * steps:.0f} s, this round "
-             f"{ours:.1f} s: **{lo * steps / ours:.2f}-{hi * steps / ours:.2f}x** their speed; " if ours else "")
-    return (f"\n\nAgainst the authors' PyTorch FedNAS at config ({args.config}) (torch 2.13 CPU, 2 threads, "
-            f"{lo:.2f}-{hi:.2f} s per client-step, peak {gib} GiB; the team's side-by-side measurement, not this "
-            f"run, clients run one after the other as in their code): {speed}peak memory with the default API "
-            f"(release on) {res['peak_rss_mib'] / 1024:.2f} GiB = **{res['peak_rss_mib'] / 1024 / gib:.2f}x** theirs.")
+    ours, theirs = results["on"], results["torch"]
+    key = "second_round_s" if "second_round_s" in ours and "second_round_s" in theirs else "first_round_s"
+    what = "second round" if key == "second_round_s" else "first round (ours includes its compilation)"
+    return (f"\n\nAgainst the PyTorch port of the authors' step in this run (torch {theirs['torch']}, 2 threads, "
+            f"clients one after another): {what} {ours[key]:.1f} vs {theirs[key]:.1f} s = "
+            f"**{theirs[key] / ours[key]:.2f}x** its speed; peak RSS {ours['peak_rss_mib'] / 1024:.2f} vs "
+            f"{theirs['peak_rss_mib'] / 1024:.2f} GiB = **{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}x**.")
 
 
 def main(argv=None) -> int:
@@ -93,17 +135,20 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--placement", default="map", help="run.placement of the round (auto, vmap, map, shard_map)")
     p.add_argument("--devices", type=int, default=1, help="host CPU devices (XLA_FLAGS device count) of each worker")
-    p.add_argument("--variants", default="off,on", help="memory release variants to run: off, on or both")
+    p.add_argument("--variants", default="off,on", help=f"comma list from {VARIANTS}: the round with the memory "
+                   "release off / on, and the PyTorch port of the authors' step (needs torch)")
     p.add_argument("--second-round", action="store_true", help="also time a second round (no compile)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     bu.add_output_args(p, "config q (C=4, one cell of one node), 2 clients x 2 steps")
     args = bu.parse_with_quick(p, argv, QUICK)
+    bu.check_choices(p, args.variants, VARIANTS, "variant")
     if args.worker:
-        print("RESULT " + json.dumps(worker(args)))
+        print("RESULT " + json.dumps(torch_worker(args) if args.worker == "torch" else worker(args)))
         return 0
     rows, results = [], {}
     for variant in args.variants.split(","):
-        env = {**os.environ, "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off",
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bu.REPO_ROOT), str(bu.BENCH_DIR)]),
+               "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off",
                "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={args.devices}").strip()}
         cmd = [sys.executable, __file__, "--worker", variant, "--config", args.config, "--steps", str(args.steps),
@@ -116,24 +161,27 @@ def main(argv=None) -> int:
             raise SystemExit(f"the {variant} worker failed (exit {out.returncode})")
         res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
         results[variant] = res
-        rows.append([variant, f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
+        rows.append([{"off": "JAX, release off", "on": "JAX, release on", "torch": f"PyTorch port {res.get('torch')}"}[
+            variant], f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
                      f"{res['first_round_s']:.1f}",
                      f"{res['second_round_s']:.1f}" if "second_round_s" in res else "-", res["local_steps"],
                      f"{res['devices']} x {res['placement']}"])
-    if len(results) == 2 and results["on"]["train_loss"] != results["off"]["train_loss"]:
+    if "on" in results and "off" in results and results["on"]["train_loss"] != results["off"]["train_loss"]:
         raise SystemExit("the release changed the round's result")
     C, layers, batch, nodes = CONFIGS[args.config]
     body = (f"FedNAS config ({args.config}): C={C}, {layers} cells, {nodes} nodes, batch {batch}; {args.clients} "
             f"synthetic 32x32x3 clients x {args.steps} local steps, Placement({args.placement!r}) on "
             f"{args.devices} host device(s), the plain Python API "
             "(`fednas(cfg, info).init` then one `round`), each variant in a fresh process, no compilation cache. "
-            + ("Same train loss in both (checked).\n\n" if len(results) == 2 else "\n\n")
-            + bu.markdown_table(["release after compiles", "peak RSS (GiB)", "RSS after the round (GiB)",
+            + ("Same train loss with the release on and off (checked).\n\n" if {"on", "off"} <= set(results)
+               else "\n\n")
+            + bu.markdown_table(["variant (memory release after compiles)", "peak RSS (GiB)", "RSS after the round (GiB)",
                                  "first round incl. compile (s)", "second round (s)", "local steps",
                                  "devices x placement"], rows)
             + (f"\n\nPeak with the release / without: "
-               f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x." if len(results) == 2 else ""))
-    body += authors_line(args, results)
+               f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x." if {"on", "off"} <= set(results)
+               else ""))
+    body += versus_torch(results)
     bu.publish("FedNAS round memory through the plain API", "api_memory.py", body,
                write=True, path=bu.results_path(args))
     return 0

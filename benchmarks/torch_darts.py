@@ -211,8 +211,10 @@ def milenas_step(model: DartsSearchNetwork, w_opt, a_opt, x_tr, y_tr, x_val, y_v
     """One minibatch of the authors' FedNAS local search (α step, then w step); returns L_train."""
     alphas = model.arch_parameters()
     # α step: ∇_α L_train + λ ∇_α L_val (two forward/backward passes, gradients w.r.t. α only)
-    g_tr = torch.autograd.grad(F.cross_entropy(model(x_tr), y_tr), alphas)
-    g_val = torch.autograd.grad(F.cross_entropy(model(x_val), y_val), alphas)
+    # (allow_unused: a one-cell network has no normal cell, its α gets a zero gradient)
+    g_tr = torch.autograd.grad(F.cross_entropy(model(x_tr), y_tr), alphas, allow_unused=True, materialize_grads=True)
+    g_val = torch.autograd.grad(F.cross_entropy(model(x_val), y_val), alphas, allow_unused=True,
+                                materialize_grads=True)
     for a, gt, gv in zip(alphas, g_tr, g_val):
         a.grad = gv + lam * gt
     a_opt.step()

@@ -1,0 +1,771 @@
+"""One accelerator: where a FedNAS search step's time goes, against PyTorch on the same card.
+
+The prepared device script of the GPU work (one command, a time budget, its table printed
+last and written to ``--out``). Every figure is a steady state: each program is compiled
+ahead of time, run once to warm up (on a GPU: load, autotune), the device synchronised
+before a clock is read, the median of repeats reported; every variant is checked against
+the reference before it is timed. Parts, in the order they run (``--parts``):
+
+* ``floors``  -- the card's dense matmul rate in each precision (fp32 at highest precision,
+  the default -- TF32 on GPUs --, bf16) and its copy bandwidth, measured here; one MiLeNAS
+  step's arithmetic (multiply-adds of both passes of Eq. 4 with depthwise convolutions as
+  grouped convolutions, x2 for FLOPs) and its minimum traffic (every activation saved for a
+  backward pass written once and read once, the weights read and written by both passes and
+  the optimizer); the floor of a step is the larger of FLOPs / rate and bytes / bandwidth.
+* ``torch``   -- the same step in ``benchmarks/torch_darts.py`` (the authors' MiLeNAS order:
+  three forward and backward passes), ``cudnn.benchmark`` on, in its own process on the
+  same device. Skipped with a note where torch is not installed.
+* ``step``    -- one client's FedNAS local search (``make_local_search``: a ``lax.scan`` of
+  ``--steps`` MiLeNAS steps) at the paper's shapes (C=16, 8 cells, B=64, CIFAR-sized input)
+  for each formulation of the separable and dilated convolutions (``algo.dw_impl``: grouped,
+  hybrid, slices, fused; the edge scan and unrolled edges; the grouped-by-source cells) in
+  the default precision, then the fastest in fp32-highest, bf16 and the authors' 3-pass
+  order. The reference is the grouped formulation in fp32 at highest precision: each
+  variant's one-step update of the weights and its loss must match it (relative L2; the
+  tolerance grows with the precision) or it is not timed.
+* ``profile`` -- the fastest checked variant under ``jax.profiler``: its top kernels and
+  their share of device time.
+* ``round``   -- a FedNAS round of ``--round-clients`` clients (``--steps`` local steps each,
+  the fastest formulation) with clients one at a time (``lax.map``) and in vmapped chunks
+  (``--chunks``; a chunk of every client is plain ``vmap``); ``jaxfednas plan``'s
+  extrapolation of the one-at-a-time round from a few local steps against its measured time;
+  the paper's 50-round search extrapolated from the fastest round's time per client-step.
+* ``presets`` -- ``jaxfednas plan`` (steady state, a few local steps extrapolated) of the
+  other papers' presets on the same card: DFNAS cross-silo, SPIDER, PerFedRLNAS (DARTS
+  space), DP-FNAS.
+
+Each part runs in its own process and appends its rows to a JSON-lines log as they come, so
+a part cut off by ``--budget-s`` (or a killed run) keeps what it measured; a part that
+would start with less than a minute left is skipped, and the table says so.
+
+    PYTHONPATH=. python benchmarks/gpu.py --out $OUT/gpu.md     # on the GPU machine (~8 min)
+    PYTHONPATH=. python benchmarks/gpu.py --quick               # CPU: every code path, tiny shapes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _bench_util as bu
+
+PARTS = ("floors", "torch", "step", "profile", "round", "presets")
+CONFIGS = {"paper": (16, 8, 64), "q": (4, 1, 8)}  # C, cells, batch
+NODES = {"q": 1}
+# FedNAS config fields of each formulation (the default precision); order = priority
+FORMULATIONS = {
+    "grouped": {"dw_impl": "grouped", "group_edges": "off"},
+    "hybrid": {"dw_impl": "hybrid", "group_edges": "off"},
+    "grouped/unrolled": {"dw_impl": "grouped", "group_edges": "off", "scan_edges": False},
+    "slices": {"dw_impl": "slices", "group_edges": "off"},
+    "fused": {"dw_impl": "fused", "group_edges": "off"},
+    "fused/grouped-cells": {"dw_impl": "fused", "group_edges": "on"},
+}
+PRECISIONS = ("default", "highest", "bf16")  # default: TF32 on GPUs, exact float32 on CPU
+# relative L2 of the one-step weight update (and of the loss) against the reference
+TOLERANCE = {"highest": 1e-3, "default": 3e-2, "bf16": 1.5e-1}
+PRESETS = (("dfnas", "cross-silo", {}), ("spider", "paper", {}), ("perfedrlnas", "paper", {"algo.space": "darts"}),
+           ("dp_fnas", "paper", {}))
+QUICK_PRESETS = (("perfedrlnas", "smoke", {}),)  # --quick: one preset, the quickest to compile
+# share of --budget-s each part may take (the last part run takes what is left)
+BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.45, "profile": 0.1, "round": 0.25, "presets": 1.0}
+PAPER_ROUNDS, PAPER_EPOCHS = 50, 5
+QUICK = {"config": "q", "steps": 1, "repeats": 1, "round_clients": 2, "chunks": "1,2", "round_repeats": 1,
+         "local_steps": 1, "budget_s": 0.0, "matmul_n": 512, "copy_mib": 16}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list from {PARTS}")
+    p.add_argument("--config", default="paper", help=f"step/round shapes: {sorted(CONFIGS)} (C, cells, batch)")
+    p.add_argument("--formulations", default=",".join(FORMULATIONS), help=f"comma list from {tuple(FORMULATIONS)}")
+    p.add_argument("--steps", type=int, default=5, help="MiLeNAS steps per timed call (and per client in a round)")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls after the warm-up (median reported)")
+    p.add_argument("--round-clients", type=int, default=4, help="clients of the `round` part")
+    p.add_argument("--chunks", default="1,2,4,8", help="clients in flight of the `round` part (1: lax.map, one at "
+                   "a time; every client: vmap); sizes above --round-clients are left out")
+    p.add_argument("--round-repeats", type=int, default=3, help="timed rounds per placement")
+    p.add_argument("--local-steps", type=int, default=2, help="local-step slots plan measures before extrapolating")
+    p.add_argument("--budget-s", type=float, default=450.0, help="stop starting parts after this many seconds "
+                   "(0: no limit); a running part is cut off at the budget and keeps the rows it wrote")
+    p.add_argument("--matmul-n", type=int, default=8192, help="size of the square matmuls of the `floors` part")
+    p.add_argument("--copy-mib", type=int, default=1024, help="MiB copied to measure the bandwidth")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-write", action="store_true", help="print only; do not write the results file")
+    bu.add_output_args(p, "config q (C=4, 1 cell of 1 node, B=8), 1 step x 1 call, 2 clients, every preset's "
+                       "smoke configuration, no time budget")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--log", help=argparse.SUPPRESS)
+    p.add_argument("--best", default="", help=argparse.SUPPRESS)  # the step part's fastest, for later parts
+    args = bu.parse_with_quick(p, argv, QUICK)
+    bu.check_choices(p, args.parts, PARTS, "part")
+    bu.check_choices(p, args.formulations, tuple(FORMULATIONS), "formulation")
+    if args.config not in CONFIGS:
+        p.error(f"unknown config {args.config!r}; choose from {sorted(CONFIGS)}")
+    for name in ("steps", "repeats", "round_clients", "round_repeats", "local_steps", "matmul_n", "copy_mib"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        args.chunk_list = sorted({int(c) for c in args.chunks.split(",")})
+    except ValueError:
+        p.error(f"--chunks must be a comma list of integers, got {args.chunks!r}")
+    if args.chunk_list[0] < 1:
+        p.error(f"--chunks must be >= 1, got {args.chunks!r}")
+    if not (args.budget_s >= 0 and math.isfinite(args.budget_s)):
+        p.error(f"--budget-s must be a finite number >= 0, got {args.budget_s}")
+    return args
+
+
+def emit(args, row: dict) -> None:
+    """Append one result row to the worker's log (flushed: a cut-off part keeps it)."""
+    with open(args.log, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+# --- shared JAX pieces --------------------------------------------------------------------
+
+
+def fednas_fields(args, extra: dict | None = None) -> dict:
+    C, layers, batch = CONFIGS[args.config]
+    return {"C": C, "layers": layers, "nodes": NODES.get(args.config, 4), "batch_size": batch, "local_epochs": 1,
+            **(extra or {})}
+
+
+def variant_fields(name: str) -> tuple[dict, str]:
+    """``(FedNAS config fields, precision)`` of a variant named ``FORMULATION[@PRECISION][+3pass]``."""
+    base, _, rest = name.partition("@")
+    precision, three = (rest or "default"), False
+    if base.endswith("+3pass"):
+        base, three = base[:-len("+3pass")], True
+    if precision.endswith("+3pass"):
+        precision, three = precision[:-len("+3pass")], True
+    fields = dict(FORMULATIONS[base])
+    if three:
+        fields["order"] = "alpha_first"
+    return fields, precision
+
+
+def client_data(args, n_train: int, n_val: int):
+    """One synthetic 32x32x3 client: ``(info, train, val)``."""
+    import jax
+    import numpy as np
+
+    from jaxfednas.data import make_federated_data
+    from jaxfednas.data.datasets import load_dataset
+
+    ds = load_dataset("synthetic", seed=args.seed, num_train=n_train + n_val, image_shape=(32, 32, 3))
+    splits = {"train": [np.arange(n_train)], "val": [np.arange(n_train, n_train + n_val)], "test": [np.arange(1)]}
+    data = make_federated_data(ds, splits)
+    row = lambda split: jax.tree.map(lambda a: a[0], data.all_clients(split))  # noqa: E731
+    return data.info, row("train"), row("val")
+
+
+def matmul_precision(precision: str):
+    import contextlib
+
+    import jax
+
+    return jax.default_matmul_precision("highest") if precision == "highest" else contextlib.nullcontext()
+
+
+# --- worker: floors -----------------------------------------------------------------------
+
+
+def worker_floors(args) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfednas.algorithms.fednas import FedNASConfig, make_supernet
+    from jaxfednas.cost import count_macs
+
+    n = args.matmul_n
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    for precision in PRECISIONS:
+        x = a.astype(jnp.bfloat16) if precision == "bf16" else a
+        with matmul_precision(precision):
+            f = jax.jit(lambda x: x @ x).lower(x).compile()
+        jax.block_until_ready(f(x))
+        best = min(bu.timed(lambda: f(x))[0] for _ in range(5))
+        emit(args, {"part": "floors", "what": f"matmul_{precision}", "flops_per_s": 2.0 * n ** 3 / best})
+    m = args.copy_mib * 2 ** 20 // 4
+    buf = jnp.ones((m,), jnp.float32)
+    copy = jax.jit(lambda b: b * 1.0000001).lower(buf).compile()  # reads and writes every byte once
+    jax.block_until_ready(copy(buf))
+    best = min(bu.timed(lambda: copy(buf))[0] for _ in range(5))
+    emit(args, {"part": "floors", "what": "copy", "bytes_per_s": 2.0 * 4 * m / best})
+
+    # one MiLeNAS step's arithmetic and minimum traffic, depthwise convolutions as grouped ones
+    cfg = FedNASConfig(**fednas_fields(args, FORMULATIONS["grouped"]))
+    info, _, _ = client_data(args, cfg.batch_size, cfg.batch_size)
+    model = make_supernet(cfg, info)
+    x0 = jnp.zeros((1,) + info.image_shape)
+    shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)}, x0, train=False))
+    batch = jax.ShapeDtypeStruct((cfg.batch_size,) + info.image_shape, jnp.float32)
+    labels = jax.ShapeDtypeStruct((cfg.batch_size,), jnp.int32)
+
+    stats = shapes["batch_stats"]
+
+    def loss(params, arch, stats, x, y):
+        logits, _ = model.apply({"params": params, "arch": arch, "batch_stats": stats}, x,
+                                train=True, mutable=["batch_stats"])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
+    both = lambda p, a, s, x, y: jax.vjp(lambda p_, a_: loss(p_, a_, s, x, y), p, a)  # noqa: E731
+    arch_only = lambda p, a, s, x, y: jax.vjp(lambda a_: loss(p, a_, s, x, y), a)  # noqa: E731
+    operands = (shapes["params"], shapes["arch"], stats, batch, labels)
+
+    def macs(vjp) -> int:  # forward and backward of one pass
+        def grads(*ops):
+            value, pullback = vjp(*ops)
+            return pullback(jnp.ones_like(value))
+        return count_macs(grads, *operands)
+
+    def saved_bytes(vjp) -> int:
+        """Bytes a pass keeps for its backward: the leaves of its pullback."""
+        out = jax.eval_shape(lambda *ops: jax.tree.leaves(vjp(*ops)[1]), *operands)
+        return sum(math.prod(o.shape) * o.dtype.itemsize for o in out)
+
+    w_and_a, a_only = macs(both), macs(arch_only)
+    param_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes["params"]))
+    input_bytes = 2 * (math.prod(batch.shape) * 4 + cfg.batch_size * 4)
+    # saved activations written and read once per pass; weights read by both passes, their
+    # gradient written and read, SGD's momentum read and written, the weights written back
+    min_bytes = 2 * saved_bytes(both) + 2 * saved_bytes(arch_only) + input_bytes + 6 * param_bytes
+    emit(args, {"part": "floors", "what": "step", "flops": 2.0 * (w_and_a + a_only), "bytes": float(min_bytes),
+                "params": int(param_bytes // 4)})
+
+
+# --- worker: the step in every formulation ------------------------------------------------
+
+
+def build_step(args, name: str, info):
+    """The jitted local search of variant ``name`` and its one-time compiled program."""
+    from jaxfednas.algorithms.fednas import FedNASConfig, cpu_scheduler, make_local_search, make_supernet
+    from jaxfednas.runtime import jit
+
+    fields, precision = variant_fields(name)
+    cfg = FedNASConfig(**fednas_fields(args, fields))
+    model = make_supernet(cfg, info)
+    local = jit(make_local_search(cfg, info, model, epochs=1, precision="bf16" if precision == "bf16" else "fp32"),
+                scheduler=cpu_scheduler(cfg), keep_calls=model.runs_grouped(info.image_shape))
+    return cfg, model, local, precision
+
+
+def worker_step(args) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxfednas.runtime import release_memory_after_compiles
+    from jaxfednas.search_spaces.darts import unroll_variables
+
+    release_memory_after_compiles()
+    C, layers, batch = CONFIGS[args.config]
+    info, train, val = client_data(args, args.steps * batch, batch)
+    one_step = train.replace(count=jnp.asarray(batch, train.count.dtype))  # the same program, one real step
+    key = jax.random.PRNGKey(args.seed)
+    variables = None
+    reference = None
+
+    def update(out, start):
+        return (jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64),
+                             out[0]["params"], start["params"]), float(out[1]["loss_sum"]))
+
+    def flat(tree):
+        return np.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
+
+    def run_variant(name: str, time_it: bool = True) -> dict:
+        nonlocal variables, reference
+        cfg, model, local, precision = build_step(args, name, info)
+        if variables is None:  # one set of starting variables for every variant (the first one's layout)
+            x0 = jnp.zeros((1,) + info.image_shape)
+            variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(key))
+        start = variables if cfg.scan_edges else {  # the same values in the unrolled edges' layout
+            "params": unroll_variables(variables["params"]), "arch": variables["arch"],
+            "batch_stats": unroll_variables(variables["batch_stats"])}
+        row = {"part": "step", "variant": name, "precision": precision}
+        t0 = time.perf_counter()
+        with matmul_precision(precision):
+            lowered = local.lower(start, one_step, val, key)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        row.update(lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
+        mem = compiled.memory_analysis()
+        if mem is not None:
+            row["xla_gib"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                              + mem.temp_size_in_bytes) / 2 ** 30
+        first_s, out = bu.timed(lambda: compiled(start, one_step, val, key))
+        d, loss = update(out, start)
+        row["first_call_s"] = first_s
+        if reference is None:
+            reference = (d, loss)
+            row.update(check="reference", rel_err=0.0)
+        else:
+            want = flat(reference[0] if cfg.scan_edges else unroll_variables(reference[0]))
+            err = float(np.linalg.norm(flat(d) - want) / np.linalg.norm(want))
+            loss_err = abs(loss - reference[1]) / abs(reference[1])
+            tol = TOLERANCE[precision]
+            row.update(rel_err=err, loss_rel_err=loss_err, tolerance=tol,
+                       check="ok" if max(err, loss_err) <= tol else "FAILED")
+        if time_it and row["check"] != "FAILED":
+            bu.timed(lambda: compiled(start, train, val, key))  # warm-up at the timed shape
+            times = [bu.timed(lambda: compiled(start, train, val, key))[0] for _ in range(args.repeats)]
+            row.update(times=times, s_per_step=bu.median(times) / args.steps)
+        emit(args, row)
+        return row
+
+    run_variant("grouped@highest")  # the reference (also a timed row)
+    rows = []
+    for name in args.formulations.split(","):
+        try:
+            rows.append(run_variant(name))
+        except Exception as e:  # noqa: BLE001 -- a formulation that does not build is a row, not the end
+            emit(args, {"part": "step", "variant": name, "precision": "default",
+                        "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
+    timed_rows = [r for r in rows if "s_per_step" in r]
+    if not timed_rows:
+        return
+    best = min(timed_rows, key=lambda r: r["s_per_step"])["variant"]
+    for suffix in ("@highest", "@bf16", "+3pass"):
+        if best + suffix == "grouped@highest":
+            continue
+        try:
+            run_variant(best + suffix)
+        except Exception as e:  # noqa: BLE001
+            emit(args, {"part": "step", "variant": best + suffix, "error": f"{type(e).__name__}: {e}"[:300]})
+
+
+def worker_profile(args) -> None:
+    """The ``--best`` variant's compiled local search under jax.profiler: its top kernels."""
+    import tempfile
+
+    import jax
+
+    C, layers, batch = CONFIGS[args.config]
+    info, train, val = client_data(args, args.steps * batch, batch)
+    cfg, model, local, precision = build_step(args, args.best, info)
+    key = jax.random.PRNGKey(args.seed)
+    x0 = jax.numpy.zeros((1,) + info.image_shape)
+    variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(key))
+    with matmul_precision(precision):
+        compiled = local.lower(variables, train, val, key).compile()
+    bu.timed(lambda: compiled(variables, train, val, key))
+    bu.timed(lambda: compiled(variables, train, val, key))
+    trace_dir = tempfile.mkdtemp(prefix="jaxfednas-profile-")
+    jax.profiler.start_trace(trace_dir)
+    try:
+        bu.timed(lambda: compiled(variables, train, val, key))
+    finally:
+        jax.profiler.stop_trace()
+    kernels, where = top_kernels(trace_dir)
+    total = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    emit(args, {"part": "profile", "variant": args.best, "where": where, "total_ms": total / 1e6,
+                "kernels": [[name, t / 1e6, t / total if total else 0.0] for name, t in top]})
+
+
+def top_kernels(trace_dir: str) -> tuple[dict[str, float], str]:
+    """Device time per kernel (ns, summed over launches) from the trace's xplane: the GPU's
+    ``XLA Ops`` line (else its stream lines), or on CPU the XLA threads of the host plane."""
+    from jax.profiler import ProfileData
+
+    paths = sorted(Path(trace_dir).rglob("*.xplane.pb"))
+    if not paths:
+        return {}, "no trace written"
+    data = ProfileData.from_file(str(paths[-1]))
+    planes = list(data.planes)
+    device = [pl for pl in planes if pl.name.startswith("/device:")]
+    lines, where = [], ""
+    for pl in device:
+        ops = [ln for ln in pl.lines if ln.name == "XLA Ops"]
+        lines += ops or [ln for ln in pl.lines if ln.name.startswith("Stream")]
+        where = where or f"{pl.name} ({'XLA Ops' if ops else 'streams'})"
+    if not lines:
+        for pl in planes:
+            if pl.name == "/host:CPU":
+                lines = [ln for ln in pl.lines if ln.name.startswith("tf_XLA")]
+                where = "/host:CPU (XLA threads)"
+    out: dict[str, float] = {}
+    for ln in lines:
+        for ev in ln.events:
+            if ev.name.startswith("ThunkExecutor"):  # XLA:CPU's wrapper around the kernels it runs
+                continue
+            out[ev.name] = out.get(ev.name, 0.0) + float(ev.duration_ns)
+    return out, where
+
+
+# --- worker: torch ------------------------------------------------------------------------
+
+
+def worker_torch(args) -> None:
+    import torch
+
+    import torch_darts as td
+
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+    else:
+        torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(args.seed)
+    C, layers, batch = CONFIGS[args.config]
+    n = NODES.get(args.config, 4)
+    net = td.DartsSearchNetwork(C, 10, layers, steps=n, multiplier=n).to(dev)
+    with torch.no_grad():  # α as leaf tensors on the device (they are not module parameters)
+        net.alphas_normal = net.alphas_normal.detach().to(dev).requires_grad_(True)
+        net.alphas_reduce = net.alphas_reduce.detach().to(dev).requires_grad_(True)
+    net.train()
+    w_opt, a_opt = td.make_optimizers(net)
+    g = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(2 * args.steps, batch, 3, 32, 32, generator=g).to(dev)
+    y = torch.randint(0, 10, (2 * args.steps, batch), generator=g).to(dev)
+
+    def run(k: int) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(k):
+            td.milenas_step(net, w_opt, a_opt, x[i % args.steps], y[i % args.steps],
+                            x[args.steps + i % args.steps], y[args.steps + i % args.steps])
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    run(3)  # warm-up (cudnn.benchmark picks its kernels on the first calls)
+    times = [run(args.steps) for _ in range(args.repeats)]
+    row = {"part": "torch", "variant": "torch (authors' 3-pass order)", "torch": torch.__version__,
+           "device": torch.cuda.get_device_name(0) if cuda else "cpu", "cudnn_benchmark": cuda,
+           "times": times, "s_per_step": bu.median(times) / args.steps}
+    if cuda:
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        row["cuda"] = torch.version.cuda
+    emit(args, row)
+
+
+# --- worker: rounds and the plan's extrapolation -------------------------------------------
+
+
+def round_config(args, chunk: int | None, placement: str):
+    from jaxfednas.registry import make_config
+
+    fields, _ = variant_fields(args.best or "grouped")
+    K, batch = args.round_clients, CONFIGS[args.config][2]
+    algo = {f"algo.{k}": v for k, v in fednas_fields(args, fields).items()}
+    return make_config("fednas", overrides={
+        "data.dataset": "cifar10", "data.num_clients": K, "data.partition": "iid", "data.split": (0.5, 0.5, 0.0),
+        "run.seed": args.seed, "run.placement": placement, "run.client_chunk_size": chunk, **algo,
+    }), K * 2 * args.steps * batch
+
+
+def measure_one_round(args, cfg, data, chunk: int) -> dict:
+    from jaxfednas.plan import measure_round
+    from jaxfednas.registry import algorithm_module
+    from jaxfednas.rng import init_key, round_key
+
+    algo = algorithm_module("fednas").build(cfg, data.info)
+    state, key = algo.init(init_key(args.seed)), round_key(args.seed, 0)
+    row = {"client_steps": int(sum(-(-int(n) // cfg.algo.batch_size) for n in data.train.counts))}
+    t0 = time.perf_counter()
+    compiled = algo.round.lower(state, data, key).compile()
+    row["compile_s"] = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        row["xla_gib"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                          + mem.temp_size_in_bytes) / 2 ** 30
+    row["first_call_s"], _ = bu.timed(lambda: compiled(state, data, key))
+    times = [bu.timed(lambda: compiled(state, data, key))[0] for _ in range(args.round_repeats)]
+    row.update(times=times, round_s=bu.median(times), s_per_client_step=bu.median(times) / row["client_steps"])
+    if chunk == 1:  # the plan's estimate of this very round, from a few local steps
+        est = measure_round(cfg, data, {"compiled": compiled, "state": state, "key": key}, args.local_steps)
+        row.update(plan_round_s=est["round_s"], plan_method=est["method"])
+    return row
+
+
+def worker_round(args) -> None:
+    from jaxfednas.data import partition as part
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.plan import plan_data, synthetic_like
+    from jaxfednas.registry import make_config
+    from jaxfednas.runtime import release_memory_after_compiles
+
+    release_memory_after_compiles()
+    # the paper's search: every client's local-step slots over 5 epochs and 50 rounds
+    paper = make_config("fednas", preset="paper")
+    splits = part.manifest_splits(make_partition(paper, synthetic_like(paper.data.dataset, seed=paper.run.seed)))
+    slots = sum(-(-len(ids) // paper.algo.batch_size) for ids in splits["train"])
+    emit(args, {"part": "paper", "client_steps_per_round": int(slots * PAPER_EPOCHS),
+                "rounds": PAPER_ROUNDS})
+    K = args.round_clients
+    chunks = [c for c in args.chunk_list if c <= K]
+    data = None
+    for c in chunks:
+        placement = "vmap" if c == K and c > 1 else "map"
+        row = {"part": "round", "placement": placement, "chunk": c, "clients": K}
+        try:
+            cfg, n_train = round_config(args, None if placement == "vmap" or c == 1 else c, placement)
+            if data is None:
+                data = plan_data(cfg, num_train=n_train, num_test=K)
+            row.update(measure_one_round(args, cfg, data, c))
+        except Exception as e:  # noqa: BLE001 -- e.g. out of memory: the row says so, the next chunk runs
+            row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        emit(args, row)
+
+
+def worker_presets(args) -> None:
+    from jaxfednas.plan import plan_run
+    from jaxfednas.registry import make_config
+
+    for algo, preset, extra in (QUICK_PRESETS if args.quick else PRESETS):
+        row = {"part": "presets", "algorithm": algo, "preset": preset}
+        try:
+            cfg = make_config(algo, preset=preset, overrides=extra)
+            plan = plan_run(cfg, local_steps=args.local_steps, probe_chunk=False, precisions=(), macs=False)
+        except Exception as e:  # noqa: BLE001 -- one preset's failure is its row
+            row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            emit(args, row)
+            continue
+        r, t = plan.get("round") or {}, plan.get("timing") or {}
+        mem = (r.get("memory_bytes_per_device") or {}).get("total")
+        row.update(placement=plan["placement"]["resolved"], compile_s=r.get("compile_s"),
+                   xla_gib=mem / 2 ** 30 if mem else None, round_s=t.get("round_s"), rounds=t.get("rounds"),
+                   run_s=t.get("run_s_estimate"), method=t.get("method") or t.get("skipped") or r.get("error"))
+        emit(args, row)
+
+
+WORKERS = {"floors": worker_floors, "step": worker_step, "profile": worker_profile, "torch": worker_torch,
+           "round": worker_round, "presets": worker_presets}
+
+
+# --- driver -------------------------------------------------------------------------------
+
+
+def read_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut off by a kill
+            pass
+    return rows
+
+
+def spawn(args, part: str, log: Path, timeout: float | None, best: str = "") -> str:
+    """Run one part in a fresh process; ``""`` on success, else why it stopped."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(bu.REPO_ROOT), str(bu.BENCH_DIR)] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", part, "--log", str(log)]
+    if best:
+        cmd += ["--best", best]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"cut off at the time budget ({timeout:.0f} s)"
+    if proc.returncode != 0:
+        sys.stderr.write(f"--- {part} failed; the end of its output:\n" + proc.stdout[-2000:] + proc.stderr[-4000:])
+        return f"worker exited {proc.returncode}"
+    return ""
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 -- not installed, or a broken install
+        return False
+    return True
+
+
+def machine_facts() -> dict:
+    """Device, driver, CUDA and package versions, without importing jax here (the parts own the device)."""
+    from importlib import metadata
+
+    facts = {}
+    for pkg in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda12-pjrt", "jax-cuda13-pjrt",
+                "flax", "torch"):
+        try:
+            facts[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            facts["gpu"] = out.stdout.strip().splitlines()[0]
+        top = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+        for line in top.splitlines():
+            if "CUDA Version" in line:
+                facts["driver_cuda"] = line.split("CUDA Version:")[1].split()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    facts["cpu_count"] = os.cpu_count()
+    return facts
+
+
+def _ms(s) -> str:
+    return "n/a" if s is None else f"{1e3 * s:.1f}"
+
+
+def _gib(r: dict, key: str) -> str:
+    return "n/a" if r.get(key) is None else f"{r[key]:.2f}"
+
+
+def _x(a, b) -> str:
+    return "n/a" if not a or not b else f"{a / b:.2f}x"
+
+
+def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
+    by = lambda part: [r for r in rows if r.get("part") == part]  # noqa: E731
+    floors = {r["what"]: r for r in by("floors")}
+    torch_row = next(iter(by("torch")), None)
+    C, layers, batch = CONFIGS[args.config]
+    out = [f"Config: C={C}, {layers} cells, {NODES.get(args.config, 4)} nodes, batch {batch}, 32x32x3, "
+           f"{args.steps} steps per timed call, median of {args.repeats}.",
+           "Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + "."]
+    floor_s = {}
+    if "step" in floors:
+        st = floors["step"]
+        out += ["", "**Floors** (measured in the same run)", "",
+                bu.markdown_table(["what", "value"], [
+                    ["one step: FLOPs (both passes of Eq. 4, grouped depthwise)", f"{st['flops'] / 1e9:.2f} GFLOP"],
+                    ["one step: minimum traffic", f"{st['bytes'] / 2 ** 30:.3f} GiB"],
+                    *[[f"matmul rate, {p}", f"{floors[f'matmul_{p}']['flops_per_s'] / 1e12:.2f} TFLOP/s"]
+                      for p in PRECISIONS if f"matmul_{p}" in floors],
+                    *([["copy bandwidth", f"{floors['copy']['bytes_per_s'] / 1e9:.1f} GB/s"]] if "copy" in floors
+                      else []),
+                ])]
+        for p in PRECISIONS:
+            if f"matmul_{p}" in floors and "copy" in floors:
+                floor_s[p] = max(st["flops"] / floors[f"matmul_{p}"]["flops_per_s"],
+                                 st["bytes"] / floors["copy"]["bytes_per_s"])
+        out += ["", "Floor of a step (the larger of FLOPs / rate and traffic / bandwidth): " +
+                ", ".join(f"{p} {_ms(s)} ms" for p, s in floor_s.items()) + "."]
+    steps = by("step")
+    if steps or torch_row:
+        torch_s = torch_row["s_per_step"] if torch_row else None
+        table = []
+        for r in steps:
+            if "error" in r:
+                table.append([r["variant"], r.get("precision", ""), "error: " + r["error"], "", "", "", "", ""])
+                continue
+            check = r["check"] if r["check"] == "reference" else \
+                f"{r['check']} ({max(r['rel_err'], r['loss_rel_err']):.1e} <= {r['tolerance']:g})"
+            s = r.get("s_per_step")
+            table.append([r["variant"], r["precision"], check, f"{r['compile_s']:.1f}",
+                          _gib(r, "xla_gib"), _ms(s), _x(torch_s, s),
+                          _x(s, floor_s.get(r["precision"]))])
+        if torch_row:
+            table.append([torch_row["variant"], "torch default", "-", "-",
+                          _gib(torch_row, "peak_gib"), _ms(torch_s), "1.00x", "n/a"])
+        out += ["", "**One MiLeNAS step** (one client; check: relative L2 of the one-step weight update and of "
+                "the loss against the reference)", "",
+                bu.markdown_table(["variant", "precision", "check", "compile s", "memory GiB", "ms/step",
+                                   "speed vs torch", "vs floor"], table)]
+    for r in by("profile"):
+        out += ["", f"**Where the time goes**: {r['variant']}, {r['where']}, one call of {args.steps} steps, "
+                f"{r['total_ms']:.1f} ms of kernels", "",
+                bu.markdown_table(["kernel", "ms", "share"],
+                                  [[k[:90].replace("|", "/"), f"{t:.2f}", f"{100 * sh:.1f}%"] for k, t, sh in
+                                   r["kernels"]])]
+    rounds = by("round")
+    if rounds:
+        table = []
+        for r in rounds:
+            if "error" in r:
+                table.append([r["placement"] if r["placement"] == "vmap" else f"map, chunk {r['chunk']}",
+                              "error: " + r["error"], "", "", "", ""])
+                continue
+            plan = ("" if "plan_round_s" not in r else
+                    f"{r['plan_round_s']:.3g} s ({100 * (r['plan_round_s'] / r['round_s'] - 1):+.0f}%)")
+            table.append([r["placement"] if r["placement"] == "vmap" else f"map, chunk {r['chunk']}",
+                          f"{r['compile_s']:.1f}", _gib(r, "xla_gib"), f"{r['round_s']:.3g}",
+                          _ms(r["s_per_client_step"]), plan])
+        out += ["", f"**A FedNAS round** of {rounds[0]['clients']} clients, {args.steps} local steps each "
+                f"(formulation {args.best or 'grouped'})", "",
+                bu.markdown_table(["clients in flight", "compile s", "memory GiB", "round s",
+                                   "ms per client-step", "plan's estimate (vs measured)"], table)]
+        paper = next(iter(by("paper")), None)
+        measured = [r for r in rounds if "s_per_client_step" in r]
+        if paper and measured and args.config != "paper":
+            out += ["", f"The paper's search is not extrapolated from config {args.config} (not the paper's shapes)."]
+        elif paper and measured:
+            best = min(measured, key=lambda r: r["s_per_client_step"])
+            total = best["s_per_client_step"] * paper["client_steps_per_round"] * paper["rounds"]
+            out += ["", f"**The paper's search** (16 clients, 5 local epochs, {paper['client_steps_per_round']} "
+                    f"client-steps a round, {paper['rounds']} rounds) at the fastest round's "
+                    f"{_ms(best['s_per_client_step'])} ms per client-step: {total / 3600:.2f} h "
+                    "(compilation, evaluation and checkpoints excluded; target < 2 h)."]
+    presets = by("presets")
+    if presets:
+        table = [[r["algorithm"], r["preset"], r.get("placement", ""),
+                  "error: " + r["error"] if "error" in r else f"{r.get('compile_s') or 0:.1f}",
+                  "" if r.get("xla_gib") is None else f"{r['xla_gib']:.2f}",
+                  "" if r.get("round_s") is None else f"{r['round_s']:.3g}",
+                  "" if r.get("run_s") is None else f"{r['run_s'] / 3600:.2f} h ({r.get('rounds')} rounds)",
+                  r.get("method") or ""] for r in presets]
+        out += ["", "**The other papers' presets** (`jaxfednas plan`, steady state)", "",
+                bu.markdown_table(["algorithm", "preset", "placement", "compile s", "memory GiB", "round s",
+                                   "run estimate", "how"], table)]
+    if skipped:
+        out += ["", "Not measured: " + "; ".join(f"{p}: {why}" for p, why in skipped.items()) + "."]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        WORKERS[args.worker](args)
+        return 0
+    out = bu.results_path(args)
+    log = out.with_suffix(".jsonl")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    start = time.monotonic()
+    parts = args.parts.split(",")
+    skipped: dict[str, str] = {}
+    facts = machine_facts()
+    best = ""
+    for part in PARTS:
+        if part not in parts:
+            continue
+        left = None if not args.budget_s else args.budget_s - (time.monotonic() - start)
+        if left is not None and left < 60:
+            skipped[part] = f"skipped: {max(left, 0):.0f} s of the time budget left"
+            continue
+        last = part == [q for q in PARTS if q in parts][-1]
+        cap = left if left is None or last else min(left, max(60.0, BUDGET_SHARE[part] * args.budget_s))
+        if part == "torch" and not torch_available():
+            skipped[part] = "skipped: torch is not installed"
+            continue
+        if part in ("profile",) and not best:
+            skipped[part] = "skipped: no variant of the step was timed"
+            continue
+        t0 = time.monotonic()
+        print(f"[{time.monotonic() - start:6.0f} s] {part} ...", flush=True)
+        why = spawn(args, part, log, cap, best)
+        if why:
+            skipped[part] = why
+        print(f"[{time.monotonic() - start:6.0f} s] {part} done in {time.monotonic() - t0:.0f} s"
+              + (f" ({why})" if why else ""), flush=True)
+        if part == "step":
+            timed = [r for r in read_log(log) if r.get("part") == "step" and r.get("precision") == "default"
+                     and "s_per_step" in r and "+3pass" not in r["variant"]]
+            best = min(timed, key=lambda r: r["s_per_step"])["variant"] if timed else ""
+    args.best = best
+    body = report(args, read_log(log), skipped, facts)
+    body += f"\n\nRows as measured: `{log.name}` beside this file. Total {time.monotonic() - start:.0f} s."
+    bu.publish("One accelerator: FedNAS step by formulation and precision, PyTorch, rounds, floors", "gpu.py", body,
+               write=not args.no_write, path=out)
+    failed = [p for p, why in skipped.items() if why.startswith("worker exited")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
