@@ -70,6 +70,31 @@ def test_grouped_equals_edge_scan(primitives):
     assert all(jax.tree_util.tree_leaves(changed))  # every BatchNorm of every edge was updated
 
 
+def test_unbiased_running_var_reaches_a_grouped_cell_traced_before():
+    """The parity option of FedNAS' ``bn_stats_updates=code`` (PyTorch's unbiased running
+    variance) is part of the grouped cell's jit cache key: traced first with the default
+    (biased) variance, the cell still updates its edges' statistics unbiased inside the
+    switch, as the edge scan does, and biased again outside it."""
+    from jaxfednas.search_spaces.darts.operations import unbiased_running_var
+
+    kw = dict(C=4, num_classes=5, layers=1, steps=2, multiplier=2, primitives=("avg_pool_3x3", "sep_conv_3x3"))
+    scan, grouped = DartsSearchNetwork(**kw, group_edges=False), DartsSearchNetwork(**kw, group_edges=True)
+    x = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
+    mask = jnp.arange(6) < 4
+    variables = dict(jax.jit(functools.partial(scan.init, train=False))(jax.random.key(2), x))
+
+    def stats(net, unbiased):
+        def f(v):  # a new outer trace each call; the grouped cell's own jit cache persists
+            with unbiased_running_var(unbiased):
+                return net.apply(v, x, train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+        return jax.jit(f)(variables)
+
+    got = {flag: stats(grouped, flag) for flag in (False, True, False)}  # default first, as a default run would
+    for flag in (False, True):
+        assert _rel(stats(scan, flag), got[flag]) < 1e-5
+    assert _rel(got[True], got[False]) > 1e-3  # the edges' variances differ by n/(n-1)
+
+
 def test_default_groups_on_cpu_and_falls_back():
     cell = SearchCell(4, False, False)
     assert cell._grouped() == (jax.default_backend() == "cpu")

@@ -211,3 +211,26 @@ def test_one_compile_per_round_noise_export_and_evaluate(data2, dp_run, count_tr
     assert {op for op, _ in g.normal} <= {"skip_connect", "avg_pool_3x3", "sep_conv_3x3"}
     # 32 training rows per party at p = 0.5: the auto physical batch never overflows in practice
     assert 16 < physical_batch(cfg, 32, 0.5) <= 33
+
+
+@pytest.mark.parametrize("accountant,arch", [
+    ("clt", {"arch_noise_multiplier": 0.7}),  # τ < σ: the architecture mechanism spends the budget first
+    ("rdp", {"arch_noise_multiplier": 0.8}),
+    ("rdp", {"val_sampling_prob": 0.1}),  # a validation sampling rate above the training one
+])
+def test_max_iterations_bound_by_the_architecture_mechanism(accountant, arch):
+    """Where M^H (architecture gradients on the validation split: p_val, τ) is the weaker
+    mechanism, it bounds the iterations: T is the last whose ε of M^H is within the target,
+    computed here by hand with the enforcing accountant; the weights' mechanism alone would
+    allow more. The report's budget_epsilon is M^H's."""
+    eps = {"clt": _clt, "rdp": _rdp}[accountant]
+    p, sigma = 0.05, 1.0
+    cfg = DPFNASConfig(**TINY, sampling_prob=p, noise_multiplier=sigma, clip_norm=1.0, arch_clip_norm=1.0,
+                       target_epsilon=4.0, accountant=accountant, delta=DELTA, **arch)
+    p_val, tau = cfg.p_val, cfg.tau
+    t = max_iterations(cfg)
+    assert t > 0 and eps(p_val, tau, t) <= 4.0 < eps(p_val, tau, t + 1)
+    assert eps(p, sigma, t + 1) <= 4.0  # not the weights' mechanism's bound
+    report = Accountant(cfg).report(t)
+    assert report["budget_epsilon"] == pytest.approx(eps(p_val, tau, t), rel=1e-9)
+    assert report["budget_epsilon"] > eps(p, sigma, t)

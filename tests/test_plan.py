@@ -214,3 +214,29 @@ def test_a_long_first_call_is_the_round_only_on_cpu(monkeypatch, accelerator):
     t = plan_mod.measure_round(cfg, data, {"compiled": None, "state": None, "key": None}, None)
     assert t["round_s"] == (0.5 if accelerator else 12.0)
     assert t["method"] == ("whole round (second call)" if accelerator else "whole round (first call)")
+
+
+def test_partial_participation_extrapolation_by_hand(monkeypatch):
+    """With 2 of 4 clients a round, plan times rounds where every client holds c examples
+    and none, and scales to the round's expected step slots (m/K of all clients' slots);
+    the round's time is its own reported parts. A fake device whose round costs 0.5 s
+    plus 0.02 s per expected step slot must come out at exactly that."""
+    from conftest import tiny_federation
+
+    cfg, data = tiny_federation("fedavg", **{"run.placement": "map"})
+    k, m, b = data.info.num_clients, 2, cfg.algo.batch_size
+    assert cfg.run.clients_per_round == m
+
+    def fake_round(compiled, state, d, key):
+        slots = sum(math.ceil(int(n) / b) for n in np.asarray(d.train.counts))
+        return 0.5 + 0.02 * m / k * slots
+
+    monkeypatch.setattr(plan_mod, "_run_timed", fake_round)
+    t = plan_mod.measure_round(cfg, data, {"compiled": None, "state": None, "key": None}, 2)
+    counts = np.asarray(data.train.counts)
+    assert t["round_units"] == pytest.approx(m / k * sum(math.ceil(int(n) / b) for n in counts))
+    c = min(2 * b, int(data.train.max_examples))  # two slots' examples, at most a client's rows
+    assert t["measured_units"] == m * math.ceil(c / b)  # every client holds them, m of them train
+    assert t["round_s"] == pytest.approx(0.5 + 0.02 * t["round_units"], rel=1e-12)
+    per_unit = (t["few_steps_round_s"] - t["empty_round_s"]) / t["measured_units"]
+    assert t["round_s"] == pytest.approx(t["empty_round_s"] + per_unit * t["round_units"], rel=1e-12)

@@ -447,3 +447,35 @@ def test_a_fedavg_round_with_a_registered_aggregator_is_it_by_hand():
     want = _fedavg_step(s0.variables, jax.tree.map(lambda x: x.max(0), new))
     for a, b in zip(jax.tree.leaves(s1.variables), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fednas", pytest.param("dfnas", marks=pytest.mark.slow)])  # dfnas: ~40 s
+def test_arch_server_optimizer_steps_alpha_with_its_own_rate(name):
+    """run.arch_server_optimizer moves α from the round's start towards the clients' average
+    with run.arch_server_lr, while run.server_optimizer moves the weights with run.server_lr:
+    against the default round (whose α and weights are the clients' averages), by hand."""
+    cfg, data = tiny_federation(name)
+    algo = algorithm_module(name).build(cfg, data.info)
+    s0 = algo.init(init_key(0))
+    s1, _ = algo.round(s0, data, round_key(0, 0))
+    cfg_o, _ = tiny_federation(name, **{"run.server_optimizer": "sgd", "run.server_lr": 2.0,
+                                        "run.arch_server_optimizer": "avgm", "run.arch_server_lr": 0.5,
+                                        "run.server_momentum": 0.5})
+    opt = algorithm_module(name).build(cfg_o, data.info)
+    o0 = opt.init(init_key(0))
+    chex.assert_trees_all_equal(o0.variables, s0.variables)
+    o1, _ = opt.round(o0, data, round_key(0, 0))
+    moved = False
+    for part, lr in (("params", 2.0), ("arch", 0.5)):
+        for start, avg, got in zip(jax.tree.leaves(s0.variables[part]), jax.tree.leaves(s1.variables[part]),
+                                   jax.tree.leaves(o1.variables[part])):
+            start, avg = np.asarray(start, np.float64), np.asarray(avg, np.float64)
+            # one SGD (momentum starts at 0) step on the pseudo-gradient start - avg
+            np.testing.assert_allclose(got, start + lr * (avg - start), rtol=1e-5, atol=1e-6)
+            moved |= part == "arch" and bool(np.any(avg != start))
+    assert moved  # α moved in the default round: the check above saw the arch optimizer's rate
+    # the momentum buffer of α is the pseudo-gradient (the first step of heavy ball)
+    for buf, start, avg in zip(jax.tree.leaves(o1.server["arch"]), jax.tree.leaves(s0.variables["arch"]),
+                               jax.tree.leaves(s1.variables["arch"])):
+        np.testing.assert_allclose(buf, np.asarray(start) - np.asarray(avg), rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_equal(o1.variables["batch_stats"], s1.variables["batch_stats"])

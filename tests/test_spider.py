@@ -423,6 +423,27 @@ def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched
     assert int(m2["searching_clients"]) == 2
 
 
+def test_the_round_triggers_the_search_on_each_clients_own_clock_with_tau_above_one(searched):
+    """t_s = 2, τ = 2 and unequal clocks: of the round's two sampled clients, the one whose
+    own clock is 2 (>= t_s, a multiple of τ) makes a choice and the one at 3 does not; the
+    unsampled clients (clock 4, due) do nothing; the server's round (5) plays no part."""
+    cfg, _, _, _, run = searched
+    config = make_config("spider", overrides={
+        "data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": ROUNDS, "run.clients_per_round": 2,
+        **TINY, "algo.warmup_rounds": 2, "algo.recovery_rounds": 2})
+    algo, data = sp.build(config, run.data.info), run.data
+    a, b = _sampled(0).tolist()
+    clock = np.full(4, 4, np.int32)
+    clock[a], clock[b] = 2, 3
+    s0 = algo.init(init_key(0))
+    s0 = s0.replace(clock=jnp.asarray(clock), round=jnp.int32(5))
+    s1, m1 = algo.round(s0, data, round_key(0, 0))
+    chose = np.asarray(s1.edge_done).sum((1, 2)) - np.asarray(s0.edge_done).sum((1, 2))
+    np.testing.assert_array_equal(chose, [2 * (k == a) for k in range(4)])  # one choice per cell type
+    np.testing.assert_array_equal(np.asarray(s1.clock) - clock, [int(k in (a, b)) for k in range(4)])
+    assert int(m1["searching_clients"]) == 1
+
+
 @pytest.mark.parametrize("key,value", [("algo.recovery_rounds", 0), ("algo.prox_lambda", -0.1), ("algo.warmup_rounds", -1),
                                        ("algo.criterion", "largest"), ("algo.projection", "best"),
                                        ("algo.search_batch_size", -1)])

@@ -46,7 +46,8 @@ import jax.numpy as jnp
 
 from jaxfednas.nn import Conv, kernel_grad_gate, kernel_grads_if, resolve_depthwise_impl, use_fast_grad
 
-from .operations import NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN, validate_primitives
+from .operations import (NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN,
+                         unbiased_running_var, unbiased_running_var_on, validate_primitives)
 from .wide import EDGE_STACKS, WideCell
 
 
@@ -279,18 +280,21 @@ def _scan_edges(mixed: nn.Module, buf, weights, src, dst, run):
     return carry
 
 
-@partial(jax.jit, static_argnums=range(8))
-def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, params, stats, s0, s1, weights, mask,
-               gate):
+@partial(jax.jit, static_argnums=range(9))
+def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, unbiased, params, stats, s0, s1,
+               weights, mask, gate):
     """A grouped cell's edges as one jitted function of its edge variables and inputs: the
     cells of a network whose edges have equal shapes (the normal cells of a stage; their
     preprocessing differs) and the two passes of a MiLeNAS step share one trace, its
     linearisation and its lowering (XLA inlines the calls: the same program). Config (b),
     8 cells: trace + lower 42 -> 19 s (``benchmarks/fednas_search.py --parts compile``).
     ``gate``: the caller's :func:`~jaxfednas.nn.kernel_grad_gate`, passed in so that it
-    belongs to this trace."""
+    belongs to this trace. Every trace-time switch the cell reads is an argument, so that it
+    is part of the cache key: ``fast`` (the backend's gradient form) and ``unbiased`` (the
+    caller's :func:`~.operations.unbiased_running_var`; read from the context instead, a
+    cell traced earlier with the other value would be reused)."""
     del fast  # part of the cache key only
-    with kernel_grads_if(gate):
+    with kernel_grads_if(gate), unbiased_running_var(unbiased):
         return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask).run(
             s0, s1, weights)
 
@@ -347,7 +351,8 @@ class SearchCell(nn.Module):
         if self._grouped() and not self.is_initializing():
             edges = lambda col: {k: v for k, v in self.variables.get(col, {}).items() if k in EDGE_STACKS}  # noqa: E731
             out, new_stats = _wide_cell(self.C, self.reduction, self.steps, self.multiplier, tuple(self.primitives),
-                                        tuple(table), bool(train), use_fast_grad(), edges("params"),
+                                        tuple(table), bool(train), use_fast_grad(), unbiased_running_var_on(),
+                                        edges("params"),
                                         edges("batch_stats"), s0, s1, weights, mask, kernel_grad_gate())
             if new_stats is not None and self.is_mutable_collection("batch_stats"):
                 for stack, value in new_stats.items():
