@@ -23,8 +23,8 @@ the reference before it is timed. Parts, in the order they run (``--parts``):
   order. The reference is the grouped formulation in fp32 at highest precision: each
   variant's one-step update of the weights and its loss must match it (relative L2; the
   tolerance grows with the precision) or it is not timed.
-* ``profile`` -- the fastest checked variant under ``jax.profiler``: its top kernels and
-  their share of device time.
+  Right after the formulations, the fastest one runs once more under ``jax.profiler``: its
+  top kernels and their share of device time.
 * ``round``   -- a FedNAS round of ``--round-clients`` clients (``--steps`` local steps each,
   the fastest formulation) with clients one at a time (``lax.map``) and in vmapped chunks
   (``--chunks``; a chunk of every client is plain ``vmap``); ``jaxfednas plan``'s
@@ -54,7 +54,7 @@ from pathlib import Path
 
 import _bench_util as bu
 
-PARTS = ("floors", "torch", "step", "profile", "round", "presets")
+PARTS = ("floors", "torch", "step", "round", "presets")
 CONFIGS = {"paper": (16, 8, 64), "q": (4, 1, 8)}  # C, cells, batch
 NODES = {"q": 1}
 # FedNAS config fields of each formulation (the default precision); order = priority
@@ -73,7 +73,7 @@ PRESETS = (("dfnas", "cross-silo", {}), ("spider", "paper", {}), ("perfedrlnas",
            ("dp_fnas", "paper", {}))
 QUICK_PRESETS = (("perfedrlnas", "smoke", {}),)  # --quick: one preset, the quickest to compile
 # share of --budget-s each part may take (the last part run takes what is left)
-BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.45, "profile": 0.1, "round": 0.25, "presets": 1.0}
+BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.5, "round": 0.3, "presets": 1.0}
 PAPER_ROUNDS, PAPER_EPOCHS = 50, 5
 QUICK = {"config": "q", "steps": 1, "repeats": 1, "round_clients": 2, "chunks": "1,2", "round_repeats": 1,
          "local_steps": 1, "budget_s": 0.0, "matmul_n": 512, "copy_mib": 16}
@@ -95,6 +95,8 @@ def parse_args(argv=None):
                    "(0: no limit); a running part is cut off at the budget and keeps the rows it wrote")
     p.add_argument("--matmul-n", type=int, default=8192, help="size of the square matmuls of the `floors` part")
     p.add_argument("--copy-mib", type=int, default=1024, help="MiB copied to measure the bandwidth")
+    p.add_argument("--cache-dir", default=None, help="JAX's persistent compilation cache for every part (a "
+                   "second run on the same machine then reads its programs: its compile times are cache reads)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; do not write the results file")
     bu.add_output_args(p, "config q (C=4, 1 cell of 1 node, B=8), 1 step x 1 call, 2 clients, every preset's "
@@ -271,6 +273,7 @@ def worker_step(args) -> None:
     key = jax.random.PRNGKey(args.seed)
     variables = None
     reference = None
+    runners = {}  # variant -> one timed call of its compiled program (for the profile)
 
     def update(out, start):
         return (jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64),
@@ -316,6 +319,7 @@ def worker_step(args) -> None:
             bu.timed(lambda: compiled(start, train, val, key))  # warm-up at the timed shape
             times = [bu.timed(lambda: compiled(start, train, val, key))[0] for _ in range(args.repeats)]
             row.update(times=times, s_per_step=bu.median(times) / args.steps)
+            runners[name] = lambda: compiled(start, train, val, key)
         emit(args, row)
         return row
 
@@ -331,6 +335,13 @@ def worker_step(args) -> None:
     if not timed_rows:
         return
     best = min(timed_rows, key=lambda r: r["s_per_step"])["variant"]
+    try:
+        profile_compiled(args, best, runners[best])
+    except Exception as e:  # noqa: BLE001 -- a profiler that fails costs its table only
+        emit(args, {"part": "profile_error", "error": f"{type(e).__name__}: {e}"[:300]})
+    for name in list(runners):
+        if name != best:
+            del runners[name]  # the other programs' memory back before the next compiles
     for suffix in ("@highest", "@bf16", "+3pass"):
         if best + suffix == "grouped@highest":
             continue
@@ -340,33 +351,24 @@ def worker_step(args) -> None:
             emit(args, {"part": "step", "variant": best + suffix, "error": f"{type(e).__name__}: {e}"[:300]})
 
 
-def worker_profile(args) -> None:
-    """The ``--best`` variant's compiled local search under jax.profiler: its top kernels."""
+def profile_compiled(args, name: str, run) -> None:
+    """One call of ``run()`` (variant ``name``'s compiled local search) under jax.profiler:
+    its top kernels."""
     import tempfile
 
     import jax
 
-    C, layers, batch = CONFIGS[args.config]
-    info, train, val = client_data(args, args.steps * batch, batch)
-    cfg, model, local, precision = build_step(args, args.best, info)
-    key = jax.random.PRNGKey(args.seed)
-    x0 = jax.numpy.zeros((1,) + info.image_shape)
-    variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(key))
-    with matmul_precision(precision):
-        compiled = local.lower(variables, train, val, key).compile()
-    bu.timed(lambda: compiled(variables, train, val, key))
-    bu.timed(lambda: compiled(variables, train, val, key))
     trace_dir = tempfile.mkdtemp(prefix="jaxfednas-profile-")
     jax.profiler.start_trace(trace_dir)
     try:
-        bu.timed(lambda: compiled(variables, train, val, key))
+        bu.timed(run)
     finally:
         jax.profiler.stop_trace()
     kernels, where = top_kernels(trace_dir)
     total = sum(kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
-    emit(args, {"part": "profile", "variant": args.best, "where": where, "total_ms": total / 1e6,
-                "kernels": [[name, t / 1e6, t / total if total else 0.0] for name, t in top]})
+    emit(args, {"part": "profile", "variant": name, "where": where, "total_ms": total / 1e6,
+                "kernels": [[k, t / 1e6, t / total if total else 0.0] for k, t in top]})
 
 
 def top_kernels(trace_dir: str) -> tuple[dict[str, float], str]:
@@ -538,7 +540,7 @@ def worker_presets(args) -> None:
         emit(args, row)
 
 
-WORKERS = {"floors": worker_floors, "step": worker_step, "profile": worker_profile, "torch": worker_torch,
+WORKERS = {"floors": worker_floors, "step": worker_step, "torch": worker_torch,
            "round": worker_round, "presets": worker_presets}
 
 
@@ -627,7 +629,9 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
     torch_row = next(iter(by("torch")), None)
     C, layers, batch = CONFIGS[args.config]
     out = [f"Config: C={C}, {layers} cells, {NODES.get(args.config, 4)} nodes, batch {batch}, 32x32x3, "
-           f"{args.steps} steps per timed call, median of {args.repeats}.",
+           f"{args.steps} steps per timed call, median of {args.repeats}"
+           + (f"; persistent compilation cache {args.cache_dir} (compile times may be cache reads)." if args.cache_dir
+              else "; no compilation cache."),
            "Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + "."]
     floor_s = {}
     if "step" in floors:
@@ -721,6 +725,11 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
+        if args.cache_dir and args.worker != "torch":
+            import jax
+
+            jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.cache_dir))
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         WORKERS[args.worker](args)
         return 0
     out = bu.results_path(args)
@@ -743,9 +752,6 @@ def main(argv=None) -> int:
         cap = left if left is None or last else min(left, max(60.0, BUDGET_SHARE[part] * args.budget_s))
         if part == "torch" and not torch_available():
             skipped[part] = "skipped: torch is not installed"
-            continue
-        if part in ("profile",) and not best:
-            skipped[part] = "skipped: no variant of the step was timed"
             continue
         t0 = time.monotonic()
         print(f"[{time.monotonic() - start:6.0f} s] {part} ...", flush=True)
