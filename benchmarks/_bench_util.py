@@ -31,6 +31,20 @@ def ensure_repo_on_path() -> None:
         sys.path.insert(0, root)
 
 
+def ensure_package_importable() -> None:
+    """Make ``jaxfednas.algorithms`` and ``jaxfednas.search_spaces`` importable from a source
+    checkout that was never installed (e.g. a bare GPU machine): the repository's top-level
+    ``algorithms/`` and ``search_spaces/`` folders install inside the ``jaxfednas`` package,
+    so the package's search path gains the repository root when they are not found."""
+    ensure_repo_on_path()
+    import jaxfednas
+
+    try:
+        import jaxfednas.algorithms  # noqa: F401
+    except ImportError:
+        jaxfednas.__path__.append(str(REPO_ROOT))
+
+
 def add_output_args(p: Any, quick_help: str = "") -> None:
     """``--quick`` (``quick_help`` says what it shrinks) and ``--out FILE`` (where the results
     section is written: :func:`results_path`) on an ``argparse`` parser."""

@@ -725,6 +725,8 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
+        if args.worker != "torch":
+            bu.ensure_package_importable()
         if args.cache_dir and args.worker != "torch":
             import jax
 
