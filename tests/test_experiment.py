@@ -266,6 +266,21 @@ def test_parse_seeds_and_the_seed_table():
     assert "| loss | 1.0000 ± 0.0000 | 1.0000 | — |" in table
 
 
+def test_versus_random_by_hand_with_ties_and_missing_values():
+    """The searched-vs-random record: mean and sample std of the random architectures, the
+    difference, strict wins and ties counted apart (a tie is not a win); a NaN random value
+    (a failed architecture) is left out of the mean but still counted as trained."""
+    from jaxfednas.seeds import versus_random
+
+    r = versus_random(0.9, [0.8, 0.9, 0.95, 0.9])
+    assert r["random_mean"] == pytest.approx(0.8875)
+    assert r["random_std"] == pytest.approx((((0.0875 ** 2) + 2 * 0.0125 ** 2 + 0.0625 ** 2) / 3) ** 0.5)
+    assert r["searched_minus_random"] == pytest.approx(0.0125)
+    assert (r["beats"], r["ties"], r["random_n"]) == (1, 2, 4)
+    nan = versus_random(0.5, [0.25, float("nan"), 0.75])
+    assert nan["random_mean"] == pytest.approx(0.5) and (nan["beats"], nan["ties"], nan["random_n"]) == (1, 0, 3)
+
+
 def test_cli_seeds_runs_each_seed_in_its_directory_and_tables_them(tmp_path, capsys):
     argv = ["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "1", "--no-progress",
             "--set", "run.placement=vmap", "--set", "algo.batch_size=64", "--out", str(tmp_path)]
