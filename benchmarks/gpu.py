@@ -30,9 +30,9 @@ the reference before it is timed. Parts, in the order they run (``--parts``):
   (``--chunks``; a chunk of every client is plain ``vmap``); ``jaxfednas plan``'s
   extrapolation of the one-at-a-time round from a few local steps against its measured time;
   the paper's 50-round search extrapolated from the fastest round's time per client-step.
-* ``presets`` -- ``jaxfednas plan`` (steady state, a few local steps extrapolated) of the
-  other papers' presets on the same card: DFNAS cross-silo, SPIDER, PerFedRLNAS (DARTS
-  space), DP-FNAS.
+* ``presets`` -- ``jaxfednas plan`` (steady state, a few local steps extrapolated, clients one
+  at a time) of the other papers' presets on the same card: DFNAS cross-silo, SPIDER,
+  PerFedRLNAS (DARTS space), DP-FNAS.
 
 Each part runs in its own process and appends its rows to a JSON-lines log as they come, so
 a part cut off by ``--budget-s`` (or a killed run) keeps what it measured; a part that
@@ -69,8 +69,10 @@ FORMULATIONS = {
 PRECISIONS = ("default", "highest", "bf16")  # default: TF32 on GPUs, exact float32 on CPU
 # relative L2 of the one-step weight update (and of the loss) against the reference
 TOLERANCE = {"highest": 1e-3, "default": 3e-2, "bf16": 1.5e-1}
-PRESETS = (("dfnas", "cross-silo", {}), ("spider", "paper", {}), ("perfedrlnas", "paper", {"algo.space": "darts"}),
-           ("dp_fnas", "paper", {}))
+# clients one at a time (a vmapped paper-sized round may not fit; plan's few-step timing needs it)
+PRESETS = (("dfnas", "cross-silo", {"run.placement": "map"}), ("spider", "paper", {"run.placement": "map"}),
+           ("perfedrlnas", "paper", {"algo.space": "darts", "run.placement": "map"}),
+           ("dp_fnas", "paper", {"run.placement": "map"}))
 QUICK_PRESETS = (("perfedrlnas", "smoke", {}),)  # --quick: one preset, the quickest to compile
 # share of --budget-s each part may take (the last part run takes what is left)
 BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.5, "round": 0.3, "presets": 1.0}
