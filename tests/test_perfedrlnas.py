@@ -297,6 +297,17 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
     phi = np.minimum(memory / budget, 1.0)
     r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min() - phi
     np.testing.assert_allclose(np.asarray(s1.policy)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
+    # the over-budget subnet stays out of the supernet: the same round with every budget
+    # unbounded (the same program: budgets are state) aggregates it, and moves entries the
+    # round above left at their start values -- those only the over-budget subnet covers
+    roomy = s0.replace(resources=s0.resources.replace(memory_budget=jnp.full_like(s0.resources.memory_budget, 1e18)))
+    s2, m2 = algo.round(roomy, tiny_data, round_key(0, 0))
+    assert int(m2["over_budget"]) == 0
+    only_over = 0
+    for a, b, c in zip(*(jax.tree.leaves(s.variables["params"]) for s in (s0, s1, s2))):
+        a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+        only_over += int(((a == b) & (c != a)).sum())
+    assert only_over > 0
 
 
 def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny_data):
