@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 import warnings
@@ -86,6 +87,8 @@ def check_fields(cfg: Any, section: str) -> None:
             lo, hi = rng
             vals = v if isinstance(v, tuple) else (v,)
             for x in vals:
+                if isinstance(x, float) and not math.isfinite(x):  # NaN passes both comparisons below
+                    raise ConfigError(f"{name}={v!r} must be a finite number")
                 if (lo is not None and x < lo) or (hi is not None and x > hi):
                     lo_s = "-inf" if lo is None else lo
                     hi_s = "inf" if hi is None else hi

@@ -311,8 +311,8 @@ def plan_run(cfg: ExperimentConfig, *, memory_budget_gib: float | None = None, l
     say = log or (lambda line: None)
     if local_steps is not None and local_steps < 1:
         raise ConfigError(f"--local-steps must be >= 1, got {local_steps}")
-    if memory_budget_gib is not None and memory_budget_gib <= 0:
-        raise ConfigError(f"--memory-budget-gib must be > 0, got {memory_budget_gib}")
+    if memory_budget_gib is not None and not (memory_budget_gib > 0 and math.isfinite(memory_budget_gib)):
+        raise ConfigError(f"--memory-budget-gib must be a finite number > 0, got {memory_budget_gib}")
     t0 = time.perf_counter()
     if data is None:
         data = plan_data(cfg)

@@ -121,6 +121,10 @@ def test_cli_run_and_partition(tmp_path, capsys):
     (["--set", "data.split=0.5,0.1,0.1"], "data.split"),
     (["--set", "data.split=a,b"], "data.split='a,b': expected comma-separated float values, e.g. 0.75,0,0.25"),
     (["--set", "data.alpha=0"], "data.alpha=0.0 is out of range"),
+    (["--set", "algo.lr=nan"], "algo.lr=nan must be a finite number"),  # NaN fails no comparison
+    (["--set", "run.server_lr=nan"], "run.server_lr=nan must be a finite number"),
+    (["--set", "data.alpha=inf"], "data.alpha=inf must be a finite number"),  # no upper bound to catch it
+    (["--set", "data.split=0.5,nan,0.5"], "data.split=.* must be a finite number"),
     (["--dataset", "cifar10"], "jaxfednas\\[tfds\\]"),
     (["--set", "nope"], "SECTION.FIELD=VALUE"),
     (["--resume"], "--resume"),

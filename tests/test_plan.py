@@ -149,6 +149,8 @@ def test_round_that_does_not_compile_is_reported(monkeypatch, tiny_plan):
     (["plan", "fedavg", "--preset", "nosuch"], "unknown preset 'nosuch' for fedavg"),
     (["plan", "fedavg", "--set", "run.nosuch=1"], "nosuch"),
     (["plan", "fedavg", "--local-steps", "0"], "--local-steps must be >= 1"),
+    (["plan", "fedavg", "--memory-budget-gib", "nan"], "--memory-budget-gib must be a finite number > 0"),
+    (["plan", "fedavg", "--memory-budget-gib", "0"], "--memory-budget-gib must be a finite number > 0"),
 ])
 def test_cli_plan_errors(args, message, capsys):
     assert main(args) == 2
