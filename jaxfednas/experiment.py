@@ -51,8 +51,8 @@ from jaxfednas.distributed import broadcast, is_main, on_main, put_like, to_host
 from jaxfednas.progress import Progress
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.registry import algorithm_module, config_from_dict
-from jaxfednas.runtime import (CLIENT_AXIS, client_mesh, drop_compiled, Placement,
-                               release_memory_after_compiles)
+from jaxfednas.runtime import (CLIENT_AXIS, client_mesh, device_memory_limit, drop_compiled, on_accelerator,
+                               Placement, release_memory_after_compiles)
 
 CHECKPOINT = "checkpoint.msgpack"
 
@@ -421,19 +421,6 @@ AUTO_MEMORY_FRACTION = 0.9
 fills with clients in flight when no budget or chunk size is given."""
 
 
-def _accelerator() -> bool:
-    return jax.default_backend() != "cpu"
-
-
-def _device_memory_gib() -> float | None:
-    """The first device's allocator limit (``memory_stats()["bytes_limit"]``) in GiB, or None."""
-    try:
-        stats = jax.devices()[0].memory_stats() or {}
-    except Exception:  # noqa: BLE001 -- a backend without memory statistics raises
-        stats = {}
-    return stats["bytes_limit"] / 2**30 if stats.get("bytes_limit") else None
-
-
 def auto_memory_budget_gib(cfg: ExperimentConfig) -> float | None:
     """The per-device budget ``placement=auto`` fits the round to by itself: on an
     accelerator, with neither ``run.client_chunk_size`` nor ``run.memory_budget_gib`` given,
@@ -442,10 +429,10 @@ def auto_memory_budget_gib(cfg: ExperimentConfig) -> float | None:
     run = cfg.run
     if run.placement != "auto" or run.client_chunk_size is not None or run.memory_budget_gib is not None:
         return None
-    if not _accelerator():
+    if not on_accelerator():
         return None
-    limit = _device_memory_gib()
-    return None if limit is None else AUTO_MEMORY_FRACTION * limit
+    limit = device_memory_limit()
+    return None if limit is None else AUTO_MEMORY_FRACTION * limit / 2**30
 
 
 def _round_gib(cfg: ExperimentConfig, data) -> float:

@@ -49,7 +49,7 @@ from jaxfednas.data.federated import FederatedData, make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.registry import algorithm_module
 from jaxfednas.rng import init_key, round_key
-from jaxfednas.runtime import Placement, gc_paused
+from jaxfednas.runtime import Placement, device_memory_limit, gc_paused, on_accelerator
 
 GIB = 2**30
 
@@ -132,13 +132,9 @@ def _cost(compiled) -> dict[str, float] | None:
 
 def _device_memory_bytes() -> tuple[int | None, str]:
     """The default device's memory and where the figure comes from."""
-    dev = jax.devices()[0]
-    try:
-        stats = dev.memory_stats() or {}
-    except Exception:  # noqa: BLE001
-        stats = {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), f"{dev.device_kind} bytes_limit"
+    limit = device_memory_limit()
+    if limit is not None:
+        return limit, f"{jax.devices()[0].device_kind} bytes_limit"
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host physical memory"
     except (ValueError, OSError, AttributeError):
@@ -198,11 +194,6 @@ def _by_precision(cfg: ExperimentConfig, data: FederatedData, built: dict, preci
     return out
 
 
-def _accelerator() -> bool:
-    """Whether rounds run on an accelerator (its first call is never taken as a round's time)."""
-    return jax.default_backend() != "cpu"
-
-
 def _run_timed(compiled, state, data, key) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(state, data, key))
@@ -242,7 +233,7 @@ def measure_round(cfg: ExperimentConfig, data: FederatedData, built: dict, local
     compiled, state, key = built["compiled"], built["state"], built["key"]
     counts = np.asarray(data.train.counts)
     k = len(counts)
-    steady = _accelerator()
+    steady = on_accelerator()
     if local_steps is None or not _sequential_clients(cfg):
         note = "" if local_steps is None else (
             "clients run vmapped here (a skipped local step costs as much as a real one): measured the whole round")

@@ -282,6 +282,21 @@ def step_if(pred: jax.Array, step: Callable[[Any], tuple[Any, Any]], carry: Any)
     return jax.lax.cond(pred, traced, lambda c: (c, zeros_of(out)), carry)
 
 
+def on_accelerator() -> bool:
+    """Whether the default backend is an accelerator (not the CPU)."""
+    return jax.default_backend() != "cpu"
+
+
+def device_memory_limit() -> int | None:
+    """Bytes the first device's allocator may use (``memory_stats()["bytes_limit"]``), or
+    None where the backend reports none (the CPU)."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 -- a backend without memory statistics raises
+        stats = {}
+    return int(stats["bytes_limit"]) if stats.get("bytes_limit") else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """How clients are laid on devices.

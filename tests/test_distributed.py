@@ -226,8 +226,8 @@ def test_auto_placement_fills_an_accelerator_by_itself(monkeypatch, tiny_data):
 
     cfg = make_config("fedavg", overrides={"data.dataset": "synthetic", "data.num_clients": 4, **TINY["fedavg"]})
     assert ex.auto_memory_budget_gib(cfg) is None  # the CPU: clients one after another, nothing to fit
-    monkeypatch.setattr(ex, "_accelerator", lambda: True)
-    monkeypatch.setattr(ex, "_device_memory_gib", lambda: 10.0)
+    monkeypatch.setattr(ex, "on_accelerator", lambda: True)
+    monkeypatch.setattr(ex, "device_memory_limit", lambda: 10 * 2**30)
     monkeypatch.setattr(Placement, "clients_per_device", lambda self, n: n)  # one device holds every client
     assert ex.auto_memory_budget_gib(cfg) == pytest.approx(9.0)
     for given in ({"run.client_chunk_size": 2}, {"run.memory_budget_gib": 5.0}, {"run.placement": "map"}):

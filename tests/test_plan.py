@@ -210,7 +210,7 @@ def test_a_long_first_call_is_the_round_only_on_cpu(monkeypatch, accelerator):
     time: the second is; on CPU a first call of 10 s or more is taken as it is."""
     calls = iter([12.0, 0.5])
     monkeypatch.setattr(plan_mod, "_run_timed", lambda *a: next(calls))
-    monkeypatch.setattr(plan_mod, "_accelerator", lambda: accelerator)
+    monkeypatch.setattr(plan_mod, "on_accelerator", lambda: accelerator)
     cfg = make_config("fedavg", preset="smoke")
     data = type("Data", (), {"train": type("Split", (), {"counts": np.ones(4, np.int32)})()})()
     t = plan_mod.measure_round(cfg, data, {"compiled": None, "state": None, "key": None}, None)
