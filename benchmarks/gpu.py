@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 import _bench_util as bu
+import fednas_search as fs  # its synthetic client, worker environment and torch check
 
 PARTS = ("floors", "torch", "step", "round", "presets")
 CONFIGS = {"paper": (16, 8, 64), "q": (4, 1, 8)}  # C, cells, batch
@@ -154,19 +155,12 @@ def variant_fields(name: str) -> tuple[dict, str]:
     return fields, precision
 
 
-def client_data(args, n_train: int, n_val: int):
-    """One synthetic 32x32x3 client: ``(info, train, val)``."""
-    import jax
-    import numpy as np
+def xla_gib(compiled) -> float | None:
+    """XLA's memory analysis of a compiled program, as ``jaxfednas plan`` totals it (GiB)."""
+    from jaxfednas.plan import _memory
 
-    from jaxfednas.data import make_federated_data
-    from jaxfednas.data.datasets import load_dataset
-
-    ds = load_dataset("synthetic", seed=args.seed, num_train=n_train + n_val, image_shape=(32, 32, 3))
-    splits = {"train": [np.arange(n_train)], "val": [np.arange(n_train, n_train + n_val)], "test": [np.arange(1)]}
-    data = make_federated_data(ds, splits)
-    row = lambda split: jax.tree.map(lambda a: a[0], data.all_clients(split))  # noqa: E731
-    return data.info, row("train"), row("val")
+    mem = _memory(compiled)
+    return None if mem is None else mem["total"] / 2 ** 30
 
 
 def matmul_precision(precision: str):
@@ -205,7 +199,7 @@ def worker_floors(args) -> None:
 
     # one MiLeNAS step's arithmetic and minimum traffic, depthwise convolutions as grouped ones
     cfg = FedNASConfig(**fednas_fields(args, FORMULATIONS["grouped"]))
-    info, _, _ = client_data(args, cfg.batch_size, cfg.batch_size)
+    info, _, _ = fs._single_client_data(cfg.batch_size, cfg.batch_size, args.seed)
     model = make_supernet(cfg, info)
     x0 = jnp.zeros((1,) + info.image_shape)
     shapes = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0)}, x0, train=False))
@@ -270,7 +264,7 @@ def worker_step(args) -> None:
 
     release_memory_after_compiles()
     C, layers, batch = CONFIGS[args.config]
-    info, train, val = client_data(args, args.steps * batch, batch)
+    info, train, val = fs._single_client_data(args.steps * batch, batch, args.seed)
     one_step = train.replace(count=jnp.asarray(batch, train.count.dtype))  # the same program, one real step
     key = jax.random.PRNGKey(args.seed)
     variables = None
@@ -300,10 +294,7 @@ def worker_step(args) -> None:
         t1 = time.perf_counter()
         compiled = lowered.compile()
         row.update(lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
-        mem = compiled.memory_analysis()
-        if mem is not None:
-            row["xla_gib"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                              + mem.temp_size_in_bytes) / 2 ** 30
+        row["xla_gib"] = xla_gib(compiled)
         first_s, out = bu.timed(lambda: compiled(start, one_step, val, key))
         d, loss = update(out, start)
         row["first_call_s"] = first_s
@@ -478,10 +469,7 @@ def measure_one_round(args, cfg, data, chunk: int) -> dict:
     t0 = time.perf_counter()
     compiled = algo.round.lower(state, data, key).compile()
     row["compile_s"] = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    if mem is not None:
-        row["xla_gib"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                          + mem.temp_size_in_bytes) / 2 ** 30
+    row["xla_gib"] = xla_gib(compiled)
     row["first_call_s"], _ = bu.timed(lambda: compiled(state, data, key))
     times = [bu.timed(lambda: compiled(state, data, key))[0] for _ in range(args.round_repeats)]
     row.update(times=times, round_s=bu.median(times), s_per_client_step=bu.median(times) / row["client_steps"])
@@ -563,9 +551,7 @@ def read_log(path: Path) -> list[dict]:
 
 def spawn(args, part: str, log: Path, timeout: float | None, best: str = "") -> str:
     """Run one part in a fresh process; ``""`` on success, else why it stopped."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(bu.REPO_ROOT), str(bu.BENCH_DIR)] +
-                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = fs.worker_env()
     cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", part, "--log", str(log)]
     if best:
         cmd += ["--best", best]
@@ -577,14 +563,6 @@ def spawn(args, part: str, log: Path, timeout: float | None, best: str = "") -> 
         sys.stderr.write(f"--- {part} failed; the end of its output:\n" + proc.stdout[-2000:] + proc.stderr[-4000:])
         return f"worker exited {proc.returncode}"
     return ""
-
-
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except Exception:  # noqa: BLE001 -- not installed, or a broken install
-        return False
-    return True
 
 
 def machine_facts() -> dict:
@@ -754,7 +732,7 @@ def main(argv=None) -> int:
             continue
         last = part == [q for q in PARTS if q in parts][-1]
         cap = left if left is None or last else min(left, max(60.0, BUDGET_SHARE[part] * args.budget_s))
-        if part == "torch" and not torch_available():
+        if part == "torch" and not fs.torch_available():
             skipped[part] = "skipped: torch is not installed"
             continue
         t0 = time.monotonic()
