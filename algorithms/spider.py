@@ -61,7 +61,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
-from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
@@ -76,6 +75,7 @@ from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
+from jaxfednas.files import make_dirs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
@@ -526,8 +526,7 @@ class PersonalGenotypes:
 
     def plot(self, out_dir) -> None:
         """Cell diagrams ``client_<k>_normal.png`` / ``_reduce.png`` of every final architecture."""
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = make_dirs(out_dir)
         for k, genotype in self.genotypes().items():
             plot_genotype(genotype, out_dir / f"client_{k}")
 

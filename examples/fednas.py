@@ -66,6 +66,7 @@ from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.files import save_figure
 from jaxfednas.experiment import load_run, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
@@ -320,7 +321,6 @@ def _plot_clients(results: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     k = len(next(iter(results.values()))[0])
     fig = Figure(figsize=(max(6.0, 0.7 * k + 2), 3.6))
     FigureCanvasAgg(fig)
@@ -334,7 +334,7 @@ def _plot_clients(results: dict, path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    save_figure(fig, path, dpi=100)
 
 
 def main(argv=None) -> int:

@@ -119,6 +119,7 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.files import save_figure
 from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
@@ -465,7 +466,6 @@ def plot_memory(runs: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     k = len(next(iter(runs.values())).clients)
     fig = Figure(figsize=(max(6.0, 0.35 * k + 2), 2.8 * len(runs) + 0.4))
     FigureCanvasAgg(fig)
@@ -487,7 +487,7 @@ def plot_memory(runs: dict, path: Path) -> None:
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.12), ncol=3, frameon=False)
     ax.set_xlabel("client")
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    save_figure(fig, path, dpi=100)
 
 
 def _f(x, digits: int = 4) -> str:

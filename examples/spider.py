@@ -91,6 +91,7 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.files import save_figure
 from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
@@ -375,7 +376,6 @@ def plot_gain(p: np.ndarray, g: np.ndarray, path: Path, epochs: int) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     k = p.shape[0]
     fig = Figure(figsize=(0.75 * k + 2.5, 0.65 * k + 1.8))
     FigureCanvasAgg(fig)
@@ -392,7 +392,7 @@ def plot_gain(p: np.ndarray, g: np.ndarray, path: Path, epochs: int) -> None:
     ax.set_title(f"SPIDER p[i, j] after {epochs} fine-tuning epochs; mean gain {g.mean():+.3f}", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    save_figure(fig, path, dpi=100)
 
 
 def _cell(pairs) -> str:

@@ -33,6 +33,8 @@ import flax.serialization
 import jax
 import numpy as np
 
+from jaxfednas.files import write_bytes, write_text
+
 FORMAT = "jaxfednas-checkpoint-v1"  # the payload's layout (unchanged since v1)
 HEADER = "jaxfednas-checkpoint-v2"  # the checksummed file around it
 KEEP = 2  # checkpoints kept: the newest and the one before it
@@ -52,29 +54,9 @@ class CheckpointError(FileNotFoundError, ValueError):
     ``ValueError`` (what :func:`load_checkpoint` raised for a bad file before)."""
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, *,
-                       before_replace: Callable[[], None] | None = None) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, call
-    ``before_replace()`` (if given) and rename the file over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+# (the library's writers: see jaxfednas.files; these names are kept for existing callers)
+atomic_write_bytes = write_bytes
+atomic_write_text = write_text
 
 
 def sha256_text(text: str) -> str:
@@ -179,7 +161,7 @@ def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_s
             path.write_bytes(data[:len(data) // 2])
             _die()
 
-    atomic_write_bytes(path, data, before_replace=set_previous_aside)
+    write_bytes(path, data, before_replace=set_previous_aside)
     kept = 1
     for p in checkpoint_files(path)[1:]:
         if _round_in_name(path, p) >= round or kept >= keep:
@@ -215,14 +197,15 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
     shape and dtype) from the newest good checkpoint of ``path`` (see
     :func:`checkpoint_files`), and its completed rounds.
 
-    A damaged file (truncated, empty, checksum mismatch, unreadable) or one of a round
-    above ``max_round`` is skipped for the next older one, and ``warn`` (default: a
-    ``warning:`` line on stderr) gets one line naming what was skipped. ``config_sha256``:
-    the configuration hash (or hashes) the checkpoint must carry, None: any. Raises
-    :class:`CheckpointError` when no file is usable, and ``ValueError`` when the good one
-    was written for a different configuration or does not match the template's structure.
+    A damaged file (truncated, empty, checksum mismatch, unreadable), one of a round above
+    ``max_round``, one written for another configuration (``config_sha256``: the hash or
+    hashes it must carry, None: any) or one whose state does not fit the template is
+    skipped for the next older one, and ``warn`` (default: a ``warning:`` line on stderr)
+    gets one line naming what was skipped. Raises :class:`CheckpointError` when no file
+    is usable.
     """
     path = Path(path)
+    accepted = (config_sha256,) if isinstance(config_sha256, str) else config_sha256
     skipped, found = [], None
     for p in checkpoint_files(path):
         try:
@@ -232,6 +215,15 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
             continue
         if max_round is not None and raw["round"] > max_round:
             skipped.append(f"{p.name}: round {raw['round']} is past the {max_round} rounds of metrics.jsonl")
+            continue
+        if accepted is not None and raw["config_sha256"] not in accepted:
+            skipped.append(f"{p.name}: written for another configuration (config sha256 "
+                           f"{raw['config_sha256'][:12]} != {accepted[0][:12]})")
+            continue
+        try:
+            state = _fit(template, raw["state"])
+        except ValueError as e:
+            skipped.append(f"{p.name}: {e}")
             continue
         found = p
         break
@@ -243,15 +235,18 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
             skipped.insert(0, f"{path.name}: missing")
         msg = f"{path.parent}: skipped {'; '.join(skipped)}; using {found.name} (round {raw['round']})"
         (warn or (lambda s: print(f"warning: {s}", file=sys.stderr)))(msg)
-    accepted = (config_sha256,) if isinstance(config_sha256, str) else config_sha256
-    if accepted is not None and raw["config_sha256"] not in accepted:
-        raise ValueError(
-            f"{found} was written for a different configuration (config sha256 {raw['config_sha256'][:12]} "
-            f"!= {accepted[0][:12]}); resume with the run directory's own config"
-        )
-    state = flax.serialization.from_state_dict(template, raw["state"])
+    return state, int(raw["round"])
+
+
+def _fit(template: Any, state_dict: Any) -> Any:
+    """``state_dict`` restored into ``template``'s structure, NumPy leaves of its shapes and
+    dtypes; ValueError when it does not fit."""
+    try:
+        state = flax.serialization.from_state_dict(template, state_dict)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"its state does not fit this algorithm's ({type(e).__name__}: {e})") from None
     for a, b in zip(jax.tree.leaves(template), jax.tree.leaves(state)):
         if np.shape(a) != np.shape(b) or np.dtype(a.dtype) != np.asarray(b).dtype:
-            raise ValueError(f"{found}: checkpoint leaf {np.shape(b)}/{np.asarray(b).dtype} does not match "
-                             f"the state {np.shape(a)}/{np.dtype(a.dtype)}")
-    return jax.tree.map(np.asarray, state), int(raw["round"])
+            raise ValueError(f"a leaf {np.shape(b)}/{np.asarray(b).dtype} does not match the state's "
+                             f"{np.shape(a)}/{np.dtype(a.dtype)}")
+    return jax.tree.map(np.asarray, state)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from jaxfednas.config import ConfigError, DataConfig, RunConfig, describe, parse_set
 
-EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPT = 2, 3, 130
+EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 130, 143
 
 
 def _fields_help() -> str:
@@ -185,6 +185,10 @@ def _run(args) -> int:
     }
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(parse_set(args.set))
+    if args.out is not None and not args.out.strip():
+        raise ConfigError("--out is empty: give a directory, or leave --out out for runs/ALGO-DATASET-sSEED")
+    if args.seeds is not None and (args.seed is not None or "run.seed" in overrides):
+        raise ConfigError("give --seed (or run.seed) or --seeds, not both")
     if args.resume:
         if not args.out:
             raise ConfigError("--resume needs --out DIR (the run directory to continue)")
@@ -235,8 +239,6 @@ def _run_seeds(args, cfg) -> int:
     from jaxfednas.seeds import parse_seeds, seed_dir_name, seed_table
 
     seeds = parse_seeds(args.seeds)
-    if args.seed is not None:
-        raise ConfigError("give --seed or --seeds, not both")
     out = Path(args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-seeds")
     finals = {}
     for seed in seeds:
@@ -257,11 +259,20 @@ def _run_seeds(args, cfg) -> int:
     return 0
 
 
+def _check_output_file(path: str, flag: str) -> None:
+    """Refuse, before any work, an output path that cannot be a file."""
+    p = Path(path)
+    if not path.strip() or p.is_dir():
+        raise ConfigError(f"{flag} {path!r} is {'empty' if not path.strip() else 'a directory'}: give a file path")
+
+
 def _plan(args) -> int:
     from jaxfednas.plan import format_plan, plan_run, write_json
     from jaxfednas.registry import make_config
 
     cfg = make_config(args.algorithm, preset=args.preset, overrides=parse_set(args.set))
+    if args.json is not None:
+        _check_output_file(args.json, "--json")
     print(f"planning {cfg.algorithm} (preset {args.preset or 'none'}): building data and compiling the round ...",
           flush=True)
     plan = plan_run(cfg, memory_budget_gib=args.memory_budget_gib, local_steps=args.local_steps,
@@ -291,7 +302,7 @@ def _download(dataset: str, data_dir: str | None) -> None:
 def _partition(args) -> int:
     from jaxfednas.config import ExperimentConfig, replace_fields
     from jaxfednas.data.datasets import load_dataset
-    from jaxfednas.experiment import make_partition, write_partition_report
+    from jaxfednas.experiment import check_run_directory, make_partition, write_partition_report
 
     d = replace_fields(DataConfig(), "data", {
         "dataset": args.dataset, "data_dir": args.data_dir, "num_clients": args.clients, "partition": args.method,
@@ -300,6 +311,9 @@ def _partition(args) -> int:
     })
     if args.download:
         _download(d.dataset, d.data_dir)
+    if not args.out.strip():
+        raise ConfigError("--out is empty: give a directory")
+    check_run_directory(Path(args.out))
     dataset = load_dataset(d.dataset, d.data_dir)
     manifest = make_partition(ExperimentConfig("partition", d, RunConfig(seed=args.seed), None), dataset)
     print(write_partition_report(manifest, dataset, Path(args.out)))
@@ -381,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
     from jaxfednas.distributed import DistributedError
+    from jaxfednas.experiment import RunDirectoryError, stop_on_sigterm, Terminated
+    from jaxfednas.files import WriteError
 
+    stop_on_sigterm()
     try:
         if args.command == "run":
             return _run(args)
@@ -392,18 +409,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             return _plan(args)
         return _list()
-    except (ConfigError, DatasetUnavailableError, DistributedError, FileNotFoundError) as e:
+    except (ConfigError, DatasetUnavailableError, DistributedError, FileNotFoundError, RunDirectoryError,
+            WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Terminated):
+            print("terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
         return EXIT_INTERRUPT
-    except RuntimeError as e:
-        from jaxfednas.experiment import RunDirectoryError
-
-        if isinstance(e, RunDirectoryError):
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,7 @@ defaults < preset < flags < ``--set``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -249,6 +250,21 @@ class ExperimentConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
+def setting_warnings(cfg: ExperimentConfig) -> list[str]:
+    """Legal settings that are almost surely a mistake, one line each: a learning rate of 0
+    (whatever it steps stays at its initial value)."""
+    out = []
+    for section in ("data", "run", "algo"):
+        sub = getattr(cfg, section)
+        for f in dataclasses.fields(sub):
+            value = getattr(sub, f.name)
+            if (f.name == "lr" or f.name.endswith("_lr")) and isinstance(value, (int, float)) and value == 0 \
+                    and f.default != 0:
+                out.append(f"{section}.{f.name}=0: this learning rate takes no step, so what it trains keeps its "
+                           f"initial value (default {f.default:g})")
+    return out
+
+
 def _coerce(value: Any, tp: Any, name: str) -> Any:
     """Turn a command-line string (or JSON value) into a value of type ``tp``."""
     origin = typing.get_origin(tp)
@@ -338,7 +354,9 @@ def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any], *, warn_r
     known = {f.name for f in dataclasses.fields(cfg)}
     for k in updates:
         if k not in known:
-            raise ConfigError(f"unknown setting {section}.{k}; known: {sorted(known)}")
+            near = difflib.get_close_matches(k, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {section}.{near[0]}? " if near else ""
+            raise ConfigError(f"unknown setting {section}.{k}; {hint}known: {sorted(known)}")
     vals = {k: _coerce(v, hints[k], f"{section}.{k}") for k, v in updates.items()}
     return dataclasses.replace(cfg, **vals)
 

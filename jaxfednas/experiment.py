@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfednas import plots
+from jaxfednas.files import make_dirs, write_error, WriteError
 from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError,
                                   load_checkpoint, read_checkpoint, save_checkpoint, sha256_text,
                                   shape_template)
-from jaxfednas.config import apply_overrides, ConfigError, current_name, ExperimentConfig
+from jaxfednas.config import apply_overrides, ConfigError, current_name, ExperimentConfig, setting_warnings
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
@@ -58,7 +60,7 @@ CHECKPOINT = "checkpoint.msgpack"
 
 
 class NonFiniteError(RuntimeError):
-    """A round produced a NaN/inf loss; the run stopped before saving it."""
+    """A round produced a NaN/inf loss or state; the run stopped before saving it."""
 
 
 class RunDirectoryError(RuntimeError):
@@ -71,8 +73,6 @@ class RunExistsError(RunDirectoryError):
     """``out_dir`` already holds a run and ``resume`` was not requested."""
 
 
-# errors process 0 may raise while reading the run directory, re-raised as such by the others
-_ERRORS = (CheckpointError, RunDirectoryError, ConfigError, FileNotFoundError, ValueError)
 
 
 def check_run_directory(out: Path) -> None:
@@ -86,9 +86,58 @@ def check_run_directory(out: Path) -> None:
             return
 
 
-def _write_failed(what: str, path: Path, e: OSError, after: str) -> RunDirectoryError:
-    reason = e.strerror or type(e).__name__
-    return RunDirectoryError(f"could not write {what} {path}: {reason} (errno {e.errno}). {after}")
+RUN_LOCK = ".lock"
+"""The run directory's lock file: ``flock``-ed by the process writing the run (process 0
+of a multi-process run) for the whole run; the kernel releases it when that process ends,
+however it ends. It holds the holder's PID, host and start time."""
+
+
+class RunInUseError(RunDirectoryError):
+    """Another process is writing the run directory (it holds :data:`RUN_LOCK`)."""
+
+
+class _RunLock:
+    """An exclusive ``fcntl.flock`` on ``out/.lock`` (no-op where fcntl does not exist)."""
+
+    def __init__(self, out: Path, log: Callable[[str], None]):
+        self.path, self.log, self.file = out / RUN_LOCK, log, None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl  # noqa: PLC0415
+        except ImportError:  # (Windows) no lock; runs are deterministic, so a clash loses no results
+            return
+        make_dirs(self.path.parent)
+        try:
+            f = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
+        except OSError as e:
+            raise write_error(self.path, e, "the run's lock file") from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "a process that has not yet written its PID"
+            f.close()
+            raise RunInUseError(f"{self.path.parent} is in use by another run ({holder}); wait for it to end "
+                                "or choose another --out") from None
+        except OSError as e:  # a file system without locks: go on, saying so
+            self.log(f"warning: could not lock {self.path} ({e.strerror}); nothing stops a second process "
+                     "from writing this run directory")
+        f.seek(0)
+        f.truncate()
+        f.write(f"PID {os.getpid()} on {socket.gethostname()} since "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}\n")
+        f.flush()
+        self.file = f
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # (closing the last descriptor releases the flock)
+            self.file = None
+
+
+# errors process 0 may raise while reading the run directory, re-raised as such by the others
+_ERRORS = (CheckpointError, RunInUseError, RunDirectoryError, WriteError, ConfigError, FileNotFoundError, ValueError)
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
@@ -109,24 +158,46 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | Non
     return path
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's stop), handled as Ctrl-C is: the last completed
+    round is checkpointed and the run says how to resume."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread (the CLI and the example
+    scripts call this; a library caller keeps its own handlers)."""
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
 def run_script(script: str, job: Callable[[], Any]) -> int:
     """Exit status of an example script's ``job()`` (with the compilation cache on): 0 when
     it finishes; 2 and a one-line error for bad input (configuration, missing data, an
-    existing or unusable run directory, a failed write, a NaN loss); 130 on Ctrl-C, with the command that resumes."""
+    existing or unusable run directory, a failed write, a NaN loss); 130 on Ctrl-C and 143 on
+    SIGTERM, with the command that resumes."""
     import sys  # noqa: PLC0415
 
     from jaxfednas.data.datasets import DatasetUnavailableError  # noqa: PLC0415
 
     enable_compilation_cache()
+    stop_on_sigterm()
     try:
         job()
-    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunDirectoryError, NonFiniteError) as e:
+    except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunDirectoryError, NonFiniteError,
+            WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         args = " ".join(a for a in sys.argv[1:] if a != "--resume")
-        print(f"\ninterrupted; continue with: python {script} {args} --resume", file=sys.stderr)
-        return 130
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"\n{how}; continue with: python {script} {args} --resume", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     return 0
 
 
@@ -280,7 +351,7 @@ def make_partition(cfg: ExperimentConfig, dataset: Dataset) -> dict:
 
 def write_partition_report(manifest: dict, dataset: Dataset, out_dir: Path) -> str:
     """Manifest, label-count table and heatmap under ``out_dir``; returns the table."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir)
     part.save_manifest(manifest, out_dir / "manifest.json")
     splits = part.manifest_splits(manifest)
     owned = [np.concatenate([splits[s][k] for s in ("train", "val", "test")]) for k in range(len(splits["train"]))]
@@ -483,43 +554,70 @@ def fit_memory_budget(cfg: ExperimentConfig, data, log: Callable[[str], None] = 
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, client_chunk_size=chosen))
 
 
-def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str], None]) -> _Prepared:
-    """The run directory's rules (one place): a new run needs an empty directory; a resumed
-    one the same configuration up to run length / evaluation / checkpoint frequency, the
-    same partition, and metrics.jsonl rows up to its checkpoint: the newest checkpoint that
-    verifies and that metrics.jsonl covers, to whose round metrics.jsonl is cut back.
-    Writes config.json and the partition report; returns the data, algorithm and
+def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock,
+                     log: Callable[[str], None]) -> list[str]:
+    """(Process 0) the run directory's verdict, nothing written but the lock: a new run
+    needs a directory holding no run; a resumed one the same configuration up to run
+    length / evaluation / checkpoint frequency; either, no other process writing it
+    (``lock`` is taken). Returns the configuration hashes a resumed checkpoint may carry."""
+    check_run_directory(out)
+    if resume and not (out / "config.json").exists():
+        raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
+    lock.acquire()
+    if not resume:
+        if holds_run(out):
+            raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        return [config_hash(cfg)]
+    cfg_path = out / "config.json"
+    raw = json.loads(cfg_path.read_text())
+    if config_hash(config_from_dict(raw)) != config_hash(cfg):
+        raise ConfigError(
+            f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
+            "run.eval_every and run.checkpoint_every may change when resuming"
+        )
+    return list(_accepted_hashes(cfg, raw, log))
+
+
+def _read_resumed(cfg: ExperimentConfig, out: Path, manifest: dict, shapes, accepted: tuple[str, ...],
+                  log: Callable[[str], None]) -> tuple[Any, int, list[dict]]:
+    """(Process 0, nothing written) ``(state, completed rounds, metrics rows)`` to resume
+    from: the newest checkpoint that verifies, was written for this configuration and
+    that metrics.jsonl covers, with the rows cut back to its round."""
+    ckpt_path, mpath = out / CHECKPOINT, out / "metrics.jsonl"
+    manifest_path = out / "partition" / "manifest.json"
+    if manifest_path.exists() and part.load_manifest(manifest_path)["sha256"] != manifest["sha256"]:
+        raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
+    rows = _read_metrics(mpath)
+    if not checkpoint_files(ckpt_path):
+        if rows:
+            raise CheckpointError(f"--resume: {out} has {len(rows)} rounds in metrics.jsonl but no checkpoint "
+                                  f"({CHECKPOINT} and its older copies are gone); start afresh in another --out")
+        log(f"{out}: no round was completed before it stopped; starting at round 0")
+        return None, 0, []
+    try:
+        state, start = read_checkpoint(ckpt_path, shapes, config_sha256=accepted, max_round=len(rows),
+                                       warn=lambda m: log(f"warning: {m}"))
+    except CheckpointError as e:
+        raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None
+    if cfg.run.rounds < start:
+        raise ConfigError(f"--resume: run.rounds={cfg.run.rounds} is below the {start} rounds {out} has done; "
+                          f"give run.rounds >= {start}")
+    log(f"resumed {out} at round {start}")
+    return state, start, rows[:start]
+
+
+def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log: Callable[[str], None]) -> _Prepared:
+    """The run directory's rules (one place; see :func:`_check_directory` and
+    :func:`_read_resumed`). Everything is checked, the algorithm built and a resumed state
+    read before anything is written; then config.json, the partition report and (resumed)
+    metrics.jsonl cut back to the checkpoint's round. Returns the data, algorithm and
     (restored) state. In a multi-process run, process 0 alone reads and writes the
     directory and hands its verdict and the restored state to the others."""
-    cfg_path, ckpt_path, mpath = out / "config.json", out / CHECKPOINT, out / "metrics.jsonl"
+    accepted = tuple(on_main(lambda: _check_directory(cfg, out, resume, lock, log), errors=_ERRORS))
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     manifest = make_partition(cfg, dataset)  # (every process: it is a function of the config)
-
-    def check_and_write() -> str:
-        nonlocal accepted
-        check_run_directory(out)
-        if resume:
-            if not cfg_path.exists():
-                raise FileNotFoundError(f"--resume: {out} holds no run (no config.json)")
-            raw = json.loads(cfg_path.read_text())
-            if config_hash(config_from_dict(raw)) != config_hash(cfg):
-                raise ConfigError(
-                    f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
-                    "run.eval_every and run.checkpoint_every may change when resuming"
-                )
-            accepted = _accepted_hashes(cfg, raw, log)
-        elif holds_run(out):
-            raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cfg_path, cfg.to_json())
-        manifest_path = out / "partition" / "manifest.json"
-        if resume and manifest_path.exists() and part.load_manifest(manifest_path)["sha256"] != manifest["sha256"]:
-            raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
-        return write_partition_report(manifest, dataset, out / "partition")
-
-    accepted = (config_hash(cfg),)  # (process 0) the hashes a resumed checkpoint may carry
-    table = on_main(check_and_write, errors=_ERRORS)
     splits = part.manifest_splits(manifest)
+    _warn_about_splits(cfg, splits, log)
     data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
 
     algo = algorithm_module(cfg.algorithm).build(fit_memory_budget(cfg, data, log), data.info)
@@ -531,26 +629,67 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, log: Callable[[str]
 
         def read() -> int:
             nonlocal rows, restored
-            rows, start = _read_metrics(mpath), 0
-            if checkpoint_files(ckpt_path):
-                try:
-                    restored, start = read_checkpoint(ckpt_path, shapes, config_sha256=accepted,
-                                                      max_round=len(rows), warn=lambda m: log(f"warning: {m}"))
-                except CheckpointError as e:
-                    raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None
-                log(f"resumed {out} at round {start}")
-            # cut back to the restored round now, so the directory is consistent even
-            # if this run stops before its next save
-            rows = rows[:start]
-            if mpath.exists() and mpath.read_bytes() != _metrics_bytes(rows):
-                _write_metrics(mpath, rows)
+            restored, start, rows = _read_resumed(cfg, out, manifest, shapes, accepted, log)
             return start
 
         start = on_main(read, errors=_ERRORS)
         if start:
             zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
             state = put_like(broadcast(restored if is_main() else zeros), state)
+
+    def write() -> str:
+        mpath = out / "metrics.jsonl"
+        # cut back to the restored round now, so the directory is consistent even if this
+        # run stops before its next save
+        if mpath.exists() and mpath.read_bytes() != _metrics_bytes(rows):
+            _write_metrics(mpath, rows)
+        atomic_write_text(out / "config.json", cfg.to_json())
+        return write_partition_report(manifest, dataset, out / "partition")
+
+    table = on_main(write, errors=_ERRORS)
     return _Prepared(dataset, manifest, table, data, algo, state, start, rows)
+
+
+def _warn_about_splits(cfg: ExperimentConfig, splits: dict, log: Callable[[str], None]) -> None:
+    """One line for clients left without training or test examples, whose updates would
+    be empty or whose client test metrics NaN without a word otherwise (a note only when
+    ``data.split`` keeps no client test set on purpose, as the paper presets do)."""
+    for name, what in (("train", "train nothing"), ("test", "report NaN client test metrics")):
+        empty = [k for k, idx in enumerate(splits[name]) if len(idx) == 0]
+        if name == "test" and cfg.data.split[2] == 0 and len(empty) == len(splits[name]):
+            log(f"note: data.split={','.join(f'{x:g}' for x in cfg.data.split)} keeps no client test examples: "
+                "client_test_acc* are NaN (global_test_acc uses the dataset's test set)")
+        elif empty:
+            log(f"warning: {len(empty)} of {len(splits[name])} clients have no {name} examples and {what} "
+                f"(clients {_brief(empty)}); check data.split and data.num_clients against the dataset's size")
+
+
+def _brief(ks: list[int]) -> str:
+    return ", ".join(map(str, ks[:8])) + (", ..." if len(ks) > 8 else "")
+
+
+def _nonfinite_leaves(tree: Any) -> list[str]:
+    """Paths of the floating-point leaves of ``tree`` (NumPy) holding NaN or inf."""
+    return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(tree)
+            if np.issubdtype(np.asarray(x).dtype, np.inexact) and not np.isfinite(x).all()]
+
+
+def _suspects(cfg: ExperimentConfig, names: list[str]) -> str:
+    """The settings most likely at fault for non-finite ``names`` (metrics or state paths)."""
+    run, algo = cfg.run, cfg.algo
+    settings = []
+    if any("arch" in n or "alpha" in n or "policy" in n for n in names):
+        settings += [f"algo.{f}={getattr(algo, f)}" for f in ("arch_lr", "policy_lr") if hasattr(algo, f)]
+    if run.server_optimizer != "none":
+        settings.append(f"run.server_lr={run.server_lr:g} (run.server_optimizer={run.server_optimizer})")
+    if run.arch_server_optimizer != "none":
+        settings.append(f"run.arch_server_lr={run.arch_server_lr:g}")
+    if hasattr(algo, "lr"):
+        settings.append(f"algo.lr={algo.lr}")
+    if hasattr(algo, "grad_clip"):
+        settings.append(f"algo.grad_clip={algo.grad_clip} (> 0 clips)")
+    return ("Likely at fault: " + ", ".join(settings) + ": try smaller steps") if settings else \
+        "Try smaller learning rates."
 
 
 def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_round_end, log):
@@ -565,19 +704,26 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
     final: dict = {}
     t_first, t_rest = None, []  # seconds of the first round (with compilation) and of the later ones
 
+    def last_good() -> str:
+        return f"the last good checkpoint (round {saved_round}, {ckpt_path}) is kept" if saved_round else \
+            "no checkpoint was written yet"
+
     def save(r):
         nonlocal saved_round
         host = to_host(state)  # (every process: sharded leaves are gathered by a collective)
+        bad = _nonfinite_leaves(host)
+        if bad:  # a diverged model is never saved as good
+            raise NonFiniteError(f"round {r}: the state holds NaN/inf in {_brief(bad)}; stopped without saving "
+                                 f"it: {last_good()}. {_suspects(cfg, bad)}")
         if is_main():
             try:
                 # metrics first: rows past the checkpoint are cut on resume, missing ones could not be
                 _write_metrics(out / "metrics.jsonl", rows)
                 save_checkpoint(ckpt_path, host, round=r, config_sha256=chash)
-            except OSError as e:  # a full disk, a lost mount: the previous checkpoint is intact
-                last = f"the last good checkpoint (round {saved_round}) is kept" if saved_round else \
-                    "no checkpoint was written yet"
-                raise _write_failed(f"the checkpoint of round {r} to", ckpt_path, e,
-                                    f"{last}; free space and continue with --resume") from None
+            except (OSError, WriteError) as e:  # a full disk, a lost mount: the previous checkpoint is intact
+                w = e if isinstance(e, WriteError) else write_error(ckpt_path, e)
+                raise RunDirectoryError(f"could not save round {r}: writing {w.path} failed: {w.reason}; "
+                                        f"{last_good()}; {w.advice}, then continue with --resume") from None
         saved_round = r
 
     def host_metrics(s, metrics):
@@ -590,18 +736,25 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
             new_state, metrics = algo.round(state, data, round_key(cfg.run.seed, r))
             metrics = host_metrics(new_state, metrics)
             row = {"round": r + 1, **_scalars(metrics)}
-            bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+            if row.get("clients_reported", 1) == 0:
+                log(f"warning: round {r + 1}: no sampled client reported (run.dropout_rate="
+                    f"{cfg.run.dropout_rate:g}); the model is unchanged")
+            evaluate = (r + 1) % cfg.run.eval_every == 0 or r + 1 == total
+            if evaluate:
+                evaluated = host_metrics(new_state, algo.evaluate(new_state, data))
+                row.update(_scalars(evaluated))
+            # training metrics, and evaluation losses (a client without test examples has a NaN accuracy)
+            bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)
+                   and (k in metrics or "loss" in k)]
             if bad:
                 raise NonFiniteError(
-                    f"round {r + 1}: {', '.join(f'{k}={row[k]}' for k in bad)}; stopped without saving this round. "
-                    f"The last good checkpoint (round {saved_round}) stays in {ckpt_path}. Try a smaller "
-                    "algo.lr or algo.grad_clip > 0."
+                    f"round {r + 1}: {', '.join(f'{k}={row[k]}' for k in bad)}; stopped without saving this round: "
+                    f"{last_good()}. {_suspects(cfg, bad)}"
                 )
             state = new_state
             completed = r + 1
-            if completed % cfg.run.eval_every == 0 or completed == total:
-                final = host_metrics(state, algo.evaluate(state, data))
-                row.update(_scalars(final))
+            if evaluate:
+                final = evaluated
                 if algo.export is not None:  # NAS: the architecture derived at this round
                     row["architecture"] = json.loads(algo.export(to_host(state)).to_json())
             rows.append(row)
@@ -674,27 +827,39 @@ def run_experiment(
     ``on_round_end(round, metrics)`` is called after each completed round (a
     hook for tests and notebooks). Ctrl-C saves a checkpoint of the last
     completed round and re-raises ``KeyboardInterrupt``. A non-finite training
-    loss raises :class:`NonFiniteError` without overwriting the checkpoint.
-    Returns the summary dict (also written to ``summary.json``).
+    metric or evaluation loss, or a state holding NaN/inf when it is due to be saved,
+    raises :class:`NonFiniteError` without overwriting the checkpoint. The process
+    holds ``out_dir``'s lock for the whole run (:class:`RunInUseError` if another has
+    it); a failed write is a :class:`~jaxfednas.files.WriteError` or
+    :class:`RunDirectoryError` with one line of advice. Returns the summary dict (also
+    written to ``summary.json``).
     """
     out = Path(out_dir)
     t_start = time.perf_counter()
     release_memory_after_compiles()  # the compiler's freed temporaries do not stay resident
     if not is_main():  # one writer, one voice: process 0 (a multi-process run)
         log = _quiet
-    run = _prepare(cfg, out, resume, log)  # the run directory
-    state, rows, final, completed, (t_first, t_rest) = _train(cfg, out, run, progress=progress, on_round_end=on_round_end,
-                                                    log=log)  # the loop
-    timing = {"wall_time_s": round(time.perf_counter() - t_start, 3),
-              "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),
-              "later_rounds_s_mean": round(sum(t_rest) / len(t_rest), 4) if t_rest else None,
-              "processes": jax.process_count()}
-    host_state = to_host(state)  # (every process: gathering rows split over processes is a collective)
-    if not is_main():
-        return {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed,
-                "final": _scalars(final), "timing": timing, "device": device_info()}
+    for warning in setting_warnings(cfg):
+        log(f"warning: {warning}")
+    lock = _RunLock(out, log)
     try:
-        return _report(cfg, out, run, host_state, rows, final, completed, timing)  # the report
-    except OSError as e:
-        raise _write_failed("the report in", out, e, f"The checkpoint of round {completed} is saved: free space "
-                            "and run again with --resume (it writes the report without training)") from None
+        run = _prepare(cfg, out, resume, lock, log)  # the run directory
+        state, rows, final, completed, (t_first, t_rest) = _train(cfg, out, run, progress=progress,
+                                                                  on_round_end=on_round_end, log=log)  # the loop
+        timing = {"wall_time_s": round(time.perf_counter() - t_start, 3),
+                  "first_round_s_incl_compile": None if t_first is None else round(t_first, 3),
+                  "later_rounds_s_mean": round(sum(t_rest) / len(t_rest), 4) if t_rest else None,
+                  "processes": jax.process_count()}
+        host_state = to_host(state)  # (every process: gathering rows split over processes is a collective)
+        if not is_main():
+            return {"algorithm": cfg.algorithm, "dataset": cfg.data.dataset, "rounds": completed,
+                    "final": _scalars(final), "timing": timing, "device": device_info()}
+        try:
+            return _report(cfg, out, run, host_state, rows, final, completed, timing)  # the report
+        except (OSError, WriteError) as e:
+            w = e if isinstance(e, WriteError) else write_error(out, e)
+            raise RunDirectoryError(f"could not write the report {w.path}: {w.reason}; the checkpoint of round "
+                                    f"{completed} is saved: {w.advice}, then run again with --resume (it writes "
+                                    "the report without training)") from None
+    finally:
+        lock.release()

@@ -1,7 +1,6 @@
 """Plots written into a run directory (matplotlib Agg; PNGs without timestamps)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -17,9 +16,12 @@ def _plt():
 
 
 def _save(fig, path) -> None:
-    os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    _plt().close(fig)
+    from jaxfednas.files import save_figure  # noqa: PLC0415
+
+    try:
+        save_figure(fig, path, dpi=100)
+    finally:
+        _plt().close(fig)
 
 
 def plot_curves(rows: Sequence[Mapping[str, float]], path, *, title: str = "") -> None:

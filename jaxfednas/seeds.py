@@ -14,21 +14,26 @@ from collections.abc import Mapping, Sequence
 from jaxfednas.config import ConfigError
 
 
+MAX_SEEDS = 1000
+"""The most seeds one ``--seeds`` accepts (each is a whole run)."""
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2"`` or ``"0-4"`` (or a mix, ``"0-2,7"``) as a list of distinct seeds, in order."""
+    """``"0,1,2"`` or ``"0-4"`` (or a mix, ``"0-2,7"``) as a list of distinct seeds, in order;
+    at most :data:`MAX_SEEDS`."""
     seeds: list[int] = []
-    try:
-        for part in str(text).split(","):
-            part = part.strip()
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1)
-                if int(hi) < int(lo):
-                    raise ValueError
-                seeds += range(int(lo), int(hi) + 1)
-            else:
-                seeds.append(int(part))
-    except ValueError:
-        raise ConfigError(f"--seeds {text!r}: expected comma-separated seeds or ranges, e.g. 0,1,2 or 0-4") from None
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            lo, hi = map(int, part.split("-", 1) if "-" in part[1:] else (part, part))
+        except ValueError:
+            lo, hi = 0, -1
+        if hi < lo:
+            raise ConfigError(f"--seeds {text!r}: expected comma-separated seeds or ranges, e.g. 0,1,2 or 0-4")
+        if len(seeds) + hi - lo + 1 > MAX_SEEDS:  # (before building the list)
+            raise ConfigError(f"--seeds {text!r}: at least {len(seeds) + hi - lo + 1} seeds, each a whole run; "
+                              f"at most {MAX_SEEDS} at once")
+        seeds += range(lo, hi + 1)
     if any(s < 0 or s >= 2**31 for s in seeds):
         raise ConfigError(f"--seeds {text!r}: every seed must be in [0, 2^31)")
     if len(set(seeds)) != len(seeds):

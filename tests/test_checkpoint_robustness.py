@@ -195,8 +195,23 @@ def test_a_run_from_before_a_new_config_field_resumes_with_its_default(tmp_path,
     # a checkpoint of any other configuration is still refused
     (d / "config.json").write_text(json.dumps(cfg))
     save_checkpoint(d / "checkpoint.msgpack", state, round=4, config_sha256="0" * 64, keep=1)
-    with pytest.raises(ValueError, match="written for a different configuration"):
+    with pytest.raises(CheckpointError, match="written for another configuration"):
         run_experiment(_cfg(), d, resume=True, progress=False, log=lambda s: None)
+
+
+def test_a_newest_checkpoint_of_another_configuration_is_passed_over_like_a_damaged_one(tmp_path, straight):
+    d = tmp_path / "foreign"
+    shutil.copytree(straight[0], d)
+    state, _ = read_checkpoint(d / "checkpoint.msgpack", shape_template(_straight_state()))
+    data = (d / "checkpoint.msgpack").read_bytes()
+    save_checkpoint(d / "checkpoint.msgpack", state, round=4, config_sha256="0" * 64, keep=2)  # (round 3 kept)
+    assert (d / "checkpoint.msgpack").read_bytes() != data
+    logged = []
+    run_experiment(_cfg(), d, resume=True, progress=False, log=logged.append)
+    assert any(s.startswith("warning: ") and "checkpoint.msgpack: written for another configuration" in s
+               and "using checkpoint.3.msgpack (round 3)" in s for s in logged), logged
+    assert f"resumed {d} at round 3" in logged
+    _assert_same_run(d, straight)
 
 
 def _straight_state():
@@ -254,4 +269,4 @@ def test_sigkill_during_a_save_then_resume_equals_uninterrupted(tmp_path, straig
         assert len(warning) == 1 and expected[point] in warning[0] and "checkpoint.2.msgpack (round 2)" in warning[0]
     assert f"resumed {d} at round 2" in out
     _assert_same_run(d, straight)
-    assert not [p.name for p in d.iterdir() if p.name.startswith(".")]  # no temporary file left
+    assert not [p.name for p in d.iterdir() if p.name.startswith(".") and p.name != ".lock"]  # no temporary file left

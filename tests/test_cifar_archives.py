@@ -161,11 +161,15 @@ def _assert_matches(ds, name: str, t: dict[str, np.ndarray]) -> None:
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
 @pytest.mark.parametrize("route", ROUTES)
-def test_every_route_gives_the_known_arrays(tmp_path, name, route):
-    """Same NHWC images, fine labels and batch order from every release, folder or tar.gz."""
+def test_every_route_gives_the_known_arrays(tmp_path, name, route, capsys):
+    """Same NHWC images, fine labels and batch order from every release, folder or tar.gz;
+    a copy smaller than the official one is read with a one-line warning."""
     t = _truth(name)
     ds = load_dataset(name, _write(tmp_path, name, route, t))
     _assert_matches(ds, name, t)
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and f"holds {N_TRAIN} training and {N_TEST} test images; the official " in warning
+    assert "has 50000 and 10000 (a truncated or edited copy?)" in warning
     if name == "cifar10":  # batches concatenated 1..5: batch 2 starts at image 4
         np.testing.assert_array_equal(ds.x_train[4:8], t["x_train"][4:8])
     else:  # the class label is the fine one, not the coarse

@@ -241,8 +241,8 @@ def test_disk_full_during_a_checkpoint_is_one_line_and_resume_finishes_the_run(t
     assert cli.main([*argv, "--out", str(d)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert f"could not write the checkpoint of round 2 to {d / 'checkpoint.msgpack'}: No space left on device" in err
-    assert "the last good checkpoint (round 1) is kept" in err and "--resume" in err
+    assert f"could not save round 2: writing {d / 'metrics.jsonl'} failed: no space left on the device" in err
+    assert f"the last good checkpoint (round 1, {d / 'checkpoint.msgpack'}) is kept" in err and "--resume" in err
     import flax.serialization
 
     payload = (d / "checkpoint.msgpack").read_bytes().split(b"\n", 1)[1]
@@ -300,7 +300,9 @@ def test_cli_seeds_runs_each_seed_in_its_directory_and_tables_them(tmp_path, cap
     assert cli.main(["run", "fedavg", "--out", str(tmp_path), "--resume", "--seeds", "0-2", "--no-progress"]) == 0
     assert json.loads((tmp_path / "seeds.json").read_text()).keys() == {"0", "1", "2"}
     assert cli.main([*argv, "--seeds", "0", "--seed", "1"]) == 2
-    assert "--seed or --seeds" in capsys.readouterr().err
+    assert "give --seed (or run.seed) or --seeds, not both" in capsys.readouterr().err
+    assert cli.main([*argv, "--seeds", "0", "--set", "run.seed=1"]) == 2  # run.seed would be ignored
+    assert "give --seed (or run.seed) or --seeds, not both" in capsys.readouterr().err
 
 
 def test_a_former_field_name_is_accepted_with_a_warning_and_never_beside_the_new_one():

@@ -41,6 +41,7 @@ import hashlib
 import io
 import os
 import pickle
+import sys
 import tarfile
 import urllib.request
 import zlib
@@ -333,6 +334,7 @@ def _cifar_dataset(name: str, x_train: Any, y_train: Any, x_test: Any, y_test: A
 # --- CIFAR from the official archives (https://www.cs.toronto.edu/~kriz/cifar.html) ---------------
 
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
+_CIFAR_SIZES = (50_000, 10_000)  # training and test images of both CIFAR-10 and CIFAR-100
 _CIFAR_PIXELS = 3 * 32 * 32  # one image: 1024 red, 1024 green, 1024 blue bytes, each plane row-major
 
 
@@ -494,6 +496,11 @@ def _read_cifar_members(fmt: _CifarFormat, read: Any, name: str, where: str) -> 
             raise _corrupt(f"{where}/{member}", f"labels outside 0..{_CIFAR[name].num_classes - 1}", name)
     x_train = np.concatenate([x for x, _ in parts[:-1]])
     y_train = np.concatenate([y for _, y in parts[:-1]])
+    sizes = (len(y_train), len(parts[-1][1]))
+    if sizes != _CIFAR_SIZES:  # legal (a subset made on purpose) but most often a truncated copy
+        print(f"warning: {where} holds {sizes[0]} training and {sizes[1]} test images; the official "
+              f"{_CIFAR[name].title} has {_CIFAR_SIZES[0]} and {_CIFAR_SIZES[1]} (a truncated or edited copy?)",
+              file=sys.stderr)
     return _cifar_dataset(name, x_train, y_train, *parts[-1])
 
 

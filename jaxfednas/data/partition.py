@@ -43,9 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -477,8 +475,9 @@ def plot_label_heatmap(counts: Any, path: str | os.PathLike[str], *, title: str 
                 ax.text(k, j, str(int(m[j, k])), ha="center", va="center", fontsize=7,
                         color="black" if m[j, k] > threshold else "white")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(os.fspath(path), format="png", metadata={"Software": None})
+    from jaxfednas.files import save_figure  # noqa: PLC0415
+
+    save_figure(fig, path)
     fig.clf()
 
 
@@ -556,19 +555,9 @@ def save_manifest(manifest: Mapping[str, Any], path: str | os.PathLike[str]) -> 
     The file is written next to ``path`` and moved into place with
     ``os.replace``, so a crash never leaves a half-written manifest.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from jaxfednas.files import write_text  # noqa: PLC0415
+
+    write_text(path, json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n")
 
 
 def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -93,8 +93,10 @@ def plot_cell(genotype: Genotype, kind: str = "normal", path: str | os.PathLike 
         ax.text(x, y, labels[key], fontsize=10, ha="center", va="center", zorder=4,
                 bbox=dict(boxstyle="round,pad=0.35", fc=_COLORS[role], ec="#333333"))
 
+    from jaxfednas.files import save_figure  # noqa: PLC0415
+
     path = os.fspath(path)
-    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": None})
+    save_figure(fig, path, dpi=dpi)
     return path
 
 

@@ -1,0 +1,313 @@
+"""Bad input and faults: a diverged state never saved, one process per run directory, every
+write a one-line error, resume edge cases and the warnings for legal but suspect settings."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxfednas import cli
+from jaxfednas.checkpoint import CheckpointError
+from jaxfednas.experiment import NonFiniteError, RunInUseError, run_experiment
+from jaxfednas.files import WriteError, write_bytes, write_error, write_text
+from jaxfednas.registry import make_config
+
+SMALL = {"data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2,
+         "run.placement": "vmap", "algo.batch_size": 32}
+CLI = ["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--no-progress",
+       "--set", "run.placement=vmap", "--set", "algo.batch_size=32"]
+
+
+def _cfg(rounds, **extra):
+    return make_config("fedavg", overrides={**SMALL, "run.rounds": rounds, **extra})
+
+
+def _checkpoint_round(d):
+    import flax.serialization
+
+    return flax.serialization.msgpack_restore((d / "checkpoint.msgpack").read_bytes().split(b"\n", 1)[1])["round"]
+
+
+# --- the divergence guard watches the state and the evaluation ----------------------------
+
+
+def _poison(monkeypatch, from_round, what):
+    """Algorithms whose round ``from_round`` on puts NaN into the state's parameters
+    (``what="state"``: the training loss stays finite) or the evaluation loss."""
+    import jaxfednas.experiment as exp
+
+    real = exp.algorithm_module
+
+    class Poisoned:
+        def __init__(self, mod):
+            self.mod = mod
+
+        def build(self, cfg, info):
+            algo = self.mod.build(cfg, info)
+
+            def round_fn(state, data, key):
+                state, m = algo.round(state, data, key)
+                if what == "state":
+                    v = state.variables
+                    bad = jax.tree.map(lambda x: jnp.where(state.round >= from_round, jnp.nan, x), v["params"])
+                    state = state.replace(variables={**v, "params": bad})
+                return state, m
+
+            def evaluate(state, data):
+                m = dict(algo.evaluate(state, data))
+                if what == "eval":
+                    m["global_test_loss"] = jnp.where(state.round >= from_round, jnp.nan, m["global_test_loss"])
+                return m
+
+            return algo._replace(round=round_fn, evaluate=evaluate)
+
+    monkeypatch.setattr(exp, "algorithm_module", lambda name: Poisoned(real(name)))
+
+
+def test_a_nan_state_with_a_finite_loss_is_never_saved(tmp_path, monkeypatch):
+    _poison(monkeypatch, 3, "state")
+    d = tmp_path / "nan_state"
+    # no evaluation in round 3: only the state check can see it, when round 3 is due to be saved
+    with pytest.raises(NonFiniteError) as e:
+        run_experiment(_cfg(4, **{"run.eval_every": 4}), d, progress=False, log=lambda s: None)
+    msg = str(e.value)
+    assert "round 3: the state holds NaN/inf in .variables['params']" in msg, msg
+    assert f"the last good checkpoint (round 2, {d / 'checkpoint.msgpack'}) is kept" in msg
+    assert "algo.lr=" in msg and "\n" not in msg
+    assert _checkpoint_round(d) == 2
+
+
+def test_a_nan_evaluation_loss_stops_and_says_when_no_checkpoint_exists(tmp_path, monkeypatch):
+    _poison(monkeypatch, 1, "eval")
+    d = tmp_path / "nan_eval"
+    with pytest.raises(NonFiniteError, match="round 1: global_test_loss=nan; stopped without saving this "
+                                             "round: no checkpoint was written yet"):
+        run_experiment(_cfg(2, **{"run.server_optimizer": "adam", "run.server_lr": 0.5}), d, progress=False,
+                       log=lambda s: None)
+    assert not (d / "checkpoint.msgpack").exists()
+    assert "run.server_lr=0.5 (run.server_optimizer=adam)" in _last_error(d, monkeypatch)
+
+
+def _last_error(d, monkeypatch):
+    """The one-line message the CLI prints for the poisoned run (resumed into a new directory)."""
+    import io
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main([*CLI, "--rounds", "2", "--set", "run.server_optimizer=adam", "--set", "run.server_lr=0.5",
+                       "--out", str(d.parent / "cli")])
+    assert rc == 3 and err.getvalue().count("\n") == 1, err.getvalue()
+    return err.getvalue()
+
+
+# --- one process per run directory ---------------------------------------------------------
+
+
+def test_a_second_process_is_refused_while_the_first_holds_the_directory(tmp_path, capsys):
+    d = tmp_path / "locked"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from jaxfednas.experiment import _RunLock
+        lock = _RunLock(Path({str(d)!r}), print)
+        lock.acquire()
+        print("locked", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunInUseError, match=f"{d} is in use by another run \\(PID {holder.pid} on "):
+            run_experiment(_cfg(1), d, progress=False, log=lambda s: None)
+        assert not (d / "config.json").exists()  # nothing written by the refused process
+        capsys.readouterr()
+        assert cli.main([*CLI, "--rounds", "1", "--out", str(d)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"PID {holder.pid}" in err, err
+    finally:
+        holder.send_signal(signal.SIGKILL)  # the kernel drops a killed holder's lock
+        holder.wait()
+    run_experiment(_cfg(1), d, progress=False, log=lambda s: None)
+    assert _checkpoint_round(d) == 1
+
+
+# --- every write one line --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("err, cause, advice", [
+    (errno.EACCES, "permission denied", "fix its permissions"),
+    (errno.ENOSPC, "no space left on the device", "free space"),
+    (errno.EROFS, "read-only file system", "writable file system"),
+    (errno.EISDIR, "is a directory", "path of a file"),
+])
+def test_write_errors_name_the_path_the_cause_and_the_advice(tmp_path, err, cause, advice):
+    e = write_error(tmp_path / "x", OSError(err, os.strerror(err)))
+    assert str(e).startswith(f"could not write {tmp_path / 'x'}: {cause}; ") and advice in str(e)
+    assert "\n" not in str(e)
+
+
+def test_the_writer_refuses_a_directory_and_a_file_in_the_way(tmp_path):
+    with pytest.raises(WriteError, match="is a directory"):
+        write_text(tmp_path, "x")
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(WriteError, match="a file is in the way"):
+        write_bytes(tmp_path / "f" / "g.txt", b"x")
+
+
+def test_a_failed_write_is_one_line_in_every_command(tmp_path, capsys, monkeypatch):
+    import jaxfednas.files as files
+
+    real_replace = files.os.replace
+
+    def denied(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied", os.fspath(dst))
+
+    capsys.readouterr()
+    monkeypatch.setattr(files.os, "replace", denied)
+    assert cli.main(["partition", "--out", str(tmp_path / "part")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not write" in err and "permission denied" in err, err
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "permission denied" in err, err
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    assert cli.main(["plan", "fedavg", "--no-round", "--json", str(tmp_path)]) == 2  # before any work
+    assert "is a directory: give a file path" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert cli.main(["partition", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_permission_advises_permissions_not_space(tmp_path, capsys, monkeypatch):
+    import jaxfednas.checkpoint as ck
+
+    real = ck.write_bytes
+
+    def denied(path, data, **kw):
+        if path.name == "checkpoint.msgpack":
+            raise WriteError(path, "permission denied", "choose a location you can write to or fix its "
+                             "permissions", errno.EACCES)
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(ck, "write_bytes", denied)
+    capsys.readouterr()
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "permission denied" in err and "free space" not in err, err
+    assert "no checkpoint was written yet" in err
+
+
+# --- resume ------------------------------------------------------------------------------------
+
+
+def test_resume_edge_cases_stop_in_one_line_and_write_nothing(tmp_path, capsys):
+    d = tmp_path / "run"
+    run_experiment(_cfg(3), d, progress=False, log=lambda s: None)
+    config = (d / "config.json").read_bytes()
+    # fewer rounds than done: refused, config.json untouched
+    capsys.readouterr()
+    assert cli.main(["run", "fedavg", "--out", str(d), "--resume", "--rounds", "2", "--no-progress"]) == 2
+    assert "run.rounds=2 is below the 3 rounds" in capsys.readouterr().err
+    assert (d / "config.json").read_bytes() == config
+    # every checkpoint gone, metrics left: stop, do not start again from round 0
+    for p in d.glob("checkpoint*.msgpack"):
+        p.unlink()
+    metrics = (d / "metrics.jsonl").read_bytes()
+    with pytest.raises(CheckpointError, match="has 3 rounds in metrics.jsonl but no checkpoint"):
+        run_experiment(_cfg(4), d, resume=True, progress=False, log=lambda s: None)
+    assert (d / "metrics.jsonl").read_bytes() == metrics
+    # stopped before its first round (config.json, no metrics, no checkpoint): starts at 0
+    (d / "metrics.jsonl").unlink()
+    logged = []
+    run_experiment(_cfg(1), d, resume=True, progress=False, log=logged.append)
+    assert any("no round was completed before it stopped; starting at round 0" in s for s in logged), logged
+    assert _checkpoint_round(d) == 1
+
+
+def test_a_configuration_refused_at_build_time_leaves_nothing_behind(tmp_path, capsys):
+    d = tmp_path / "run"
+    argv = ["run", "dp_fnas", "--preset", "smoke", "--rounds", "1", "--no-progress", "--out", str(d)]
+    assert cli.main([*argv, "--set", "data.split=1,0,0"]) == 2  # DP-FNAS needs a validation split
+    assert "needs a validation split" in capsys.readouterr().err
+    assert not (d / "config.json").exists() and not (d / "partition").exists()
+    # the same --out takes the corrected run
+    cfg = make_config("fedavg", overrides={**SMALL, "run.rounds": 1})
+    run_experiment(cfg, d, progress=False, log=lambda s: None)
+
+
+# --- silent acceptances ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "0-99999999"], "at least 100000000 seeds, each a whole run; at most 1000"),
+    (["--out", ""], "--out is empty"),
+    (["--out", " "], "--out is empty"),
+    (["--set", "algo.lrr=0.1"], "unknown setting algo.lrr; did you mean algo.lr\\?"),
+    (["--set", "run.sever_lr=0.1"], "did you mean run.server_lr\\?"),
+])
+def test_refused_in_one_line(tmp_path, capsys, argv, message):
+    import re
+
+    capsys.readouterr()
+    full = ["run", "fedavg", "--rounds", "1", *(["--out", str(tmp_path / "r")] if "--out" not in argv else []), *argv]
+    t0 = time.perf_counter()
+    assert cli.main(full) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
+    assert time.perf_counter() - t0 < 30  # (refused at once: no hundred million seeds listed)
+
+
+def test_legal_but_suspect_settings_warn(tmp_path):
+    logged = []
+    run_experiment(_cfg(1, **{"algo.lr": 0.0, "data.num_clients": 6, "data.split": (0.9, 0.0, 0.1),
+                              "run.clients_per_round": 4, "run.dropout_rate": 0.999}),
+                   tmp_path / "r", progress=False, log=logged.append)
+    warnings = [s for s in logged if s.startswith("warning: ")]
+    assert any("algo.lr=0: this learning rate takes no step" in s for s in warnings), logged
+    assert any("round 1: no sampled client reported (run.dropout_rate=0.999)" in s for s in warnings), logged
+    logged = []
+    run_experiment(_cfg(1, **{"data.split": (1.0, 0.0, 0.0)}), tmp_path / "s", progress=False, log=logged.append)
+    assert any(s.startswith("note: data.split=1,0,0 keeps no client test examples") for s in logged), logged
+    assert not any(s.startswith("warning: ") for s in logged), logged
+
+
+def test_clients_without_test_examples_are_named(tmp_path):
+    import numpy as np
+    from jaxfednas.experiment import _warn_about_splits
+
+    logged = []
+    splits = {"train": [np.arange(3)] * 3, "val": [np.arange(0)] * 3,
+              "test": [np.arange(1), np.arange(0), np.arange(0)]}
+    _warn_about_splits(_cfg(1), splits, logged.append)
+    assert logged == ["warning: 2 of 3 clients have no test examples and report NaN client test metrics "
+                      "(clients 1, 2); check data.split and data.num_clients against the dataset's size"]
+
+
+def test_sigterm_checkpoints_and_prints_one_line(tmp_path):
+    d = tmp_path / "term"
+    env = {**os.environ, "JAXFEDNAS_CACHE": "off"}
+    p = subprocess.Popen([sys.executable, "-m", "jaxfednas.cli", *CLI, "--rounds", "500", "--out", str(d)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 240
+        while not ((d / "metrics.jsonl").exists() and (d / "metrics.jsonl").read_text().count("\n") >= 2):
+            assert time.time() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "terminated (SIGTERM)", err
+    done = len((d / "metrics.jsonl").read_text().splitlines())
+    assert f"interrupted: checkpoint of round {done} saved" in out + err
+    assert _checkpoint_round(d) == done
+    assert json.loads((d / "config.json").read_text())["run"]["rounds"] == 500
