@@ -108,7 +108,8 @@ def test_fedavg_two_processes_equal_one_and_resume_in_one(tmp_path):
     # 2 processes x 2 devices, 2 rounds; then the same directory resumed by 1 process x 4 devices
     logs = _run(FEDAVG, tmp_path / "two", processes=2, devices=2, rounds=2)
     assert "run directory:" in logs[0] and "run directory:" not in logs[1]  # process 0 reports, alone
-    assert not list(tmp_path.glob("two/**/.*"))  # no temporary file left by a second writer
+    # no temporary file left by a second writer; the run's lock, taken by process 0 alone
+    assert [p.relative_to(tmp_path) for p in tmp_path.glob("two/**/.*")] == [Path("two/.lock")]
     _run(FEDAVG, tmp_path / "two", processes=1, devices=4, rounds=3, resume=True)
     _same_run(tmp_path / "one", tmp_path / "two")
 
