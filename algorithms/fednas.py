@@ -52,6 +52,7 @@ from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import (ClientData, DataInfo, FederatedData, num_steps, random_batch, run_local_epochs,
                                      run_local_epochs_selected)
+from jaxfednas.files import make_dirs
 from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, evaluate_examples, global_accuracy,
                                   select_by_validation)
 from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
@@ -62,6 +63,7 @@ from jaxfednas.server import Server, tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas.search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
                                  group_edges_param, supernet_of, Genotype, plot_genotype)
+from jaxfednas.search_spaces.darts.masks import mask_from_genotype, mask_weights
 from jaxfednas.search_spaces.darts.operations import unbiased_running_var
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
@@ -389,6 +391,42 @@ def fednas(
     )
 
 
+def make_inherited_accuracy(cfg: FedNASConfig, info: DataInfo, *, placement: Placement = Placement()
+                            ) -> Callable[[dict, Genotype, FederatedData], float]:
+    """The weight-sharing estimate of a cell's accuracy, for ranking cells by the trained
+    supernet: ``accuracy(variables, genotype, data)`` is the global test accuracy of the
+    supernet ``variables`` with every edge fixed to ``genotype``'s operation (a 0/1 mask: the
+    mixed operation of Eq. 1 reduced to the one kept op, edges the cell does not keep removed)
+    and its BatchNorm statistics recalibrated on the clients' training examples under that
+    subnet (as ``global_test_acc_bn_recal``: federated, pooled n_k/n, up to
+    ``bn_recalibration_batches`` batches per client, 10 when that is 0). The weights are the
+    supernet's, untrained for this cell. One compiled program serves every genotype."""
+    model = make_supernet(cfg, info)
+    primitives = PRIMITIVE_SETS[cfg.primitives]
+
+    def accuracy(variables, weights, data):
+        def stats_of(stats, x, mask):
+            v = {**variables, "batch_stats": stats}
+            return model.apply(v, info.normalize(x), train=True, mask=mask, arch_weights=weights,
+                               mutable=["batch_stats"])[1]["batch_stats"]
+
+        stats = federated_batch_statistics(stats_of, jax.tree.map(jnp.zeros_like, variables["batch_stats"]), data,
+                                           batch_size=cfg.eval_batch_size,
+                                           max_batches=cfg.bn_recalibration_batches or 10, momentum=BN_MOMENTUM,
+                                           placement=placement)
+        v = {**variables, "batch_stats": stats}
+        logits = lambda x: model.apply(v, info.normalize(x), train=False, arch_weights=weights)  # noqa: E731
+        return global_accuracy(logits, data, cfg.eval_batch_size)["global_test_acc"]
+
+    compiled = jit(accuracy)
+
+    def of(variables: dict, genotype: Genotype, data: FederatedData) -> float:
+        weights = mask_weights(mask_from_genotype(genotype, primitives, cfg.nodes))
+        return float(compiled(variables, weights, data))
+
+    return of
+
+
 def client_genotypes(cfg: FedNASConfig, arch_rows: dict) -> list[Genotype]:
     """The genotype of every client's row of α (leading client axis), e.g. after ``personalize``."""
     arch = jax.device_get(arch_rows)
@@ -399,8 +437,7 @@ def client_genotypes(cfg: FedNASConfig, arch_rows: dict) -> list[Genotype]:
 
 def write_architecture_plots(genotype: Genotype, out_dir) -> None:
     """Cell diagrams ``cell_normal.png`` / ``cell_reduce.png`` of the exported genotype."""
-    os.makedirs(out_dir, exist_ok=True)
-    plot_genotype(genotype, os.path.join(out_dir, "cell"))
+    plot_genotype(genotype, os.path.join(make_dirs(out_dir), "cell"))
 
 
 def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:

@@ -15,7 +15,15 @@ Global mode (Algorithm 1, then §3.2's "additional evaluation stage"):
      the same space (:func:`jaxfednas.search_spaces.sampling.random_genotype`, keys
      ``rng.random_arch_key(seed, i)``; ``--match-size``: within ±10 % of the searched cell's
      parameters), each trained with exactly the evaluation stage's recipe on the same clients;
-  4. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
+  4. ``train_seed_<j>/`` (``--train-seeds N``, default 3: j = 1 .. N-1) — the derived cell's
+     evaluation stage again with training seeds :func:`jaxfednas.seeds.repeat_seed` on the same
+     partition: the seed noise of one cell;
+  5. the two diagnostics — architecture signal-to-noise (std over the random cells / std
+     over the training seeds; below ~1 the task cannot tell a search from random) and the
+     supernet's ranking (Kendall's τ and Spearman's ρ between each cell's accuracy with the
+     weights it inherits from the searched supernet, BN recalibrated on the clients:
+     ``inherited.json``, and its evaluation-stage accuracy);
+  6. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
      the paper's; test-batch statistics; statistics recalibrated by the clients), genotype,
      evaluation accuracy, the searched cell against the random cells (mean ± std, how many
      it beats), parameter counts, wall times; cell diagrams in ``search/plots/``, the
@@ -71,7 +79,8 @@ from jaxfednas.experiment import load_run, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
-from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
+from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
+                             versus_random)
 from jaxfednas.search_spaces.darts import network_params, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import matched, random_genotype
 
@@ -117,6 +126,27 @@ def _model_params(cfg, ds) -> int:
         model = make_model(cfg.algo.model, ds.num_classes, cfg.data.dataset)
     v = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
     return count_params({k: p for k, p in v["params"].items() if k != "auxiliary_head"})
+
+
+def _inherited_accuracies(out: Path, genotypes: list) -> list[float]:
+    """Each cell's global test accuracy with the weights it inherits from the finished search
+    stage's supernet (BN recalibrated on the clients' training examples:
+    :func:`jaxfednas.algorithms.fednas.make_inherited_accuracy`); kept in
+    ``out/inherited.json`` by genotype, so a resumed job does not measure a cell twice."""
+    from jaxfednas.algorithms.fednas import make_inherited_accuracy  # noqa: PLC0415
+    from jaxfednas.runtime import Placement  # noqa: PLC0415
+
+    path = out / "inherited.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    missing = [g for g in genotypes if g.to_json() not in known]
+    if missing:
+        print(f"== inherited-weight accuracy of {len(missing)} cells (the search stage's supernet)", flush=True)
+        run = load_run(out / "search")
+        accuracy = make_inherited_accuracy(run.config.algo, run.data.info, placement=Placement.from_run(run.config.run))
+        for g in missing:
+            known[g.to_json()] = accuracy(run.state.variables, g, run.data)
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return [known[g.to_json()] for g in genotypes]
 
 
 def _fmt(x: float) -> str:
@@ -166,6 +196,15 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     print(f"== evaluation stage: FedAvg of the derived cell (C={train_cfg.algo.C}, {train_cfg.algo.layers} cells), "
           f"{train_cfg.run.rounds} rounds -> {out / 'train'}", flush=True)
     t = _stage(train_cfg, out / "train", args.resume)
+    # the same cell again with other training seeds on the same partition: the seed noise
+    repeats = [t["final"]["global_test_acc"]]
+    for j in range(1, args.train_seeds):
+        part_seed = d.partition_seed if d.partition_seed is not None else search_cfg.run.seed
+        cfg = make_config("fednas_train", preset=preset, overrides={
+            **train_over, "data.partition_seed": part_seed, "run.seed": repeat_seed(search_cfg.run.seed, j)})
+        print(f"== evaluation stage again, training seed {j + 1}/{args.train_seeds} -> {out / f'train_seed_{j}'}",
+              flush=True)
+        repeats.append(_stage(cfg, out / f"train_seed_{j}", args.resume)["final"]["global_test_acc"])
     ds = load_dataset(search_cfg.data.dataset, search_cfg.data.data_dir)
     searched_params = _model_params(train_cfg, ds)
 
@@ -187,6 +226,10 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         r = _stage(cfg, out / f"random_{i}", args.resume)
         randoms.append((g, r, _model_params(cfg, ds)))
     vs = versus_random(t["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r, _ in randoms])
+    if randoms:  # the two diagnostics: can this task tell cells apart, and does the supernet rank them?
+        snr = signal_to_noise([r["final"]["global_test_acc"] for _, r, _ in randoms], repeats)
+        inherited = _inherited_accuracies(out, [resolve_genotype(genotype)] + [g for g, _, _ in randoms])
+        ranking = supernet_ranking(inherited, [vs["searched"]] + [r["final"]["global_test_acc"] for _, r, _ in randoms])
 
     rows = [
         ("supernet global test acc (search, final round)", _fmt(s["final"]["global_test_acc"])),
@@ -212,15 +255,23 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
              "global test acc (mean ± std)", f"{_fmt(vs['random_mean'])} ± {_fmt(vs['random_std'])}"),
             ("searched − random mean", f"{vs['searched_minus_random']:+.4f}"),
             ("random cells the searched cell beats (ties)", f"{vs['beats']} of {len(randoms)} ({vs['ties']})"),
+            (f"searched cell over {len(repeats)} training seeds: evaluation-stage global test acc (mean ± std)",
+             "{} ± {}".format(*map(_fmt, mean_std(repeats)))),
+            ("architecture signal-to-noise: std over random cells / std over training seeds",
+             f"{snr['ratio']:.2f} ({_fmt(snr['arch_std'])} / {_fmt(snr['seed_std'])})"),
+            (f"supernet ranking over {ranking['n']} cells: Kendall τ / Spearman ρ (inherited vs stand-alone acc)",
+             f"{ranking['kendall_tau']:+.3f} / {ranking['spearman']:+.3f}"),
         ]
     table = "| quantity | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
     cells = ""
     if randoms:
-        cells = "\n| cell | parameters | evaluation-stage global test acc | client test acc (mean, unweighted) |\n" \
-                "|---|---|---|---|\n" + f"| searched | {searched_params:,} | {_fmt(t['final']['global_test_acc'])} | " \
-                f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} |\n" + "".join(
+        cells = "\n| cell | parameters | evaluation-stage global test acc | client test acc (mean, unweighted) | " \
+                "inherited from the supernet: global test acc |\n|---|---|---|---|---|\n" + \
+                f"| searched | {searched_params:,} | {_fmt(t['final']['global_test_acc'])} | " \
+                f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} | {_fmt(inherited[0])} |\n" + "".join(
                     f"| random {i}: {' '.join(f'{op}<-{j}' for op, j in g.normal)} | {n:,} | "
-                    f"{_fmt(r['final']['global_test_acc'])} | {_fmt(r['final']['client_test_acc_mean_unweighted'])} |\n"
+                    f"{_fmt(r['final']['global_test_acc'])} | {_fmt(r['final']['client_test_acc_mean_unweighted'])} | "
+                    f"{_fmt(inherited[i + 1])} |\n"
                     for i, (g, r, n) in enumerate(randoms))
         plot_searched_vs_random(
             {search_cfg.run.seed: {"searched": (searched_params, t["final"]["global_test_acc"]),
@@ -236,7 +287,11 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     if randoms:
         numbers.update({"random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
                         "searched − random mean": vs["searched_minus_random"],
-                        "random cells beaten (fraction)": vs["beats"] / len(randoms)})
+                        "random cells beaten (fraction)": vs["beats"] / len(randoms),
+                        "searched cell: std over training seeds": snr["seed_std"],
+                        "architecture signal-to-noise": snr["ratio"],
+                        "supernet ranking: Kendall τ": ranking["kendall_tau"],
+                        "supernet ranking: Spearman ρ": ranking["spearman"]})
     return {"numbers": numbers,
             "points": {"searched": (searched_params, vs["searched"]),
                        "random": [(n, r["final"]["global_test_acc"]) for _, r, n in randoms]}}
@@ -350,6 +405,9 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=5, metavar="N",
                    help="global mode: also train N random cells of the space with the evaluation stage's recipe "
                         "(the control; default 5, 0: none)")
+    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
+                   help="global mode: train the searched cell with N training seeds on the same partition "
+                        "(train/, train_seed_<j>/) for the architecture signal-to-noise ratio (default 3, >= 1)")
     p.add_argument("--match-size", action="store_true",
                    help="draw each random cell with parameters within ±10 %% of the searched cell's")
     p.add_argument("--out", default=None, help="output directory (default runs/fednas[-personalized])")
@@ -364,6 +422,8 @@ def main(argv=None) -> int:
         p.error(str(e))
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.train_seeds < 1:
+        p.error(f"--train-seeds {args.train_seeds}: must be >= 1")
     if args.seeds is not None:
         if args.seed is not None or args.personalized:
             p.error("--seeds goes with global mode and without --seed")

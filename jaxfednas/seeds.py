@@ -86,6 +86,100 @@ def versus_random(searched: float, random: Sequence[float]) -> dict:
             "beats": sum(float(searched) > r for r in random), "ties": sum(float(searched) == r for r in random)}
 
 
+def signal_to_noise(random: Sequence[float], repeats: Sequence[float]) -> dict:
+    """Whether a task can tell architectures apart: the sample std of stand-alone accuracy
+    over random architectures (each trained once) over the sample std of one architecture's
+    accuracy over training seeds (the same architecture, partition and recipe; ``repeats``,
+    at least 2). A ratio below ~1 means a search's margin over random is seed noise there.
+
+    >>> r = signal_to_noise([0.80, 0.90, 0.85], [0.86, 0.87, 0.85])
+    >>> round(r["ratio"], 6), r["random_n"], r["repeats_n"]
+    (5.0, 3, 3)
+    """
+    arch_std, seed_std = mean_std(random)[1], mean_std(repeats)[1]
+    if len(random) < 2 or len(repeats) < 2:  # (one value has no spread to compare)
+        arch_std, seed_std = (arch_std if len(random) > 1 else math.nan), (seed_std if len(repeats) > 1 else math.nan)
+    if math.isnan(arch_std) or math.isnan(seed_std):
+        ratio = math.nan
+    else:
+        ratio = arch_std / seed_std if seed_std > 0 else math.inf if arch_std > 0 else math.nan
+    return {"arch_std": arch_std, "seed_std": seed_std, "ratio": ratio,
+            "random_n": len(random), "repeats_n": len(repeats)}
+
+
+def repeat_seed(seed: int, j: int) -> int:
+    """The ``j``-th training seed of a job of seed ``seed`` (``j = 0``: ``seed`` itself), for
+    training one architecture again on the same partition (``data.partition_seed`` fixed)."""
+    return (seed + 7919 * j) % 2**31
+
+
+def _ranks(v: Sequence[float]) -> list[float]:
+    """Average ranks (1-based; ties share the mean of their positions)."""
+    order = sorted(range(len(v)), key=lambda i: v[i])
+    ranks = [0.0] * len(v)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's τ-b of two rankings (ties in either counted as neither concordant nor
+    discordant, and corrected for): +1 the same order, −1 the reverse, ~0 unrelated; NaN for
+    fewer than two pairs' worth of untied values.
+
+    >>> kendall_tau([1, 2, 3, 4], [10, 30, 20, 40])
+    0.6666666666666666
+    """
+    if len(x) != len(y):
+        raise ValueError(f"kendall_tau: {len(x)} values against {len(y)}")
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    n_x, n_y = concordant + discordant + ties_x, concordant + discordant + ties_y
+    return (concordant - discordant) / math.sqrt(n_x * n_y) if n_x and n_y else math.nan
+
+
+def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's ρ: the Pearson correlation of the average ranks (NaN when either is constant).
+
+    >>> spearman_rho([1, 2, 3, 4], [10, 30, 20, 40])
+    0.8
+    """
+    if len(x) != len(y):
+        raise ValueError(f"spearman_rho: {len(x)} values against {len(y)}")
+    rx, ry = _ranks(list(x)), _ranks(list(y))
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+def supernet_ranking(inherited: Sequence[float], standalone: Sequence[float]) -> dict:
+    """The standard check of weight sharing: do architectures rank the same with the weights
+    they inherit from the trained supernet as trained on their own? Kendall's τ-b and
+    Spearman's ρ over the architectures (searched and random of one seed) and their count.
+    τ near 0: no supernet-based search can beat random on that task."""
+    return {"kendall_tau": kendall_tau(inherited, standalone), "spearman": spearman_rho(inherited, standalone),
+            "n": len(inherited)}
+
+
 def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "", metric: str = "test accuracy",
                plot_title: str = "") -> dict:
     """Run ``one_seed(seed, out / "seed_<s>")`` for every seed and write the table over seeds.

@@ -12,6 +12,7 @@ import pytest
 from conftest import assert_accuracy, assert_summary_consistent
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.rng import random_arch_key
+from jaxfednas.seeds import kendall_tau, mean_std, repeat_seed
 from jaxfednas.search_spaces.darts import Genotype, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
@@ -29,7 +30,7 @@ def _example(name):
 
 def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     out = tmp_path / "g"
-    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "1", "--out", str(out)]) == 0
+    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "2", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     train_cfg = json.loads((out / "train" / "config.json").read_text())
     # the table's numbers are the stages' final evaluations, whole numbers of test examples
@@ -49,12 +50,32 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     assert Genotype.from_json(rand_cfg["algo"]["genotype"]) == random_genotype(random_arch_key(0, 0), prims, 1)
     assert {k: v for k, v in rand_cfg["algo"].items() if k != "genotype"} == \
         {k: v for k, v in train_cfg["algo"].items() if k != "genotype"} and rand_cfg["data"] == train_cfg["data"]
-    rand = json.loads((out / "random_0" / "summary.json").read_text())["final"]["global_test_acc"]
-    key = [k for k in res if k.startswith("random cells (1)")][0]
-    assert res[key] == f"{rand:.4f} ± 0.0000"
-    assert res["searched − random mean"] == f"{train['global_test_acc'] - rand:+.4f}"
+    rands = [json.loads((out / f"random_{i}" / "summary.json").read_text())["final"]["global_test_acc"] for i in (0, 1)]
+    key = [k for k in res if k.startswith("random cells (2)")][0]
+    assert res[key] == "{:.4f} ± {:.4f}".format(*mean_std(rands))
+    assert res["searched − random mean"] == f"{train['global_test_acc'] - sum(rands) / 2:+.4f}"
     assert res["random cells the searched cell beats (ties)"] == \
-        f"{int(train['global_test_acc'] > rand)} of 1 ({int(train['global_test_acc'] == rand)})"
+        f"{sum(train['global_test_acc'] > r for r in rands)} of 2 ({sum(train['global_test_acc'] == r for r in rands)})"
+    # the diagnostics: the searched cell retrained with other training seeds on the same partition ...
+    repeats = [train["global_test_acc"]]
+    for j in (1, 2):
+        cfg_j = json.loads((out / f"train_seed_{j}" / "config.json").read_text())
+        assert cfg_j["run"]["seed"] == repeat_seed(0, j) and cfg_j["algo"] == train_cfg["algo"]
+        assert json.loads((out / f"train_seed_{j}" / "partition" / "manifest.json").read_text())["clients"] == \
+            json.loads((out / "train" / "partition" / "manifest.json").read_text())["clients"]
+        repeats.append(json.loads((out / f"train_seed_{j}" / "summary.json").read_text())["final"]["global_test_acc"])
+    snr = mean_std(rands)[1] / mean_std(repeats)[1]
+    assert res["architecture signal-to-noise: std over random cells / std over training seeds"].startswith(
+        f"{snr:.2f} ({mean_std(rands)[1]:.4f} / {mean_std(repeats)[1]:.4f})")
+    # ... and the supernet's ranking of the three cells against their stand-alone accuracies
+    inherited = json.loads((out / "inherited.json").read_text())
+    genotypes = [train_cfg["algo"]["genotype"]] + \
+        [json.loads((out / f"random_{i}" / "config.json").read_text())["algo"]["genotype"] for i in (0, 1)]
+    inh = [inherited[Genotype.from_json(g).to_json()] for g in genotypes]
+    assert all(0 <= a <= 1 for a in inh) and len(inherited) == 3
+    tau = kendall_tau(inh, [train["global_test_acc"], *rands])
+    assert res["supernet ranking over 3 cells: Kendall τ / Spearman ρ (inherited vs stand-alone acc)"].startswith(
+        f"{tau:+.3f} / ")
     assert (out / "plots" / "searched_vs_random.png").stat().st_size > 0
     # the evaluation stage trains exactly the exported genotype, on the same partition
     assert json.loads(train_cfg["algo"]["genotype"]) == json.loads((out / "search" / "architecture.json").read_text())
@@ -64,8 +85,8 @@ def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
         assert sorted(a["train"] + a["val"]) == sorted(b["train"]) and a["test"] == b["test"]
     assert (out / "search" / "plots" / "cell_normal.png").exists()
     # a second call without --resume refuses to overwrite; with --resume it finishes at once
-    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "1", "--out", str(out)]) != 0
-    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "1", "--out", str(out), "--resume"]) == 0
+    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "2", "--out", str(out)]) != 0
+    assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "2", "--out", str(out), "--resume"]) == 0
     assert "evaluation-stage global test acc" in capsys.readouterr().out
 
 

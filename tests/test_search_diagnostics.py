@@ -1,0 +1,78 @@
+"""The two diagnostics of a searched-vs-random result: architecture signal-to-noise and the
+supernet's ranking (Kendall's τ, Spearman's ρ), and FedNAS' inherited-weight accuracy."""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from jaxfednas.algorithms.fednas import FedNASConfig, fednas, make_inherited_accuracy, make_supernet
+from jaxfednas.data import make_federated_data
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.runtime import Placement
+from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
+from jaxfednas.search_spaces.darts.masks import mask_from_genotype, mask_weights, Subnet
+from jaxfednas.search_spaces.sampling import random_genotype
+from jaxfednas.seeds import kendall_tau, signal_to_noise, spearman_rho, supernet_ranking
+
+
+def test_rank_correlations_by_hand_and_against_scipy_with_ties():
+    # 4 items, one swapped pair: 5 concordant, 1 discordant of 6 -> τ = 4/6; ranks d = (0,1,1,0): ρ = 1 - 6·2/60
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert spearman_rho([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0 and math.isnan(kendall_tau([1, 1], [1, 2]))
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n = int(rng.integers(3, 9))
+        x, y = rng.integers(0, 4, n).astype(float), rng.integers(0, 4, n).astype(float)
+        if len(set(x)) > 1 and len(set(y)) > 1:
+            assert kendall_tau(list(x), list(y)) == pytest.approx(scipy.stats.kendalltau(x, y).statistic, abs=1e-12)
+            assert spearman_rho(list(x), list(y)) == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
+    r = supernet_ranking([0.1, 0.2, 0.3], [0.5, 0.7, 0.6])
+    assert (r["kendall_tau"], r["n"]) == (pytest.approx(1 / 3), 3)
+
+
+def test_signal_to_noise_is_the_ratio_of_sample_stds():
+    r = signal_to_noise([0.5, 0.7, 0.9], [0.60, 0.61, 0.62])
+    assert r["arch_std"] == pytest.approx(0.2) and r["seed_std"] == pytest.approx(0.01)
+    assert r["ratio"] == pytest.approx(20.0) and (r["random_n"], r["repeats_n"]) == (3, 3)
+    assert signal_to_noise([0.5, 0.7], [0.6, 0.6])["ratio"] == math.inf
+    assert math.isnan(signal_to_noise([0.5], [0.6, 0.7])["ratio"])  # one random cell: no spread to compare
+    assert math.isnan(signal_to_noise([0.5, 0.7], [0.6])["ratio"])
+
+
+@pytest.fixture(scope="module")
+def same_train_and_test():
+    """One client whose training examples are also the server's test set (one batch)."""
+    ds = load_dataset("synthetic", num_train=48, num_test=8)
+    ds = dataclasses.replace(ds, x_test=ds.x_train, y_test=ds.y_train)
+    idx = np.arange(48)
+    return make_federated_data(ds, {"train": [idx], "val": [idx[:8]], "test": [idx[:8]]})
+
+
+def test_inherited_accuracy_is_the_masked_supernet_with_the_clients_statistics(same_train_and_test):
+    """With the test set equal to the one client's training set, taken in one batch, BN
+    statistics recalibrated on the training set are that batch's own statistics: the
+    inherited accuracy must equal the masked supernet run in training mode on it."""
+    data = same_train_and_test
+    cfg = FedNASConfig(C=4, layers=2, nodes=2, primitives="tiny", batch_size=16, eval_batch_size=64,
+                       bn_recalibration_batches=1)
+    algo = fednas(cfg, data.info, placement=Placement("map"))
+    state, _ = algo.round(algo.init(jax.random.PRNGKey(0)), data, jax.random.PRNGKey(1))  # trained a little
+    v = state.variables
+    accuracy = make_inherited_accuracy(cfg, data.info, placement=Placement("map"))
+    net, prims = make_supernet(cfg, data.info), PRIMITIVE_SETS[cfg.primitives]
+    accs = []
+    for i in range(3):
+        g = random_genotype(jax.random.PRNGKey(i), prims, cfg.nodes)
+        w = mask_weights(mask_from_genotype(g, prims, cfg.nodes))
+        x = data.info.normalize(jnp.asarray(data.server_x))
+        logits, _ = Subnet(net, w).apply({"params": v["params"], "batch_stats": v["batch_stats"]}, x, train=True,
+                                         mutable=["batch_stats"])
+        by_hand = float((jnp.argmax(logits, -1) == jnp.asarray(data.server_y)).mean())
+        accs.append(accuracy(v, g, data))
+        assert accs[-1] == pytest.approx(by_hand, abs=1e-6), i
+    assert len(set(accs)) > 1  # the genotype reaches the network
