@@ -96,3 +96,25 @@ def test_readme_algorithm_with_a_loose_bound_is_fedavg(readme_module, tiny_data)
     s1, _ = algo.round(s0, tiny_data, key)
     avg, _ = fa.round(FedAvgState(variables=s0.variables, round=jnp.int32(0)), tiny_data, key)
     _close(s1.variables, avg.variables)
+
+
+def test_readme_python_example_equals_the_command_line_for_the_same_seed(tmp_path, capsys):
+    """The "From Python" block and the command it names give the same state, bit for bit:
+    one key derivation (jaxfednas.rng) and one partition."""
+    from jaxfednas import cli
+    from jaxfednas.checkpoint import read_checkpoint, shape_template
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## From Python\n.*?```python\n(.*?)```", text, re.S).group(1)
+    command = re.search(r"prints what `(jaxfednas run fedavg[^`]*)`", " ".join(text.split())).group(1)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    printed = float(capsys.readouterr().out.strip().splitlines()[-1])
+    out = tmp_path / "cli"
+    assert cli.main(command.split()[1:] + ["--out", str(out), "--no-progress"]) == 0
+    state, rounds = read_checkpoint(out / "checkpoint.msgpack", shape_template(namespace["state"]))
+    assert rounds == 10
+    for a, b in zip(jax.tree.leaves(namespace["state"]), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    summary = __import__("json").loads((out / "summary.json").read_text())
+    assert np.float32(summary["final"]["global_test_acc"]) == np.float32(printed)  # (a float32 printed)
