@@ -95,6 +95,59 @@ def test_unbiased_running_var_reaches_a_grouped_cell_traced_before():
     assert _rel(got[True], got[False]) > 1e-3  # the edges' variances differ by n/(n-1)
 
 
+
+def _jaxprs(jaxpr):
+    """``jaxpr`` and every jaxpr nested in it (pjit, scan, cond, custom_vjp bodies)."""
+    yield jaxpr
+    for eqn in jaxpr.eqns:
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, list | tuple) else [v]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _jaxprs(inner)
+
+
+def _conv_dtypes(jaxpr, inside: str | None = None) -> set:
+    """The operand dtypes of the convolutions in ``jaxpr`` (only in the nested jits named ``inside``)."""
+    out = set()
+    for j in _jaxprs(jaxpr):
+        for e in j.eqns:
+            if inside is not None and e.primitive.name in ("pjit", "jit") and e.params.get("name") == inside:
+                out |= _conv_dtypes(e.params["jaxpr"].jaxpr)
+            elif inside is None and e.primitive.name == "conv_general_dilated":
+                out.add(str(e.invars[0].aval.dtype))
+    return out
+
+
+def test_precision_reaches_a_grouped_cell_traced_before_in_the_other_precision():
+    """``run.precision`` reaches the grouped cell (a jit of its own, cached across networks)
+    through its arguments' dtypes, never a Python-side switch: traced first in bfloat16, the
+    float32 forward after it has no bfloat16 anywhere and equals the edge scan's; traced
+    first in float32, the bfloat16 forward after it runs the cell's convolutions in
+    bfloat16 and stays near the edge scan's."""
+    from jaxfednas.precision import compute_in
+
+    kw = dict(C=4, num_classes=5, layers=1, steps=2, multiplier=2, primitives=("avg_pool_3x3", "sep_conv_3x3"))
+    scan, grouped = DartsSearchNetwork(**kw, group_edges=False), DartsSearchNetwork(**kw, group_edges=True)
+    x = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
+    mask = jnp.arange(6) < 4
+    variables = dict(jax.jit(functools.partial(scan.init, train=False))(jax.random.key(2), x))
+
+    def forward(net, precision):  # a new outer function each call; the grouped cell's jit cache persists
+        def f(v):
+            return compute_in(precision, net.apply)(v, x, train=True, mask=mask, mutable=["batch_stats"])
+        return jax.jit(f)(variables), jax.make_jaxpr(f)(variables).jaxpr
+
+    order = ("bf16", "fp32", "bf16")  # bfloat16 traced first, then float32, then bfloat16 again
+    got = [forward(grouped, p) for p in order]
+    want = {p: forward(scan, p)[0] for p in ("fp32", "bf16")}
+    (out32, _), jaxpr32 = got[1]
+    assert _conv_dtypes(jaxpr32) == {"float32"}
+    assert _rel(want["fp32"], got[1][0]) < 1e-5
+    for (out16, _), jaxpr16 in (got[0], got[2]):
+        assert _conv_dtypes(jaxpr16, inside="_wide_cell") == {"bfloat16"}
+        assert _rel(want["bf16"][0], out16) < 5e-2 and _rel(out32, out16) > 1e-4  # bfloat16 rounding shows
+
 def test_default_groups_on_cpu_and_falls_back():
     cell = SearchCell(4, False, False)
     assert cell._grouped() == (jax.default_backend() == "cpu")

@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxfednas.algorithms.fednas import (cpu_scheduler, FedNASConfig, client_genotypes, fednas, make_local_search, make_supernet,
@@ -336,3 +337,45 @@ def test_run_directory_has_architecture_and_cell_diagrams(tmp_path):
     assert (tmp_path / "run" / "plots" / "cell_reduce.png").exists()
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert "architecture" in row and "arch_entropy" in row and "client_val_acc_std_unweighted" in row
+
+
+def test_milenas_lambda_weighs_the_validation_gradient_of_the_alpha_step(data2, algo_and_states):
+    """Eq. 4 with λ = 3: one local step (a batch holding the whole training split, the
+    validation batch the whole validation split) moves α by Adam's first step,
+    −η_α (g / (|g| + ε)) with g = ∇_α L_tr + λ ∇_α L_val at the starting (w, α), both
+    gradients by hand on the real rows. The signs of g differ from those of λ = 1 (the
+    default), λ = 0 and λ on the training term in several entries (the validation labels
+    are shifted so that the two gradients disagree), so a λ that does not reach the step
+    shows."""
+    lam, eta = 3.0, 0.05
+    _, _, s0, _, _, _ = algo_and_states
+    cfg = FedNASConfig(**{**TINY, "batch_size": 64}, arch_lr=eta, arch_weight_decay=0.0, milenas_lambda=lam)
+    model = make_supernet(cfg, data2.info)
+    tr, va = (jax.tree.map(lambda a: a[0], data2.all_clients(s)) for s in ("train", "val"))
+    va = va.replace(y=(va.y + 5) % data2.info.num_classes)  # labels that pull α elsewhere than the training ones
+    assert tr.y.shape[0] <= 64 and va.y.shape[0] <= 64  # one step, every row in its batch
+    local = jax.jit(make_local_search(cfg, data2.info, model, 1))
+    v1, metrics = local(s0.variables, tr, va, jax.random.PRNGKey(3))
+    assert int(metrics["steps"]) == 1
+
+    def rows(split):
+        n = int(split.count)
+        return data2.info.normalize(split.x[:n]), split.y[:n]
+
+    @jax.jit
+    @jax.grad
+    def grad_alpha(arch, x, y):  # BatchNorm on the batch's own statistics, as the step's forwards
+        logits, _ = model.apply({**s0.variables, "arch": arch}, x, train=True, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    a0 = s0.variables["arch"]
+    g_tr, g_val = (grad_alpha(a0, *rows(s)) for s in (tr, va))
+    np.testing.assert_array_equal(v1["arch"]["alphas_normal"], a0["alphas_normal"])  # one cell: a reduction cell
+    for name in ("alphas_reduce",):
+        gt, gv = np.asarray(g_tr[name], np.float64), np.asarray(g_val[name], np.float64)
+        g = gt + lam * gv
+        step = np.asarray(v1["arch"][name], np.float64) - np.asarray(a0[name], np.float64)
+        clear = np.abs(g) > 1e-3 * np.abs(g).max()  # entries whose sign float rounding cannot flip
+        np.testing.assert_allclose(step[clear], -eta * np.sign(g[clear]), rtol=1e-3)
+        for other in (gt + gv, gt, lam * gt + gv):
+            assert (np.sign(other[clear]) != np.sign(g[clear])).sum() >= 2, name

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import tiny_federation
 from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas.config import ConfigError
 from jaxfednas.cost import count_macs, count_params
@@ -558,3 +559,48 @@ def check_round_direction(cfg, data, s0, s1, m):
     picked = np.take_along_axis(np.asarray(s1.policy)[idx], choices[..., None], -1)[..., 0]
     np.testing.assert_allclose(picked, np.broadcast_to(0.5 * np.sign(r)[:, None], picked.shape), rtol=1e-4)
     assert float(m["subnet_params"]) > 0
+
+
+def test_a_round_with_validation_rewards_time_in_seconds_and_its_own_policy_optimizer_by_hand():
+    """Round 0 with reward_split=val, time_term=seconds, λ_time = 0.2 and policy_lr = 0.1, by
+    hand: each sampled client trains its subnet (the round's key and lr), Acc_i is that
+    subnet's accuracy on the client's validation split, RT_i counts a forward per
+    validation example, r_i = Acc_i − mean Acc − 0.2 (RT_i − min RT) in seconds (the
+    reported mean reward and time share), and α_i takes one step of Adam(0.1) along
+    r_i (δ_i − p_i)."""
+    over = {**{k: v for k, v in TINY.items() if k.startswith("algo.")}, "data.split": (0.5, 0.25, 0.25),
+            "algo.reward_split": "val", "algo.time_term": "seconds", "algo.lambda_time": 0.2,
+            "algo.policy_lr": 0.1}
+    cfg, data = tiny_federation("perfedrlnas", **over)
+    algo = algorithm_module("perfedrlnas").build(cfg, data.info)
+    s0 = algo.init(init_key(0))
+    s1, m = algo.round(s0, data, round_key(0, 0))
+    idx, keys, choices, valid = _sampled(cfg, data, s0, 0)
+    space = pf.make_space(cfg.algo, data.info)
+    train = jax.jit(pf.make_client_train(cfg.algo, data.info, space))
+    score = jax.jit(lambda v, c, d: pf.subnet_accuracy(space, data.info, v, c, d, cfg.algo.eval_batch_size))
+    tr, va, te = (data.clients(s, jnp.asarray(idx)) for s in ("train", "val", "test"))
+    acc, acc_test = [], []
+    for j in range(len(idx)):
+        v = train(s0.variables, jnp.asarray(choices[j]), jax.tree.map(lambda a: a[j], tr), keys[j],
+                  jnp.float32(cfg.algo.lr))[0]
+        acc.append(float(score(v, jnp.asarray(choices[j]), jax.tree.map(lambda a: a[j], va))))
+        acc_test.append(float(score(v, jnp.asarray(choices[j]), jax.tree.map(lambda a: a[j], te))))
+    acc = np.array(acc)
+    np.testing.assert_allclose(np.asarray(s1.acc)[idx], acc, atol=1e-6)
+    assert np.abs(acc - np.array(acc_test)).max() > 1e-3  # the test split would score otherwise
+    res = jax.tree.map(lambda a: np.asarray(a)[idx], s0.resources)
+    n_tr, n_va = np.asarray(tr.count), np.asarray(va.count)
+    rt = np.array([(3 * space.cost(c).macs * n_tr[j] * cfg.algo.local_epochs + space.cost(c).macs * n_va[j])
+                   / res.throughput[j] + 2 * 32.0 * space.cost(c).params / 100e6 for j, c in enumerate(choices)])
+    time = 0.2 * (rt - rt.min())
+    r = acc - acc.mean() - time
+    assert time.max() > 1e-6  # the time term is in the rewards
+    assert float(m["round_time_s"]) == pytest.approx(rt.max(), rel=1e-5)
+    assert float(m["reward_mean"]) == pytest.approx(r.mean(), abs=1e-6)
+    assert float(m["reward_time_share"]) == pytest.approx(time.sum() / np.abs(r).sum(), rel=1e-4)
+    tx = optax.adam(0.1, b1=0.5, b2=0.999)
+    for j, i in enumerate(idx):
+        g = pf.policy_gradient(s0.policy[i], choices[j], jnp.float32(r[j]), valid)
+        u, _ = tx.update(-g, jax.tree.map(lambda a: a[i], s0.policy_opt))
+        np.testing.assert_allclose(np.asarray(s1.policy)[i], np.asarray(s0.policy[i] + u), atol=1e-6)

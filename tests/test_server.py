@@ -479,3 +479,29 @@ def test_arch_server_optimizer_steps_alpha_with_its_own_rate(name):
                                jax.tree.leaves(s1.variables["arch"])):
         np.testing.assert_allclose(buf, np.asarray(start) - np.asarray(avg), rtol=1e-5, atol=1e-7)
     chex.assert_trees_all_equal(o1.variables["batch_stats"], s1.variables["batch_stats"])
+
+
+def test_a_fedavg_round_with_trimmed_mean_drops_run_trim_fraction_from_each_end_by_hand():
+    """run.aggregator=trimmed_mean with run.trim_fraction=0.2 over 6 reporting clients drops
+    ⌊0.2 · 6⌋ = 1 value from each end of every coordinate and averages the middle 4,
+    unweighted, for the weights and the BatchNorm statistics alike. The default β = 0.1
+    would drop none (the unweighted mean), and with 4 clients the trimmed mean of 1 per end
+    is the median: 6 clients tell all three apart."""
+    over = {"data.num_clients": 6, "run.clients_per_round": 6, "run.aggregator": "trimmed_mean",
+            "run.trim_fraction": 0.2}
+    cfg, data = tiny_federation("fedavg", **over)
+    algo = algorithm_module("fedavg").build(cfg, data.info)
+    s0 = algo.init(init_key(0))
+    s1, _ = algo.round(s0, data, round_key(0, 0))
+    ids, keys = round_clients(round_key(0, 0), 6, 6)
+    new, _ = _local_models()(s0.variables, data, ids, keys)
+
+    def trimmed(x):  # [6, ...] -> the mean of the middle 4 per coordinate
+        return np.sort(np.asarray(x, np.float64), axis=0)[1:-1].mean(0)
+
+    want = _fedavg_step(s0.variables, jax.tree.map(trimmed, new))
+    for a, b in zip(jax.tree.leaves(s1.variables), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    x = np.asarray(jax.tree.leaves(new["params"])[0], np.float64)
+    for other in (x.mean(0), np.median(x, 0)):  # the untrimmed mean, the median: both differ here
+        assert np.abs(other - trimmed(x)).max() > 1e-4
