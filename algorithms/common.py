@@ -49,7 +49,7 @@ class SupervisedConfig(Validated):
 
 def make_augment(name: str, dataset: str) -> Augment:
     if name == "auto":
-        name = "none" if dataset in ("digits", "synthetic") else "crop_flip"
+        name = "none" if dataset in ("digits", "cluttered_digits", "synthetic") else "crop_flip"
     return {
         "none": Augment(),
         "crop_flip": Augment(crop_padding=4, flip=True),

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from jaxfednas.config import ConfigError, DataConfig, RunConfig, describe, parse_set
+from jaxfednas.data.datasets import DATASETS
 
 EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 130, 143
 
@@ -106,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("algorithm", choices=sorted(ALGORITHMS), help="algorithm to run")
     r.add_argument("--preset", help="named preset: smoke (CPU minutes) or paper (the paper's settings)")
-    r.add_argument("--dataset", help="dataset (data.dataset): digits, synthetic, cifar10, cifar100, cinic10")
+    r.add_argument("--dataset", help=f"dataset (data.dataset): {', '.join(DATASETS)}")
     r.add_argument("--data-dir", help="prepared data directory (data.data_dir)")
     r.add_argument("--download", action="store_true", help=_DOWNLOAD_HELP)
     r.add_argument("--clients", type=int, help="number of clients K (data.num_clients)")

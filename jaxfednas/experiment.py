@@ -87,9 +87,9 @@ def check_run_directory(out: Path) -> None:
 
 
 RUN_LOCK = ".lock"
-"""The run directory's lock file: ``flock``-ed by the process writing the run (process 0
-of a multi-process run) for the whole run; the kernel releases it when that process ends,
-however it ends. It holds the holder's PID, host and start time."""
+"""Name of the lock file in a run directory, ``flock``-ed by the process writing the run
+(process 0 of a multi-process run) for the whole run; the kernel releases it when that
+process ends, however it ends. It holds the holder's PID, host and start time."""
 
 
 class RunInUseError(RunDirectoryError):

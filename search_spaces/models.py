@@ -16,7 +16,7 @@ from jaxfednas.nn import Conv
 
 
 class CNN(nn.Module):
-    """Two 3x3 convolutions, max-pool, two dense layers (for 8x8 digits and tiny tests)."""
+    """Two 3x3 convolutions, max-pool, two dense layers (for the bundled digits and tiny tests)."""
 
     num_classes: int
     features: Sequence[int] = (32, 64)
@@ -75,15 +75,20 @@ model here: ``shufflenetv2_<space>``."""
 MODELS = ("auto", "cnn", "resnet18", "resnet_tiny", "shufflenetv2", *(f"shufflenetv2_{s}" for s in SHUFFLENET_SPACES))
 
 
+# Image side of the bundled datasets (synthetic: its default shape); the others are 32x32.
+_SMALL_SIDE = {"digits": 8, "synthetic": 8, "cluttered_digits": 16}
+
+
 def shufflenetv2(num_classes: int, dataset: str, space: str | None = None) -> nn.Module:
     """A plain ShuffleNetV2 (3x3 depthwise in every unit) in DFNAS' geometry: the all-k3
-    child of ``space`` — by default of the ``small`` space for 8x8 digits/synthetic, of
-    ``cross_silo`` otherwise — the hand-designed network DFNAS is compared with (paper
-    Fig. 2; the DFNAS example trains the child of the space it searched)."""
+    child of ``space`` — by default of the ``small`` space for the bundled digits,
+    cluttered digits and synthetic data, of ``cross_silo`` otherwise — the hand-designed
+    network DFNAS is compared with (paper Fig. 2; the DFNAS example trains the child of the
+    space it searched)."""
     from jaxfednas.search_spaces.shufflenet import auto_depthwise_impl, build, uniform_arch  # noqa: PLC0415
 
-    small = dataset in ("digits", "synthetic")  # 8x8 images; the others are 32x32
-    impl = auto_depthwise_impl(8 if small else 32)
+    small = dataset in _SMALL_SIDE
+    impl = auto_depthwise_impl(_SMALL_SIDE.get(dataset, 32))
     space = space or ("small" if small else "cross_silo")
     return build(uniform_arch(space, "k3"), num_classes, dw_impl=impl)
 
@@ -119,16 +124,17 @@ def check_model_name(name: str) -> None:
 
 
 def make_model(name: str, num_classes: int, dataset: str) -> nn.Module:
-    """``auto`` picks the CNN for digits/synthetic and ResNet-18 for CIFAR-like data.
+    """``auto`` picks the CNN for the bundled digits, cluttered digits and synthetic data,
+    ResNet-18 for CIFAR-like data.
     ``resnet_tiny`` (one block per stage, width 8) is for tests. ``shufflenetv2_<space>:<c_1>,...``
     is any child of a DFNAS space (:func:`child_model_name`): a searched or a random one."""
     if ":" in name:
         from jaxfednas.search_spaces.shufflenet import auto_depthwise_impl, build  # noqa: PLC0415
 
         return build(child_of_model_name(name), num_classes,
-                     dw_impl=auto_depthwise_impl(8 if dataset in ("digits", "synthetic") else 32))
+                     dw_impl=auto_depthwise_impl(_SMALL_SIDE.get(dataset, 32)))
     if name == "auto":
-        name = "cnn" if dataset in ("digits", "synthetic") else "resnet18"
+        name = "cnn" if dataset in _SMALL_SIDE else "resnet18"
     if name == "cnn":
         return CNN(num_classes)
     if name == "resnet18":

@@ -417,9 +417,9 @@ def test_cifar_through_tfds_prepared_and_unprepared(monkeypatch, tmp_path):
 
 
 def test_load_dataset_bad_arguments():
-    with pytest.raises(ValueError, match="name.*digits, synthetic, cifar10, cifar100, cinic10"):
+    with pytest.raises(ValueError, match="name.*digits, cluttered_digits, synthetic, cifar10, cifar100, cinic10"):
         load_dataset("mnist")
-    assert DATASETS == ("digits", "synthetic", "cifar10", "cifar100", "cinic10")
+    assert DATASETS == ("digits", "cluttered_digits", "synthetic", "cifar10", "cifar100", "cinic10")
     with pytest.raises(ValueError, match="num_train"):
         load_dataset("synthetic", num_train=0)
     with pytest.raises(ValueError, match="image_shape"):

@@ -12,6 +12,11 @@ Available datasets (:data:`DATASETS`):
 ``digits``
     scikit-learn's bundled 8x8 handwritten digits (1 797 images, values 0..16).
     Works offline; the default for smoke tests and CPU examples.
+``cluttered_digits``
+    The same digits at random positions on a 16x16 canvas among fragments of
+    other digits of the same split (:mod:`jaxfednas.data.cluttered`; 1 437 / 360
+    images, the digits' labels, values 0..16). Works offline; made
+    deterministically, test digits never in training images.
 ``synthetic``
     Tiny, seeded, learnable toy data for unit tests.
 ``cifar10`` / ``cifar100``
@@ -61,7 +66,7 @@ __all__ = [
     "load_dataset",
 ]
 
-DATASETS: tuple[str, ...] = ("digits", "synthetic", "cifar10", "cifar100", "cinic10")
+DATASETS: tuple[str, ...] = ("digits", "cluttered_digits", "synthetic", "cifar10", "cifar100", "cinic10")
 
 # Per-channel (mean, std) of x/255 used by the reference code bases (§1.4):
 # DARTS/FedML for CIFAR-10, FedML/SPIDER for CIFAR-100, FedML for CINIC-10.
@@ -149,10 +154,10 @@ def load_dataset(
         or ``.tar.gz``, see the module docstring) or, failing those, the
         tensorflow_datasets data directory (``None``: only the tfds default).
         Required by ``cinic10`` (the extracted CINIC-10 root). Ignored by
-        ``digits`` and ``synthetic``.
+        ``digits``, ``cluttered_digits`` and ``synthetic``.
       seed: Seed for ``synthetic``. The other datasets are fixed (the digits
         train/test split is part of the dataset definition and always uses
-        seed 0), so ``seed`` does not change them.
+        seed 0, as are the clutter's draws), so ``seed`` does not change them.
       **kwargs: Options of ``synthetic`` only: ``num_train`` (512),
         ``num_test`` (128), ``num_classes`` (10), ``image_shape`` ((8, 8, 1)).
 
@@ -174,6 +179,10 @@ def load_dataset(
         )
     if name == "digits":
         return _load_digits()
+    if name == "cluttered_digits":
+        from jaxfednas.data.cluttered import cluttered_digits  # noqa: PLC0415
+
+        return cluttered_digits()[0]
     if name == "synthetic":
         return _load_synthetic(seed=seed, **kwargs)
     if name in ("cifar10", "cifar100"):
@@ -194,7 +203,9 @@ def _channel_stats(x: np.ndarray, scale: float) -> tuple[tuple[float, ...], tupl
     return mean, std
 
 
-def _load_digits() -> Dataset:
+def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits ``x`` ``[1797, 8, 8, 1]`` uint8 and ``y`` int32, and the
+    indices of the fixed stratified 80/20 train/test split (seed 0) into them."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -202,9 +213,13 @@ def _load_digits() -> Dataset:
     # Pixel values are integers 0..16 stored as float64; uint8 is exact.
     x = raw.images.astype(np.uint8)[..., None]
     y = raw.target.astype(np.int32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=0.2, stratify=y, random_state=0
-    )
+    train_idx, test_idx = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=0)
+    return x, y, train_idx, test_idx
+
+
+def _load_digits() -> Dataset:
+    x, y, train_idx, test_idx = _digits_split()
+    x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
     mean, std = _channel_stats(x_train, 16.0)
     return Dataset(
         name="digits",
