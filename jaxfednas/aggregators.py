@@ -35,6 +35,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from jaxfednas.errors import ConfigError
+
 #: The built-in aggregators, registered by :mod:`jaxfednas.server` when it is imported.
 BUILTIN: tuple[str, ...] = ("mean", "median", "trimmed_mean")
 
@@ -104,14 +106,13 @@ def unregister_aggregator(name: str) -> None:
 
 
 def aggregator_rule(name: str) -> Callable[..., Any]:
-    """The function registered as ``name``; :class:`~jaxfednas.config.ConfigError` listing
-    the registered names if there is none."""
+    """The function registered as ``name``; :class:`~jaxfednas.errors.ConfigError` listing
+    the registered names if there is none. The built-ins are registered when
+    :mod:`jaxfednas.server` (which applies the rules) is imported."""
     if name in BUILTIN and _RULES[name] is None:
-        import jaxfednas.server  # noqa: F401, PLC0415  (registers the built-ins)
+        raise ConfigError(f"run.aggregator={name!r} is a built-in registered by jaxfednas.server: import it first")
     rule = _RULES.get(name)
     if rule is None:
-        from jaxfednas.config import ConfigError  # noqa: PLC0415
-
         raise ConfigError(unknown_message(name))
     return rule
 

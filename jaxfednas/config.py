@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from jaxfednas.errors import ConfigError
 from jaxfednas.aggregators import AGGREGATORS  # run.aggregator's choices: live, grows with register_aggregator
 from jaxfednas.data.datasets import DATASETS
 from jaxfednas.data.partition import PARTITION_METHODS, SPLIT_METHODS
@@ -32,10 +33,6 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 SAMPLERS: tuple[str, ...] = ("uniform", "proportional", "available")
 AVAILABILITY_PATTERNS: tuple[str, ...] = ("cyclic", "markov")
 SERVER_OPTIMIZERS: tuple[str, ...] = ("none", "sgd", "avgm", "adagrad", "adam", "yogi")
-
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, mistyped or out of range."""
 
 
 def param(default: Any, help: str, *, range: tuple[Any, Any] | None = None, choices: tuple | None = None):

@@ -68,7 +68,7 @@ global model moves. One object, :class:`Server`, built from ``run.*`` like
 
 Where an option does not apply (no server: local-only training; DP-FNAS, whose privacy
 accountant assumes every party in every iteration), the builder raises
-:class:`~jaxfednas.config.ConfigError` naming the option (:meth:`Server.refuse`).
+:class:`~jaxfednas.errors.ConfigError` naming the option (:meth:`Server.refuse`).
 """
 from __future__ import annotations
 
