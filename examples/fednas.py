@@ -164,7 +164,12 @@ def global_search(args, overrides: dict) -> None:
                metric="evaluation-stage global test accuracy",
                note=(f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
                      f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`); "
-                     f"plot: `plots/searched_vs_random.png`."))
+                     f"plot: `plots/searched_vs_random.png`. The searched cell is trained with "
+                     f"{args.train_seeds} training seeds on the seed's partition: its std over them is the noise "
+                     "of the architecture signal-to-noise ratio (std over the random cells / that std). The "
+                     "supernet ranking is Kendall's τ (Spearman's ρ) over the seed's searched and random cells "
+                     "between their accuracy with the weights inherited from the searched supernet (BN "
+                     "recalibrated on the clients) and their evaluation-stage accuracy."))
 
 
 def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
