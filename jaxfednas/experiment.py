@@ -721,7 +721,7 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
                 _write_metrics(out / "metrics.jsonl", rows)
                 save_checkpoint(ckpt_path, host, round=r, config_sha256=chash)
             except (OSError, WriteError) as e:  # a full disk, a lost mount: the previous checkpoint is intact
-                w = e if isinstance(e, WriteError) else write_error(ckpt_path, e)
+                w = write_error(ckpt_path, e)
                 raise RunDirectoryError(f"could not save round {r}: writing {w.path} failed: {w.reason}; "
                                         f"{last_good()}; {w.advice}, then continue with --resume") from None
         saved_round = r
@@ -857,7 +857,7 @@ def run_experiment(
         try:
             return _report(cfg, out, run, host_state, rows, final, completed, timing)  # the report
         except (OSError, WriteError) as e:
-            w = e if isinstance(e, WriteError) else write_error(out, e)
+            w = write_error(out, e)
             raise RunDirectoryError(f"could not write the report {w.path}: {w.reason}; the checkpoint of round "
                                     f"{completed} is saved: {w.advice}, then run again with --resume (it writes "
                                     "the report without training)") from None

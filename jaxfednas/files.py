@@ -50,8 +50,11 @@ class WriteError(RuntimeError):
         super().__init__(f"could not write {where}: {reason}; {advice}")
 
 
-def write_error(path: os.PathLike | str, e: OSError, what: str = "") -> WriteError:
-    """The :class:`WriteError` for ``e`` raised while writing ``path``."""
+def write_error(path: os.PathLike | str, e: OSError | WriteError, what: str = "") -> WriteError:
+    """The :class:`WriteError` for ``e`` raised while writing ``path`` (``e`` itself if it
+    already is one)."""
+    if isinstance(e, WriteError):
+        return e
     reason, advice = _CAUSES.get(e.errno, (e.strerror or type(e).__name__, "check the path and try again"))
     if e.filename is not None and os.fspath(e.filename) != os.fspath(path) and e.errno in (errno.ENOTDIR, errno.EEXIST):
         reason = f"{reason} ({e.filename})"
@@ -63,9 +66,7 @@ def make_dirs(path: os.PathLike | str) -> Path:
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as e:  # mkdir -p over a file
-        raise write_error(path, OSError(errno.EEXIST, e.strerror, e.filename)) from None
-    except OSError as e:
+    except OSError as e:  # (mkdir -p over a file: EEXIST)
         raise write_error(path, e) from None
     return path
 
@@ -76,7 +77,7 @@ def write_bytes(path: os.PathLike | str, data: bytes, *, before_replace: Callabl
     old file or the new one, never half of one. Failures are :class:`WriteError`\\ s."""
     path = Path(path)
     if path.is_dir():
-        raise WriteError(path, "is a directory", "give the path of a file, not of a directory", errno.EISDIR)
+        raise write_error(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
     make_dirs(path.parent)
     tmp = None
     try:

@@ -135,6 +135,30 @@ TINY = {
 EVERY_PARTY = {"dp_fnas"}  # Algorithm 1 of DP-FNAS has every party in every iteration
 
 
+def poison_algorithms(monkeypatch, round_fn=None, evaluate=None) -> None:
+    """Make the runner build algorithms whose ``round`` / ``evaluate`` results pass through
+    ``round_fn(state, metrics) -> (state, metrics)`` / ``evaluate(state, metrics) -> metrics``
+    (e.g. NaN from some round on), to test how a run reacts."""
+    import jaxfednas.experiment as exp
+
+    real = exp.algorithm_module
+
+    class Poisoned:
+        def __init__(self, mod):
+            self.mod = mod
+
+        def build(self, cfg, info):
+            algo = self.mod.build(cfg, info)
+            changes = {}
+            if round_fn is not None:
+                changes["round"] = lambda state, data, key: round_fn(*algo.round(state, data, key))
+            if evaluate is not None:
+                changes["evaluate"] = lambda state, data: evaluate(state, dict(algo.evaluate(state, data)))
+            return algo._replace(**changes)
+
+    monkeypatch.setattr(exp, "algorithm_module", lambda name: Poisoned(real(name)))
+
+
 def tiny_federation(name: str, **overrides):
     """``(config, data)`` of test_contract.py's run of algorithm ``name``: 4 synthetic 8x8x1
     clients (256 training, 64 test examples), 2 per round (every party for

@@ -9,7 +9,7 @@ from jaxfednas import cli
 from jaxfednas.config import ConfigError
 from jaxfednas.experiment import NonFiniteError, RunExistsError, run_experiment
 from jaxfednas.registry import make_config
-from conftest import assert_summary_consistent
+from conftest import assert_summary_consistent, poison_algorithms
 
 SMALL = {
     "data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2,
@@ -64,25 +64,10 @@ def test_extend_finished_run_and_reject_changed_config(tmp_path):
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    import jaxfednas.experiment as exp
+    def round_fn(state, m):
+        return state, {**m, "train_loss": jnp.where(state.round >= 3, jnp.nan, m["train_loss"])}
 
-    real = exp.algorithm_module
-
-    class Poisoned:
-        def __init__(self, mod):
-            self.mod = mod
-
-        def build(self, cfg, info):
-            algo = self.mod.build(cfg, info)
-
-            def round_fn(state, data, key):
-                state, m = algo.round(state, data, key)
-                m["train_loss"] = jnp.where(state.round >= 3, jnp.nan, m["train_loss"])
-                return state, m
-
-            return algo._replace(round=round_fn)
-
-    monkeypatch.setattr(exp, "algorithm_module", lambda name: Poisoned(real(name)))
+    poison_algorithms(monkeypatch, round_fn=round_fn)
     d = tmp_path / "nan"
     with pytest.raises(NonFiniteError, match="round 3: train_loss=nan.*round 2"):
         run_experiment(_cfg(5), d, progress=False)

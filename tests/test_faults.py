@@ -18,6 +18,7 @@ from jaxfednas.checkpoint import CheckpointError
 from jaxfednas.experiment import NonFiniteError, RunInUseError, run_experiment
 from jaxfednas.files import WriteError, write_bytes, write_error, write_text
 from jaxfednas.registry import make_config
+from conftest import poison_algorithms
 
 SMALL = {"data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2,
          "run.placement": "vmap", "algo.batch_size": 32}
@@ -41,34 +42,15 @@ def _checkpoint_round(d):
 def _poison(monkeypatch, from_round, what):
     """Algorithms whose round ``from_round`` on puts NaN into the state's parameters
     (``what="state"``: the training loss stays finite) or the evaluation loss."""
-    import jaxfednas.experiment as exp
+    def round_fn(state, m):
+        v = state.variables
+        bad = jax.tree.map(lambda x: jnp.where(state.round >= from_round, jnp.nan, x), v["params"])
+        return state.replace(variables={**v, "params": bad}), m
 
-    real = exp.algorithm_module
+    def evaluate(state, m):
+        return {**m, "global_test_loss": jnp.where(state.round >= from_round, jnp.nan, m["global_test_loss"])}
 
-    class Poisoned:
-        def __init__(self, mod):
-            self.mod = mod
-
-        def build(self, cfg, info):
-            algo = self.mod.build(cfg, info)
-
-            def round_fn(state, data, key):
-                state, m = algo.round(state, data, key)
-                if what == "state":
-                    v = state.variables
-                    bad = jax.tree.map(lambda x: jnp.where(state.round >= from_round, jnp.nan, x), v["params"])
-                    state = state.replace(variables={**v, "params": bad})
-                return state, m
-
-            def evaluate(state, data):
-                m = dict(algo.evaluate(state, data))
-                if what == "eval":
-                    m["global_test_loss"] = jnp.where(state.round >= from_round, jnp.nan, m["global_test_loss"])
-                return m
-
-            return algo._replace(round=round_fn, evaluate=evaluate)
-
-    monkeypatch.setattr(exp, "algorithm_module", lambda name: Poisoned(real(name)))
+    poison_algorithms(monkeypatch, **({"round_fn": round_fn} if what == "state" else {"evaluate": evaluate}))
 
 
 def test_a_nan_state_with_a_finite_loss_is_never_saved(tmp_path, monkeypatch):
@@ -192,8 +174,7 @@ def test_a_checkpoint_without_permission_advises_permissions_not_space(tmp_path,
 
     def denied(path, data, **kw):
         if path.name == "checkpoint.msgpack":
-            raise WriteError(path, "permission denied", "choose a location you can write to or fix its "
-                             "permissions", errno.EACCES)
+            raise write_error(path, PermissionError(errno.EACCES, "Permission denied"))
         return real(path, data, **kw)
 
     monkeypatch.setattr(ck, "write_bytes", denied)
