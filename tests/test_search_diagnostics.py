@@ -74,5 +74,8 @@ def test_inherited_accuracy_is_the_masked_supernet_with_the_clients_statistics(s
                                          mutable=["batch_stats"])
         by_hand = float((jnp.argmax(logits, -1) == jnp.asarray(data.server_y)).mean())
         accs.append(accuracy(v, g, data))
-        assert accs[-1] == pytest.approx(by_hand, abs=1e-6), i
+        # the two routes reduce the BN moments in different orders: on another processor a
+        # near-tied logit may flip one of the 48 predictions, so one example's worth of slack
+        # (ignoring the mask in the recalibration moves it by 3 examples)
+        assert accs[-1] == pytest.approx(by_hand, abs=1 / 48 + 1e-9), i
     assert len(set(accs)) > 1  # the genotype reaches the network
