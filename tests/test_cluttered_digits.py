@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxfednas.data import cluttered
-from jaxfednas.data import datasets as ds_mod
+from jaxfednas.data import images as ds_mod
 from jaxfednas.data.cluttered import ClutterLayout, cluttered_digits, plot_samples, render
 from jaxfednas.data.datasets import DATASETS, load_dataset
 
@@ -80,7 +80,7 @@ def _paste_loop(digits: np.ndarray, layout: ClutterLayout, canvas: int) -> np.nd
 
 def test_layout_describes_every_image(built):
     ds, layouts = built
-    raw = ds_mod._digits_split()[0][..., 0]
+    raw = ds_mod.digits_split()[0][..., 0]
     canvas, f = cluttered.CANVAS, cluttered.FRAGMENT_SIZE
     for x, layout in ((ds.x_train, layouts["train"]), (ds.x_test, layouts["test"])):
         n = len(x)
@@ -107,7 +107,7 @@ def test_layout_describes_every_image(built):
 
 def test_train_and_test_digit_sources_are_disjoint(built):
     _, layouts = built
-    _, _, train_idx, test_idx = ds_mod._digits_split()
+    _, _, train_idx, test_idx = ds_mod.digits_split()
     train, test = layouts["train"], layouts["test"]
     np.testing.assert_array_equal(train.digit, train_idx)  # each training digit once, in the digits' order
     np.testing.assert_array_equal(test.digit, test_idx)
@@ -121,7 +121,7 @@ def test_train_and_test_digit_sources_are_disjoint(built):
 def test_no_test_pixels_in_training_images(built, monkeypatch):
     """Change every test digit's pixels: the training images stay the same bytes."""
     ds = built[0]
-    split = ds_mod._digits_split
+    split = ds_mod.digits_split
 
     def poisoned():
         x, y, train_idx, test_idx = split()
@@ -129,7 +129,7 @@ def test_no_test_pixels_in_training_images(built, monkeypatch):
         x[test_idx] = 16 - x[test_idx]
         return x, y, train_idx, test_idx
 
-    monkeypatch.setattr(ds_mod, "_digits_split", poisoned)
+    monkeypatch.setattr(cluttered, "digits_split", poisoned)
     other = cluttered_digits()[0]
     assert other.x_train.tobytes() == ds.x_train.tobytes()
     assert (other.mean, other.std) == (ds.mean, ds.std)  # statistics of training images only

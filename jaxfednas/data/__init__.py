@@ -6,7 +6,7 @@ import importlib
 
 _EXPORTS = {
     "Augment": "augment", "augment_batch": "augment",
-    "DATASETS": "datasets", "Dataset": "datasets", "DatasetUnavailableError": "datasets", "load_dataset": "datasets",
+    "DATASETS": "datasets", "Dataset": "images", "DatasetUnavailableError": "datasets", "load_dataset": "datasets",
     "ClientData": "federated", "ClientSplit": "federated", "DataInfo": "federated", "FederatedData": "federated",
     "epoch_permutation": "federated", "get_batch": "federated", "make_federated_data": "federated",
     "num_steps": "federated", "random_batch": "federated", "run_local_epochs": "federated",

@@ -50,7 +50,7 @@ import os
 
 import numpy as np
 
-from jaxfednas.data import datasets as _datasets
+from jaxfednas.data.images import Dataset, channel_stats, digits_split
 
 __all__ = [
     "CANVAS",
@@ -175,7 +175,7 @@ def cluttered_digits(
     fragment_size: int = FRAGMENT_SIZE,
     min_fragment_ink: int = MIN_FRAGMENT_INK,
     seed: int = SEED,
-) -> tuple[_datasets.Dataset, dict[str, ClutterLayout]]:
+) -> tuple[Dataset, dict[str, ClutterLayout]]:
     """Build the cluttered digits; :func:`~jaxfednas.data.datasets.load_dataset`
     ``("cluttered_digits")`` is this with the module's defaults.
 
@@ -190,7 +190,7 @@ def cluttered_digits(
       seed: Seed of the PCG64 streams ``(seed, 0)`` (training) and ``(seed, 1)`` (test).
 
     Returns:
-      A pair ``(dataset, layouts)`` of the :class:`~jaxfednas.data.datasets.Dataset` and a
+      A pair ``(dataset, layouts)`` of the :class:`~jaxfednas.data.images.Dataset` and a
       dict from ``"train"`` and ``"test"`` to the split's :class:`ClutterLayout` (which
       digit and which fragments every image is made of, and where).
     """
@@ -200,7 +200,7 @@ def cluttered_digits(
         raise ValueError(f"fragment_size must be in 1..{_DIGIT}, got {fragment_size}")
     if num_fragments < 0:
         raise ValueError(f"num_fragments must be >= 0, got {num_fragments}")
-    x, y, train_idx, test_idx = _datasets._digits_split()
+    x, y, train_idx, test_idx = digits_split()
     digits = x[..., 0]
     layouts, images = {}, {}
     for stream, (name, split) in enumerate((("train", train_idx), ("test", test_idx))):
@@ -208,16 +208,16 @@ def cluttered_digits(
                               num_fragments=num_fragments, fragment_size=fragment_size, min_ink=min_fragment_ink)
         layouts[name] = layout
         images[name] = render(digits, layout, canvas=canvas)
-    mean, std = _datasets._channel_stats(images["train"], 16.0)
-    dataset = _datasets.Dataset(name="cluttered_digits", x_train=images["train"], y_train=y[train_idx],
+    mean, std = channel_stats(images["train"], 16.0)
+    dataset = Dataset(name="cluttered_digits", x_train=images["train"], y_train=y[train_idx],
                       x_test=images["test"], y_test=y[test_idx], num_classes=10, scale=16.0, mean=mean, std=std)
     return dataset, layouts
 
 
-def plot_samples(dataset: _datasets.Dataset, path: str | os.PathLike[str], *, rows: int = 4, cols: int = 8, split: str = "train",
+def plot_samples(dataset: Dataset, path: str | os.PathLike[str], *, rows: int = 4, cols: int = 8, split: str = "train",
                  title: str = "") -> None:
     """A grid of the first ``rows * cols`` images of ``split`` (``"train"`` or ``"test"``)
-    of ``dataset`` (a :class:`~jaxfednas.data.datasets.Dataset`, channel 0 if several),
+    of ``dataset`` (a :class:`~jaxfednas.data.images.Dataset`, channel 0 if several),
     each titled with its label, written as a PNG to ``path`` through
     :func:`jaxfednas.files.save_figure` (matplotlib's Agg backend)."""
     import matplotlib  # noqa: PLC0415
