@@ -28,7 +28,7 @@ from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.distributed import DistributedError, initialize
 from jaxfednas.experiment import fit_memory_budget, round_memory_gib
-from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
+from jaxfednas.registry import build_algorithm, ALGORITHMS, make_config
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.config import apply_overrides
 from jaxfednas.runtime import CLIENT_AXIS, client_mesh, Placement
@@ -57,7 +57,11 @@ def _free_port(slurm: bool = False) -> int:
 def _env(devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS",
                                                                       "SLURM_", "OMPI_"))}
-    return dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAXFEDNAS_CACHE="off", **extra)
+    # A loaded 2-core machine can keep one device thread of a collective waiting past XLA:CPU's
+    # default rendezvous limit (40 s); the processes' own heartbeats still catch a dead peer.
+    flags = (f"--xla_force_host_platform_device_count={devices} --xla_cpu_collective_call_terminate_timeout_seconds=600 "
+             "--xla_cpu_collective_timeout_seconds=600")
+    return dict(env, XLA_FLAGS=flags, JAXFEDNAS_CACHE="off", **extra)
 
 
 def _start(args: list[str], out: Path, *, processes: int, devices: int, rounds: int, resume=False, env=None,
@@ -202,7 +206,7 @@ def test_memory_budget_picks_clients_in_flight(tiny_data):
     gib = {}
     for c in (1, 4):
         trial = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, client_chunk_size=c))
-        a = algorithm_module("fedavg").build(trial, tiny_data.info)
+        a = build_algorithm(trial, tiny_data.info)
         gib[c] = round_memory_gib(a, a.init(init_key(0)), tiny_data, round_key(0, 0))
     assert gib[4] > gib[1] > 0  # more clients in flight, more memory
     logs = []
