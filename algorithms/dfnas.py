@@ -73,7 +73,7 @@ import optax
 
 from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, ExperimentConfig, Validated, param
+from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
@@ -410,9 +410,7 @@ def child_report(arch: ShuffleArch, info: DataInfo) -> dict:
     return {"architecture": str(arch), "params": cost["params"], "macs": cost["macs"]}
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return dfnas(
-        config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = dfnas
+RUN_OPTIONS = (
+    "clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer", "arch_server_optimizer",
+)

@@ -48,7 +48,7 @@ from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
 from jaxfednas.search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.config import param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas import rng
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
@@ -169,9 +169,5 @@ def ditto(
                               round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return ditto(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = ditto
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")

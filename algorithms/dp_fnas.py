@@ -106,7 +106,6 @@ DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, no
 ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class DPFNASConfig(DartsSpaceConfig):
     """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, nodes, primitives), then DP-FNAS' own."""
@@ -529,7 +528,8 @@ def privacy_report(cfg: DPFNASConfig, iterations: int) -> privacy.DPFNASReport:
                                  delta=cfg.delta)
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+def check(config: ExperimentConfig) -> None:
+    """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     if config.data.split[1] <= 0:
         raise ConfigError(f"data.split={config.data.split}: DP-FNAS needs a validation split (M^H runs on it), "
                           "e.g. --set data.split=0.5,0.25,0.25")
@@ -559,7 +559,10 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
     server.refuse("dp_fnas", "the server sums the parties' noisy gradients (algo.aggregation) and steps W and α with "
                   "its own optimizers (algo.momentum, algo.arch_optimizer); there are no client models to combine",
                   aggregator=True, optimizer=True, arch_optimizer=True)
-    return dp_fnas(config.algo, info, placement=Placement.from_run(config.run), precision=config.run.precision)
+
+
+FACTORY = dp_fnas
+RUN_OPTIONS = ("precision",)
 
 
 __all__ = ["Accountant", "DPFNASConfig", "DPFNASState", "dp_fnas", "make_parties", "make_supernet",

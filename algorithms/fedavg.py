@@ -28,7 +28,7 @@ from jaxfednas.algorithms.common import (
 )
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, ExperimentConfig, param
+from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
 from jaxfednas.server import Server, tolerate_missing_server_state
@@ -132,9 +132,5 @@ def fedavg(
     return FederatedAlgorithm(name="fedavg", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate))
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return fedavg(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = fedavg
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")

@@ -440,14 +440,16 @@ def write_architecture_plots(genotype: Genotype, out_dir) -> None:
     plot_genotype(genotype, os.path.join(make_dirs(out_dir), "cell"))
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+def check(config: ExperimentConfig) -> None:
+    """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     if config.data.split[1] <= 0:
         raise ConfigError(
             f"data.split={config.data.split}: FedNAS needs a validation split (the α step of Eq. 4 uses each "
             "client's own validation data), e.g. --set data.split=0.5,0.25,0.25"
         )
-    return fednas(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+
+
+FACTORY = fednas
+RUN_OPTIONS = (
+    "clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer", "arch_server_optimizer",
+)

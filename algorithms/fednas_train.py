@@ -47,7 +47,7 @@ import jax.numpy as jnp
 
 from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ConfigError, ExperimentConfig, param
+from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.runtime import Placement
 from jaxfednas.server import Server
@@ -154,12 +154,8 @@ def fednas_train(
     return algo._replace(name="fednas_train")
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return fednas_train(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate, rounds=config.run.rounds,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = fednas_train
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")
 
 
 __all__ = ["FedNASTrainConfig", "FedAvgState", "fednas_train", "resolve_genotype", "make_network", "drop_path_schedule"]

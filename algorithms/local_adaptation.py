@@ -29,7 +29,7 @@ from jaxfednas.algorithms.common import evaluate_global, make_local_train, make_
 from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.config import param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas import rng
@@ -139,9 +139,5 @@ def local_adaptation(
     return FederatedAlgorithm(name="local_adaptation", init=base.init, round=base.round, evaluate=jit(evaluate))
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return local_adaptation(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = local_adaptation
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")

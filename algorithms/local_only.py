@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from jaxfednas.algorithms.common import SupervisedConfig, evaluate_clients, make_local_train, train_metrics
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
                                scatter_rows)
@@ -92,9 +91,5 @@ def local_only(
                               round=placement.jit_round(round_fn, init, ROWS), evaluate=jit(evaluate))
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return local_only(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = local_only
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler")

@@ -44,7 +44,7 @@ from jaxfednas.algorithms.common import SupervisedConfig, evaluate_global, make_
 from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_adapted, evaluate_clients_global
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm
-from jaxfednas.config import ExperimentConfig, param
+from jaxfednas.config import param
 from jaxfednas.data.federated import (
     ClientData,
     DataInfo,
@@ -228,9 +228,5 @@ def perfedavg(
     return FederatedAlgorithm(name="perfedavg", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate))
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
-    return perfedavg(
-        config.algo, info, clients_per_round=config.run.clients_per_round,
-        placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-        server=Server.from_run(config.run), precision=config.run.precision,
-    )
+FACTORY = perfedavg
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")

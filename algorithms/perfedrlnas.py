@@ -800,13 +800,15 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     return carry[0], np.array(curve)
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+def check(config: ExperimentConfig) -> None:
+    """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     if config.algo.reward_split == "val" and config.data.split[1] <= 0:
         raise ConfigError(f"algo.reward_split='val' needs a validation split: data.split={config.data.split} "
                           "has none (e.g. --set data.split=0.7,0.1,0.2)")
-    return perfedrlnas(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-                       placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-                       server=Server.from_run(config.run), precision=config.run.precision)
+
+
+FACTORY = perfedrlnas
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator")
 
 
 # its former name, one class per meaning since 0.2

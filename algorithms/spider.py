@@ -637,7 +637,8 @@ def search_schedule(cfg: SpiderConfig) -> list[int]:
     return [first + i * cfg.recovery_rounds for i in range(triggers)]
 
 
-def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
+def check(config: ExperimentConfig) -> None:
+    """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     last = search_schedule(config.algo)[-1]
     if config.run.rounds <= last:
         warnings.warn(
@@ -645,9 +646,10 @@ def build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm:
             f"at the client's round {last + 1} with algo.warmup_rounds={config.algo.warmup_rounds}, "
             f"algo.recovery_rounds={config.algo.recovery_rounds}, {num_edges(config.algo.nodes)} edges): "
             "personal architectures stay partial", stacklevel=2)
-    return spider(config.algo, info, rounds=config.run.rounds, clients_per_round=config.run.clients_per_round,
-                  placement=Placement.from_run(config.run), dropout_rate=config.run.dropout_rate,
-                  server=Server.from_run(config.run), precision=config.run.precision)
+
+
+FACTORY = spider
+RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")
 
 
 # its former name, one class per meaning since 0.2

@@ -52,7 +52,7 @@ from jaxfednas.data import partition as part
 from jaxfednas.distributed import broadcast, is_main, on_main, put_like, to_host
 from jaxfednas.progress import Progress
 from jaxfednas.rng import init_key, round_key
-from jaxfednas.registry import algorithm_module, config_from_dict
+from jaxfednas.registry import build_algorithm, config_from_dict
 from jaxfednas.runtime import (CLIENT_AXIS, client_mesh, device_memory_limit, drop_compiled, on_accelerator,
                                Placement, release_memory_after_compiles)
 
@@ -292,7 +292,7 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     if saved.exists() and part.load_manifest(saved)["sha256"] != manifest["sha256"]:
         raise ValueError(f"the partition recomputed now differs from {saved}")
     data = make_federated_data(dataset, part.manifest_splits(manifest))
-    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     state, rounds = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)),
                                     config_sha256=_accepted_hashes(cfg, stored, _quiet))
     return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
@@ -507,7 +507,7 @@ def auto_memory_budget_gib(cfg: ExperimentConfig) -> float | None:
 
 
 def _round_gib(cfg: ExperimentConfig, data) -> float:
-    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     return round_memory_gib(algo, algo.init(init_key(cfg.run.seed)), data, round_key(cfg.run.seed, 0))
 
 
@@ -620,7 +620,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log
     _warn_about_splits(cfg, splits, log)
     data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
 
-    algo = algorithm_module(cfg.algorithm).build(fit_memory_budget(cfg, data, log), data.info)
+    algo = build_algorithm(fit_memory_budget(cfg, data, log), data.info)
     state = algo.init(init_key(cfg.run.seed))
     drop_compiled(algo.init)  # it runs once: its program need not stay resident while the rounds run
     start, rows, restored = 0, [], None

@@ -47,7 +47,7 @@ from jaxfednas.cost import count_macs, count_params
 from jaxfednas.data.datasets import NORMALIZATION, Dataset, load_dataset
 from jaxfednas.data.federated import FederatedData, make_federated_data
 from jaxfednas.data import partition as part
-from jaxfednas.registry import algorithm_module
+from jaxfednas.registry import build_algorithm
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import Placement, device_memory_limit, gc_paused, on_accelerator
 
@@ -63,7 +63,7 @@ DATASET_SHAPES: dict[str, tuple[int, int, int, tuple[int, int, int]]] = {
 
 def synthetic_like(name: str, *, num_train: int | None = None, num_test: int | None = None,
                    seed: int = 0) -> Dataset:
-    """A :class:`~jaxfednas.data.datasets.Dataset` named ``name`` with its real image shape,
+    """A :class:`~jaxfednas.data.images.Dataset` named ``name`` with its real image shape,
     classes and normalisation but uniformly random pixels (balanced labels), so an algorithm
     built on it has the model and the arrays of a run on the real data. ``num_train`` /
     ``num_test`` default to the dataset's sizes (:data:`DATASET_SHAPES`). ``digits`` and
@@ -147,7 +147,7 @@ def _with_chunk(cfg: ExperimentConfig, chunk: int | None) -> ExperimentConfig:
 
 def _compile(cfg: ExperimentConfig, data: FederatedData) -> dict[str, Any]:
     """Build the algorithm of ``cfg``, trace, lower and compile its round (AOT)."""
-    algo = algorithm_module(cfg.algorithm).build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     state = algo.init(init_key(cfg.run.seed))
     key = round_key(cfg.run.seed, 0)
     out: dict[str, Any] = {"algo": algo, "state": state, "key": key, "compiled": None, "jaxpr": None}

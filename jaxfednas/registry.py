@@ -2,17 +2,29 @@
 at import time).
 
 An algorithm module provides ``CONFIG`` (its config dataclass), ``PRESETS``
-(``{"smoke": {...}, "paper": {...}}`` flat overrides), ``DESCRIPTION`` and
-``build(config: ExperimentConfig, info: DataInfo) -> FederatedAlgorithm``, and
-optionally ``DEFAULTS`` (flat overrides of the shared sections that the algorithm
-needs by default, e.g. a validation split; applied before any preset).
+(``{"smoke": {...}, "paper": {...}}`` flat overrides), ``DESCRIPTION``, a factory
+``(algo_config, info, **run options) -> FederatedAlgorithm`` (named ``FACTORY``, or
+decorated with :func:`register_algorithm`, which also registers a module from outside the
+library) and ``RUN_OPTIONS`` (the options of :data:`jaxfednas.run_options.OPTIONS` it
+honours; the runner refuses the others), and optionally ``DEFAULTS`` (flat overrides of the shared sections that the
+algorithm needs by default, e.g. a validation split; applied before any preset) and
+``check(config)`` (refusals that need the whole configuration, e.g. a validation split
+the algorithm cannot run without). :func:`build_algorithm` is the one place where an
+algorithm is built from a configuration.
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from jaxfednas.config import ConfigError, DataConfig, ExperimentConfig, RunConfig, apply_overrides
+
+if TYPE_CHECKING:
+    import jaxfednas.algorithm
+    import jaxfednas.config
+    import jaxfednas.data.federated
 
 ALGORITHMS: dict[str, str] = {
     "fedavg": "jaxfednas.algorithms.fedavg",
@@ -29,10 +41,56 @@ ALGORITHMS: dict[str, str] = {
 }
 
 
+_FACTORIES: dict[str, Callable[..., Any]] = {}  # registered with register_algorithm
+
+
+def register_algorithm(name: str, *, replace: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator that makes a factory's module algorithm ``name``: a CLI command
+    (``jaxfednas run NAME``, its module ``--import``ed) and a name for
+    :func:`make_config` and :func:`build_algorithm`, with the decorated function as the
+    module's ``FACTORY``. The module provides the rest (``CONFIG``, ``PRESETS``,
+    ``DESCRIPTION``, ``RUN_OPTIONS``). A name already taken by another module is
+    refused unless ``replace``; the same module registering again replaces itself."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"algorithm name must be a Python identifier, got {name!r}")
+
+    def add(factory: Callable[..., Any]) -> Callable[..., Any]:
+        old = ALGORITHMS.get(name)
+        if old is not None and old != factory.__module__ and not replace:
+            raise ValueError(f"algorithm {name!r} is already registered (module {old}); pass replace=True to "
+                             "replace it")
+        ALGORITHMS[name] = factory.__module__
+        _FACTORIES[name] = factory
+        return factory
+
+    return add
+
+
 def algorithm_module(name: str) -> ModuleType:
     if name not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {name!r}; available: {sorted(ALGORITHMS)}")
     return importlib.import_module(ALGORITHMS[name])
+
+
+def build_algorithm(config: jaxfednas.config.ExperimentConfig,
+                    info: jaxfednas.data.federated.DataInfo) -> jaxfednas.algorithm.FederatedAlgorithm:
+    """The algorithm ``config`` names, built for data described by ``info``: its module's
+    ``check(config)`` if any, then ``FACTORY(config.algo, info, ...)`` given the run's
+    options (:class:`jaxfednas.run_options.RunOptions`, built here once), then a refusal,
+    one line, of any run option set away from its default that the module does not list
+    in ``RUN_OPTIONS`` (a factory's own refusals, with its reasons, come first)."""
+    from jaxfednas.run_options import RunOptions, refuse_unsupported  # noqa: PLC0415  (jax, at build time only)
+
+    mod = algorithm_module(config.algorithm)
+    check = getattr(mod, "check", None)
+    if check is not None:
+        check(config)
+    options = RunOptions.from_run(config.run)
+    factory = _FACTORIES.get(config.algorithm) or mod.FACTORY
+    algorithm = factory(config.algo, info, **options.factory_kwargs(factory))
+    refuse_unsupported(config.algorithm, config.run, num_clients=info.num_clients,
+                       supported=getattr(mod, "RUN_OPTIONS", ()))
+    return algorithm
 
 
 def presets(name: str) -> dict[str, dict]:

@@ -83,7 +83,8 @@ import optax
 
 from jaxfednas import rng
 from jaxfednas.aggregators import aggregator_rule, register_aggregator, unknown_message
-from jaxfednas.config import AGGREGATORS, AVAILABILITY_PATTERNS, SAMPLERS, SERVER_OPTIMIZERS, ConfigError
+from jaxfednas.config import (AGGREGATORS, AVAILABILITY_PATTERNS, SAMPLERS, SERVER_OPTIMIZERS, ConfigError,
+                              RunConfig)
 from jaxfednas.runtime import nothing_to_aggregate, round_clients, weighted_mean
 
 
@@ -291,28 +292,43 @@ def server_step(tx: optax.GradientTransformation | None, current: Any, aggregate
 # --- The server -------------------------------------------------------------------
 
 
+_RUN = RunConfig()
+
+#: Each field of :class:`Server` and the ``run`` setting it is read from (its default too).
+RUN_FIELDS: dict[str, str] = {
+    "sampler": "sampler", "aggregator": "aggregator", "trim_fraction": "trim_fraction",
+    "optimizer": "server_optimizer", "lr": "server_lr", "momentum": "server_momentum", "b1": "server_b1",
+    "b2": "server_b2", "tau": "server_tau", "arch_optimizer": "arch_server_optimizer", "arch_lr": "arch_server_lr",
+    "availability_period": "availability_period", "availability_on": "availability_on",
+    "availability_pattern": "availability_pattern", "availability_fraction": "availability_fraction",
+    "availability_persistence": "availability_persistence", "seed": "seed",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Server:
     """What the server does in a round (see the module docstring). ``Server()`` is
-    today's behaviour: uniform sampling, n_k-weighted mean, no server optimizer."""
+    today's behaviour: uniform sampling, n_k-weighted mean, no server optimizer. Each
+    field is a ``run`` setting (:data:`RUN_FIELDS`; its meaning and default are those of
+    :class:`jaxfednas.config.RunConfig`)."""
 
-    sampler: str = "uniform"
-    aggregator: str = "mean"
-    trim_fraction: float = 0.1
-    optimizer: str = "none"
-    lr: float = 1.0
-    momentum: float = 0.9
-    b1: float = 0.9
-    b2: float = 0.99
-    tau: float = 1e-3
-    arch_optimizer: str = "none"
-    arch_lr: float = 1.0
-    availability_period: int = 2
-    availability_on: int = 1
-    availability_pattern: str = "cyclic"
-    availability_fraction: float = 0.5
-    availability_persistence: float = 0.5
-    seed: int = 0
+    sampler: str = _RUN.sampler
+    aggregator: str = _RUN.aggregator
+    trim_fraction: float = _RUN.trim_fraction
+    optimizer: str = _RUN.server_optimizer
+    lr: float = _RUN.server_lr
+    momentum: float = _RUN.server_momentum
+    b1: float = _RUN.server_b1
+    b2: float = _RUN.server_b2
+    tau: float = _RUN.server_tau
+    arch_optimizer: str = _RUN.arch_server_optimizer
+    arch_lr: float = _RUN.arch_server_lr
+    availability_period: int = _RUN.availability_period
+    availability_on: int = _RUN.availability_on
+    availability_pattern: str = _RUN.availability_pattern
+    availability_fraction: float = _RUN.availability_fraction
+    availability_persistence: float = _RUN.availability_persistence
+    seed: int = _RUN.seed
 
     def __post_init__(self):
         if self.aggregator not in AGGREGATORS:
@@ -335,13 +351,7 @@ class Server:
     @classmethod
     def from_run(cls, run: Any) -> Server:
         """The server a run's config asks for (``run.sampler``, ``run.aggregator``, ...)."""
-        return cls(sampler=run.sampler, aggregator=run.aggregator, trim_fraction=run.trim_fraction,
-                   optimizer=run.server_optimizer, lr=run.server_lr, momentum=run.server_momentum,
-                   b1=run.server_b1, b2=run.server_b2, tau=run.server_tau,
-                   arch_optimizer=run.arch_server_optimizer, arch_lr=run.arch_server_lr,
-                   availability_period=run.availability_period, availability_on=run.availability_on,
-                   availability_pattern=run.availability_pattern, availability_fraction=run.availability_fraction,
-                   availability_persistence=run.availability_persistence, seed=run.seed)
+        return cls(**{name: getattr(run, setting) for name, setting in RUN_FIELDS.items()})
 
     # -- what applies where
 
@@ -504,7 +514,7 @@ def tolerate_missing_server_state(cls: type) -> type:
     return cls
 
 
-__all__ = ["SAMPLERS", "AGGREGATORS", "SERVER_OPTIMIZERS", "Server", "register_aggregator", "proportional_clients",
+__all__ = ["SAMPLERS", "AGGREGATORS", "SERVER_OPTIMIZERS", "RUN_FIELDS", "Server", "register_aggregator", "proportional_clients",
            "availability_groups", "online", "markov_online", "available_clients", "weighted_mean_rule",
            "coordinate_median", "coordinate_trimmed_mean", "robust_mean", "masked_robust_mean", "scale_by_fedopt",
            "server_transform", "server_step", "tolerate_missing_server_state"]

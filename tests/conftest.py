@@ -141,22 +141,18 @@ def poison_algorithms(monkeypatch, round_fn=None, evaluate=None) -> None:
     (e.g. NaN from some round on), to test how a run reacts."""
     import jaxfednas.experiment as exp
 
-    real = exp.algorithm_module
+    real = exp.build_algorithm
 
-    class Poisoned:
-        def __init__(self, mod):
-            self.mod = mod
+    def build(cfg, info):
+        algo = real(cfg, info)
+        changes = {}
+        if round_fn is not None:
+            changes["round"] = lambda state, data, key: round_fn(*algo.round(state, data, key))
+        if evaluate is not None:
+            changes["evaluate"] = lambda state, data: evaluate(state, dict(algo.evaluate(state, data)))
+        return algo._replace(**changes)
 
-        def build(self, cfg, info):
-            algo = self.mod.build(cfg, info)
-            changes = {}
-            if round_fn is not None:
-                changes["round"] = lambda state, data, key: round_fn(*algo.round(state, data, key))
-            if evaluate is not None:
-                changes["evaluate"] = lambda state, data: evaluate(state, dict(algo.evaluate(state, data)))
-            return algo._replace(**changes)
-
-    monkeypatch.setattr(exp, "algorithm_module", lambda name: Poisoned(real(name)))
+    monkeypatch.setattr(exp, "build_algorithm", build)
 
 
 def tiny_federation(name: str, **overrides):

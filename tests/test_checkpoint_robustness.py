@@ -20,7 +20,7 @@ from jaxfednas import cli
 from jaxfednas.checkpoint import (CheckpointError, checkpoint_files, load_checkpoint, read_checkpoint, save_checkpoint,
                                   shape_template)
 from jaxfednas.experiment import _dict_hash, run_experiment
-from jaxfednas.registry import make_config
+from jaxfednas.registry import build_algorithm, make_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # fedavg's smoke preset on 4 synthetic clients: the cheapest real run
@@ -215,13 +215,12 @@ def test_a_newest_checkpoint_of_another_configuration_is_passed_over_like_a_dama
 
 
 def _straight_state():
-    from jaxfednas.registry import algorithm_module  # noqa: PLC0415
     from jaxfednas.data.datasets import load_dataset  # noqa: PLC0415
     from jaxfednas.data.federated import DataInfo  # noqa: PLC0415
 
     cfg = _cfg()
     ds = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    return jax.eval_shape(algorithm_module("fedavg").build(cfg, DataInfo.of(ds, cfg.data.num_clients)).init,
+    return jax.eval_shape(build_algorithm(cfg, DataInfo.of(ds, cfg.data.num_clients)).init,
                           jax.random.PRNGKey(0))
 
 

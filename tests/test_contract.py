@@ -35,7 +35,7 @@ import pytest
 from conftest import tiny_federation
 from jaxfednas import metrics
 from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
-from jaxfednas.registry import ALGORITHMS, algorithm_module
+from jaxfednas.registry import build_algorithm, ALGORITHMS
 from jaxfednas.rng import init_key, round_key
 
 
@@ -44,7 +44,7 @@ from jaxfednas.rng import init_key, round_key
 def run(request):
     name = request.param
     cfg, data = tiny_federation(name)
-    algo = algorithm_module(name).build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = algo.init(init_key(0))
     s1, m1 = algo.round(s0, data, round_key(0, 0))
     e1 = algo.evaluate(s1, data)
@@ -179,7 +179,7 @@ def test_every_algorithm_takes_or_refuses_each_server_choice(name, option):
 
     cfg, data = tiny_federation(name, **{option: SERVER_CHOICES[option]})
     try:
-        algo = algorithm_module(name).build(cfg, data.info)
+        algo = build_algorithm(cfg, data.info)
     except ConfigError as e:
         assert option.split(".")[1] in str(e), str(e)
         return
@@ -187,7 +187,7 @@ def test_every_algorithm_takes_or_refuses_each_server_choice(name, option):
     s1, m1 = algo.round(s0, data, round_key(0, 0))
     assert all(np.isfinite(float(v)) for v in m1.values())
     cfg_d, _ = tiny_federation(name)
-    default = algorithm_module(name).build(cfg_d, data.info)
+    default = build_algorithm(cfg_d, data.info)
     d1, _ = default.round(default.init(init_key(0)), data, round_key(0, 0))
     differs = [a for a, b in zip(jax.tree.leaves(d1), jax.tree.leaves(s1))
                if np.shape(a) == np.shape(b) and not np.array_equal(np.asarray(a), np.asarray(b))]

@@ -32,7 +32,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import ClientData
 from jaxfednas.config import ConfigError
 from jaxfednas.experiment import make_partition
-from jaxfednas.registry import make_config
+from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas import rng
 from jaxfednas.runtime import Placement, round_clients
 from jaxfednas.search_spaces.shufflenet import ShuffleNetwork, ShuffleSpace, SPACES
@@ -115,7 +115,7 @@ def data4():
 @pytest.fixture(scope="module")
 def algo_and_states(data4):
     config, data = data4
-    algo = dfnas_module.build(config, data.info)
+    algo = build_algorithm(config, data.info)
     s0 = algo.init(rng.init_key(0))
     key = rng.round_key(0, 0)
     s1, metrics = algo.round(s0, data, key)
@@ -299,7 +299,7 @@ def test_macs_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4, 
     config, _ = tiny_federation("dfnas", **{"algo.macs_coef": 1000.0, "algo.macs_target": 0})
     cfg = config.algo
     table = cost_table(cfg, data.info)
-    algo = dfnas_module.build(config, data.info)
+    algo = build_algorithm(config, data.info)
     s1, m1 = algo.round(s0, data, key)
     d = np.asarray(s1.variables["arch"]["alpha"] - s0.variables["arch"]["alpha"])
     rows = np.arange(3)

@@ -12,7 +12,7 @@ from jaxfednas import rng
 from jaxfednas.algorithms.dp_fnas import DPFNASConfig, dp_fnas, make_parties, make_supernet
 from jaxfednas.config import ConfigError
 from jaxfednas.optim import darts_arch_grad
-from jaxfednas.registry import algorithm_module, make_config
+from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas.runtime import Placement
 
 
@@ -97,21 +97,20 @@ def test_config_errors(data2):
         DPFNASConfig(noise_multiplier=0.0, clip_norm=0.0, target_epsilon=1.0)
     with pytest.raises(ConfigError, match="single iteration"):
         dp_fnas(DPFNASConfig(**TINY, target_epsilon=1e-3), data2.info)
-    mod = algorithm_module("dp_fnas")
     with pytest.raises(ConfigError, match="validation split"):
-        mod.build(make_config("dp_fnas", overrides={"data.split": (0.75, 0.0, 0.25)}), data2.info)
+        build_algorithm(make_config("dp_fnas", overrides={"data.split": (0.75, 0.0, 0.25)}), data2.info)
     with pytest.raises(ConfigError, match="every party"):
-        mod.build(make_config("dp_fnas", overrides={"run.clients_per_round": 0.5}), data2.info)
+        build_algorithm(make_config("dp_fnas", overrides={"run.clients_per_round": 0.5}), data2.info)
     with pytest.raises(ConfigError, match="split_method"):  # the reported ε needs independent splits
-        mod.build(make_config("dp_fnas", overrides={"data.split_method": "shuffle"}), data2.info)
+        build_algorithm(make_config("dp_fnas", overrides={"data.split_method": "shuffle"}), data2.info)
     with pytest.raises(ConfigError, match="every party"):
-        mod.build(make_config("dp_fnas", overrides={"run.dropout_rate": 0.1}), data2.info)
+        build_algorithm(make_config("dp_fnas", overrides={"run.dropout_rate": 0.1}), data2.info)
     # JAX cannot vmap the depthwise convolution's second-order gradient inside shard_map: refused, not a
     # NotImplementedError from inside the compiled round
     hvp = {"algo.arch_gradient": "second_hvp", "run.placement": "shard_map"}
     with pytest.raises(ConfigError, match="second_hvp under placement shard_map"):
-        mod.build(make_config("dp_fnas", overrides=hvp), data2.info)
-    mod.build(make_config("dp_fnas", overrides={**hvp, "run.placement": "map"}), data2.info)
+        build_algorithm(make_config("dp_fnas", overrides=hvp), data2.info)
+    build_algorithm(make_config("dp_fnas", overrides={**hvp, "run.placement": "map"}), data2.info)
     assert make_config("dp_fnas").data.split_method == "independent"
     assert make_config("dp_fnas", preset="paper").algo.clip_norm == 0.01
 

@@ -19,7 +19,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import ClientData
 from jaxfednas.evaluation import select_by_validation
 from jaxfednas.experiment import make_partition, run_experiment
-from jaxfednas.registry import algorithm_module, make_config
+from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas.runtime import Placement, round_clients
 from jaxfednas.search_spaces.darts import FEDNAS_V1, Genotype
 from jaxfednas.search_spaces.darts.operations import unbiased_running_var
@@ -292,7 +292,7 @@ def test_personalize_adapts_every_client(data2, algo_and_states):
 def test_build_requires_a_validation_split():
     cfg = make_config("fednas", overrides={"data.split": (0.75, 0.0, 0.25)})
     with pytest.raises(ConfigError, match="validation split"):
-        algorithm_module("fednas").build(cfg, None)
+        build_algorithm(cfg, None)
     with pytest.raises(ConfigError, match="algo.C=3 must be even"):  # not a ValueError from inside jit
         FedNASConfig(C=3)
 

@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from jaxfednas.plan import DATASET_SHAPES, model_params, plan_data, plan_run
-from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config, presets
+from jaxfednas.registry import build_algorithm, ALGORITHMS, make_config, presets
 from jaxfednas.rng import init_key, round_key
 
 PAPER = sorted(name for name in ALGORITHMS if "paper" in presets(name))
@@ -36,7 +36,7 @@ def _build(name: str):
     # a few examples per client (enough for every partition's minimum size): the shapes
     # of the model, not of the data, are what these tests check
     data = plan_data(cfg, num_train=max(2000, 40 * k), num_test=100)
-    return cfg, data, algorithm_module(name).build(cfg, data.info)
+    return cfg, data, build_algorithm(cfg, data.info)
 
 
 def test_every_paper_preset_is_checked():

@@ -23,7 +23,7 @@ from conftest import tiny_federation
 from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas.config import ConfigError
 from jaxfednas.cost import count_macs, count_params
-from jaxfednas.registry import algorithm_module, make_config
+from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas.rng import init_key, policy_keys, round_key
 from jaxfednas.runtime import round_clients
 from jaxfednas.search_spaces.choice import choice_mask
@@ -44,7 +44,7 @@ def _cfg(**over):
 def built(tiny_data):
     """Two rounds with the default time term (relative, λ_time = 0.05)."""
     cfg = _cfg()
-    algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
+    algo = build_algorithm(cfg, tiny_data.info)
     state0 = algo.init(init_key(0))
     state1, metrics = algo.round(state0, tiny_data, round_key(0, 0))
     return cfg, algo, state0, state1, metrics
@@ -273,7 +273,7 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
     the count matches the sampled subnets' memory computed by hand (here one of each), and
     the policies take the step of these rewards."""
     cfg = _cfg(memory_budget=True, budget_range=(0.3, 0.3))
-    algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
+    algo = build_algorithm(cfg, tiny_data.info)
     space = pf.make_space(cfg.algo, tiny_data.info)
     s0 = algo.init(init_key(0))
     idx, _, choices, valid = _sampled(cfg, tiny_data, s0, 0)
@@ -318,7 +318,7 @@ def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny
     (one batch) from zero statistics, divided by 1 − 0.9. With the init statistics the
     accuracies would differ."""
     cfg = _cfg(aggregate_bn=False)
-    algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
+    algo = build_algorithm(cfg, tiny_data.info)
     s0 = algo.init(init_key(0))
     out = np.asarray(algo.evaluate(s0, tiny_data)["client_test_acc"])
     space = pf.make_space(cfg.algo, tiny_data.info)
@@ -535,7 +535,7 @@ def test_a_round_on_another_space(space, tiny_data):
     clients' policies, each one Adam step along its hand-computed reward (the sampled
     choice's logit up where r_i > 0, down where r_i < 0), and exports costed architectures."""
     cfg = _cfg(space=space, space_preset="tiny")
-    algo = algorithm_module("perfedrlnas").build(cfg, tiny_data.info)
+    algo = build_algorithm(cfg, tiny_data.info)
     s0 = algo.init(init_key(0))
     s1, m = algo.round(s0, tiny_data, round_key(0, 0))
     check_round_direction(cfg, tiny_data, s0, s1, m)
@@ -572,7 +572,7 @@ def test_a_round_with_validation_rewards_time_in_seconds_and_its_own_policy_opti
             "algo.reward_split": "val", "algo.time_term": "seconds", "algo.lambda_time": 0.2,
             "algo.policy_lr": 0.1}
     cfg, data = tiny_federation("perfedrlnas", **over)
-    algo = algorithm_module("perfedrlnas").build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = algo.init(init_key(0))
     s1, m = algo.round(s0, data, round_key(0, 0))
     idx, keys, choices, valid = _sampled(cfg, data, s0, 0)

@@ -22,7 +22,7 @@ from conftest import tiny_federation
 from jaxfednas import nn as jnn
 from jaxfednas.config import ConfigError
 from jaxfednas.precision import cast_floating, compute_in
-from jaxfednas.registry import ALGORITHMS, algorithm_module, make_config
+from jaxfednas.registry import build_algorithm, ALGORITHMS, make_config
 from jaxfednas.rng import init_key, round_key
 
 BF16_ALGORITHMS = sorted(ALGORITHMS)
@@ -54,7 +54,7 @@ def _has_bf16(jaxpr) -> bool:
 def _round(name, precision):
     extra = {"algo.arch_gradient": "first"} if name == "dp_fnas" else {}  # bf16 refuses its second_fd
     cfg, data = tiny_federation(name, **{"run.precision": precision}, **extra)
-    algo = algorithm_module(name).build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = jax.eval_shape(algo.init, init_key(0))
     return s0, jax.make_jaxpr(algo.round)(s0, data, round_key(0, 0)), jax.eval_shape(
         algo.round, s0, data, round_key(0, 0))[0]
@@ -148,11 +148,11 @@ def test_dp_fnas_bf16_refuses_the_finite_difference():
     """W' ± ε v with ε = 0.01/‖v‖ is below bfloat16's resolution: second_fd is refused."""
     cfg = make_config("dp_fnas", overrides={"run.precision": "bf16", "algo.arch_gradient": "second_fd"})
     with pytest.raises(ConfigError, match="second_fd"):
-        algorithm_module("dp_fnas").build(cfg, tiny_federation("dp_fnas")[1].info)
+        build_algorithm(cfg, tiny_federation("dp_fnas")[1].info)
     for grad in ("second_hvp", "first"):  # (second_hvp is refused under shard_map, whatever the precision)
         cfg = make_config("dp_fnas", overrides={"run.precision": "bf16", "algo.arch_gradient": grad,
                                                 "run.placement": "map"})
-        algorithm_module("dp_fnas").build(cfg, tiny_federation("dp_fnas")[1].info)
+        build_algorithm(cfg, tiny_federation("dp_fnas")[1].info)
 
 
 def test_bf16_fedavg_reaches_fp32_accuracy_on_digits():
@@ -172,7 +172,7 @@ def test_bf16_fedavg_reaches_fp32_accuracy_on_digits():
     for precision in ("fp32", "bf16"):
         cfg = make_config("fedavg", preset="smoke", overrides={"run.precision": precision, "run.placement": "map"})
         data = make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
-        algo = algorithm_module("fedavg").build(cfg, data.info)
+        algo = build_algorithm(cfg, data.info)
         s = algo.init(init_key(cfg.run.seed))
         for r in range(cfg.run.rounds):
             s, m = algo.round(s, data, round_key(cfg.run.seed, r))

@@ -16,7 +16,7 @@ from conftest import tiny_federation
 from jaxfednas import rng
 from jaxfednas.checkpoint import load_checkpoint, save_checkpoint
 from jaxfednas.config import ConfigError, RunConfig
-from jaxfednas.registry import algorithm_module
+from jaxfednas.registry import build_algorithm
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import map_clients, masked_weighted_mean, round_clients, weighted_mean
 from jaxfednas.server import (Server, availability_groups, available_clients, markov_online, masked_robust_mean, online,
@@ -212,6 +212,19 @@ def test_run_config_defaults_are_todays_server_and_bad_values_are_refused():
         RunConfig(server_optimizer="adamw")
 
 
+def test_every_server_field_is_read_from_its_run_setting():
+    from jaxfednas.server import RUN_FIELDS
+
+    assert set(RUN_FIELDS) == {f.name for f in dataclasses.fields(Server)}
+    run = RunConfig(sampler="available", aggregator="trimmed_mean", trim_fraction=0.2, server_optimizer="adam",
+                    server_lr=0.3, server_momentum=0.5, server_b1=0.8, server_b2=0.95, server_tau=0.01,
+                    arch_server_optimizer="avgm", arch_server_lr=0.7, availability_period=3, availability_on=2,
+                    availability_pattern="markov", availability_fraction=0.6, availability_persistence=0.2, seed=9)
+    server = Server.from_run(run)
+    for field, setting in RUN_FIELDS.items():
+        assert getattr(server, field) == getattr(run, setting) != getattr(Server(), field), field
+
+
 @pytest.mark.parametrize("name, over, match", [
     ("local_only", {"run.aggregator": "median"}, "run.aggregator='median' does not apply to local_only"),
     ("local_only", {"run.server_optimizer": "adam"}, "run.server_optimizer='adam' does not apply to local_only"),
@@ -225,7 +238,7 @@ def test_run_config_defaults_are_todays_server_and_bad_values_are_refused():
 def test_options_that_do_not_apply_raise_a_config_error_naming_them(name, over, match):
     cfg, data = tiny_federation(name, **over)
     with pytest.raises(ConfigError, match=match):
-        algorithm_module(name).build(cfg, data.info)
+        build_algorithm(cfg, data.info)
 
 
 # --- FedAvg end to end (the contract test's tiny federation) ---------------------------
@@ -234,7 +247,7 @@ def test_options_that_do_not_apply_raise_a_config_error_naming_them(name, over, 
 @pytest.fixture(scope="module")
 def fedavg_run():
     cfg, data = tiny_federation("fedavg")
-    algo = algorithm_module("fedavg").build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = algo.init(init_key(0))
     return cfg, data, s0, algo.round(s0, data, round_key(0, 0))
 
@@ -267,7 +280,7 @@ def test_fedavg_with_fedadam_steps_from_the_clients_aggregate(fedavg_run, tmp_pa
     hp = {"run.server_optimizer": "adam", "run.server_lr": 0.01, "run.server_b1": 0.9, "run.server_b2": 0.99,
           "run.server_tau": 1e-3}
     cfg_a, _ = tiny_federation("fedavg", **hp)
-    algo = algorithm_module("fedavg").build(cfg_a, data.info)
+    algo = build_algorithm(cfg_a, data.info)
     a0 = algo.init(init_key(0))
     chex.assert_trees_all_equal(a0.variables, s0.variables)
     a1, _ = algo.round(a0, data, round_key(0, 0))
@@ -310,11 +323,10 @@ def test_perfedrlnas_aggregation_takes_the_masked_robust_aggregators():
 
 @pytest.mark.parametrize("name", ["ditto", "fednas_train", "local_adaptation"])
 def test_a_refusal_from_an_algorithm_built_on_fedavg_names_that_algorithm(name):
-    from jaxfednas.registry import algorithm_module
 
     cfg, data = tiny_federation(name, **{"run.arch_server_optimizer": "adam"})
     with pytest.raises(ConfigError, match=rf"{name}.*arch_server_optimizer|arch_server_optimizer.*{name}"):
-        algorithm_module(name).build(cfg, data.info)
+        build_algorithm(cfg, data.info)
 
 
 # --- availability pattern "markov" ---------------------------------------------------
@@ -405,7 +417,7 @@ def test_dropout_with_each_sampler_leaves_the_failed_client_out(over):
 
     cfg, data = tiny_federation("fedavg", **{"run.dropout_rate": 0.5, **over})
     server = Server.from_run(cfg.run)
-    algo = algorithm_module("fedavg").build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = algo.init(init_key(0))
     # a round key whose two sampled clients are one that reports and one that fails
     reported = jax.jit(jax.vmap(lambda key: reporting_clients(key, server.sample(key, 0, data, 4, 2)[0], 0.5).sum()))
@@ -437,7 +449,7 @@ def test_a_fedavg_round_with_a_registered_aggregator_is_it_by_hand():
 
     try:
         cfg, data = tiny_federation("fedavg", **{"run.aggregator": "max_of_reporting"})
-        algo = algorithm_module("fedavg").build(cfg, data.info)
+        algo = build_algorithm(cfg, data.info)
         s0 = algo.init(init_key(0))
         s1, _ = algo.round(s0, data, round_key(0, 0))
     finally:
@@ -455,13 +467,13 @@ def test_arch_server_optimizer_steps_alpha_with_its_own_rate(name):
     with run.arch_server_lr, while run.server_optimizer moves the weights with run.server_lr:
     against the default round (whose α and weights are the clients' averages), by hand."""
     cfg, data = tiny_federation(name)
-    algo = algorithm_module(name).build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = algo.init(init_key(0))
     s1, _ = algo.round(s0, data, round_key(0, 0))
     cfg_o, _ = tiny_federation(name, **{"run.server_optimizer": "sgd", "run.server_lr": 2.0,
                                         "run.arch_server_optimizer": "avgm", "run.arch_server_lr": 0.5,
                                         "run.server_momentum": 0.5})
-    opt = algorithm_module(name).build(cfg_o, data.info)
+    opt = build_algorithm(cfg_o, data.info)
     o0 = opt.init(init_key(0))
     chex.assert_trees_all_equal(o0.variables, s0.variables)
     o1, _ = opt.round(o0, data, round_key(0, 0))
@@ -490,7 +502,7 @@ def test_a_fedavg_round_with_trimmed_mean_drops_run_trim_fraction_from_each_end_
     over = {"data.num_clients": 6, "run.clients_per_round": 6, "run.aggregator": "trimmed_mean",
             "run.trim_fraction": 0.2}
     cfg, data = tiny_federation("fedavg", **over)
-    algo = algorithm_module("fedavg").build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     s0 = algo.init(init_key(0))
     s1, _ = algo.round(s0, data, round_key(0, 0))
     ids, keys = round_clients(round_key(0, 0), 6, 6)

@@ -20,7 +20,7 @@ import pytest
 from jaxfednas.algorithms import spider as sp
 from jaxfednas.config import ConfigError
 from jaxfednas.experiment import load_run, run_experiment
-from jaxfednas.registry import make_config
+from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import round_clients
 from jaxfednas.search_spaces.darts import supernet_of
@@ -297,7 +297,7 @@ def test_search_schedule_and_trigger_at_the_papers_t_s_and_tau(tiny_data):
         config = make_config("spider", overrides={"run.rounds": rounds, **TINY, "algo.nodes": 4})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            sp.build(config, tiny_data.info)
+            build_algorithm(config, tiny_data.info)
         assert any("round 341" in str(w.message) for w in caught) == warns, rounds
 
 
@@ -431,7 +431,7 @@ def test_the_round_triggers_the_search_on_each_clients_own_clock_with_tau_above_
     config = make_config("spider", overrides={
         "data.dataset": "synthetic", "data.num_clients": 4, "run.rounds": ROUNDS, "run.clients_per_round": 2,
         **TINY, "algo.warmup_rounds": 2, "algo.recovery_rounds": 2})
-    algo, data = sp.build(config, run.data.info), run.data
+    algo, data = build_algorithm(config, run.data.info), run.data
     a, b = _sampled(0).tolist()
     clock = np.full(4, 4, np.int32)
     clock[a], clock[b] = 2, 3
