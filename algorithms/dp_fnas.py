@@ -100,6 +100,8 @@ from jaxfednas.rng import client_keys
 from jaxfednas.runtime import jit, Placement, map_clients, step_if
 from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
+from jaxfednas.search_spaces.darts.genotypes import Genotype
+from jaxfednas.search_spaces.darts.masks import mask_from_genotype, mask_weights
 
 DESCRIPTION = "DP-FNAS (Singh et al.): DARTS search with per-example clipped, noised W and α gradients per party"
 
@@ -452,6 +454,28 @@ def evaluate_supernet(cfg: DPFNASConfig, model: DartsSearchNetwork, info: DataIn
     return out
 
 
+def make_inherited_accuracy(cfg: DPFNASConfig, info: DataInfo):
+    """The weight-sharing estimate of a cell's accuracy, for ranking cells by the searched
+    supernet (as :func:`jaxfednas.algorithms.fednas.make_inherited_accuracy`):
+    ``accuracy(variables, genotype, data)`` is the global test accuracy of the supernet
+    ``variables`` (W, A) with every edge fixed to ``genotype``'s operation (a 0/1 mask).
+    Its normalisation is per example (``cfg.norm``), so there are no statistics to
+    recalibrate. One compiled program serves every genotype."""
+    model = make_supernet(cfg, info)
+    primitives = PRIMITIVE_SETS[cfg.primitives]
+
+    def accuracy(variables, weights, data):
+        logits = lambda x: model.apply(variables, info.normalize(x), train=False, arch_weights=weights)  # noqa: E731
+        return global_accuracy(logits, data, cfg.eval_batch_size)["global_test_acc"]
+
+    compiled = jit(accuracy)
+
+    def of(variables: dict, genotype: Genotype, data: FederatedData) -> float:
+        return float(compiled(variables, mask_weights(mask_from_genotype(genotype, primitives, cfg.nodes)), data))
+
+    return of
+
+
 def export_genotype(cfg: DPFNASConfig, state: DPFNASState):
     """The searched architecture: DARTS' derivation from A (the paper's final cell)."""
     arch = jax.device_get(state.variables["arch"])
@@ -566,4 +590,4 @@ RUN_OPTIONS = ("precision",)
 
 
 __all__ = ["Accountant", "DPFNASConfig", "DPFNASState", "dp_fnas", "make_parties", "make_supernet",
-           "max_iterations", "physical_batch", "privacy_report"]
+           "make_inherited_accuracy", "max_iterations", "physical_batch", "privacy_report"]

@@ -30,11 +30,17 @@ paper reports validation error) and ε per row.
 draws the parties' split and the random cells) into ``seed_<s>/``: one DP-FNAS row (K =
 ``--parties``, default 4, noise ``--noise`` on both mechanisms), its cell through the
 augmentation stage and ``--random`` random cells through the same stage. The other Table 1
-rows (vanilla NAS, FNAS, the other party counts) are not run there. ``results.md`` gives
-mean ± std over seeds of the supernet's accuracy, ε (PLD, the guarantee, at the search's δ),
-the searched and random cells' augmented accuracy, searched − random mean and the fraction
-of random cells beaten; ``plots/searched_vs_random.png`` plots them by parameters of the
-augmentation network.
+rows (vanilla NAS, FNAS, the other party counts) are not run there. The searched cell is
+augmented again with ``--train-seeds`` - 1 other training seeds (``augment-seed_<j>/``,
+default 3 seeds in all), and every cell's accuracy with the weights it inherits from the
+private supernet is measured (``inherited.json``; post-processing, no privacy spent), for
+the two diagnostics: the architecture signal-to-noise ratio (std over the random cells /
+std of the searched cell over training seeds) and the supernet's ranking (Kendall's τ and
+Spearman's ρ between inherited and augmented accuracy over the seed's cells). ``results.md``
+gives mean ± std over seeds of the supernet's accuracy, ε (PLD, the guarantee, at the
+search's δ), the searched and random cells' augmented accuracy, searched − random mean, the
+fraction of random cells beaten and the diagnostics; ``plots/searched_vs_random.png`` plots
+them by parameters of the augmentation network.
 
 Digits settings differ from the paper's CIFAR-10 ones so that the default run takes
 minutes on 2 CPU cores (measured: 8.5 min on a 2-core machine shared with other jobs,
@@ -60,12 +66,13 @@ import sys
 from pathlib import Path
 
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError, parse_set
+from jaxfednas.config import ConfigError, apply_overrides, parse_set
 from jaxfednas.data.datasets import load_dataset
-from jaxfednas.experiment import make_partition, run_script, run_stage
+from jaxfednas.experiment import load_run, make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
-from jaxfednas.seeds import mean_std, over_seeds, parse_seeds, versus_random
+from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
+                             versus_random)
 from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
@@ -115,11 +122,15 @@ def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_
     return cfg
 
 
-def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name: str | None = None) -> dict:
+def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name: str | None = None,
+             seed: int | None = None) -> dict:
     """Train the genotype from scratch on the whole training pool (one party, no DP), into
-    ``out/name`` (default: ``augment-<hash of the genotype>``)."""
+    ``out/name`` (default: ``augment-<hash of the genotype>``); ``seed``: another training
+    seed than the search's."""
     text = json.dumps(genotype, sort_keys=True)
     cfg = _augment_config(search_cfg, text, args, overrides)
+    if seed is not None:
+        cfg = apply_overrides(cfg, {"run.seed": seed})
     tag = hashlib.sha256(text.encode()).hexdigest()[:10]
     return _stage(cfg, out / (name or f"augment-{tag}"), args.resume)
 
@@ -229,6 +240,26 @@ def _augmented_params(search_cfg, genotype: Genotype, args, overrides: dict, dat
     return network_params(genotype, cfg.algo.C, ds.num_classes, cfg.algo.layers, tuple(ds.image_shape))
 
 
+def _inherited_accuracies(out: Path, search_dir: Path, genotypes: list[Genotype]) -> list[float]:
+    """Each cell's global test accuracy with the weights it inherits from the private search's
+    supernet in ``search_dir`` (:func:`jaxfednas.algorithms.dp_fnas.make_inherited_accuracy`;
+    a post-processing of the released supernet, so no privacy is spent); kept in
+    ``out/inherited.json`` by genotype, so a resumed job does not measure a cell twice."""
+    from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy  # noqa: PLC0415
+
+    path = out / "inherited.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    missing = [g for g in genotypes if g.to_json() not in known]
+    if missing:
+        print(f"== inherited-weight accuracy of {len(missing)} cells (the search's supernet)", flush=True)
+        run = load_run(search_dir)
+        accuracy = make_inherited_accuracy(run.config.algo, run.data.info)
+        for g in missing:
+            known[g.to_json()] = accuracy(run.state.variables, g, run.data)
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return [known[g.to_json()] for g in genotypes]
+
+
 def _seed_parties(args) -> int:
     return args.parties[0] if args.parties else 4
 
@@ -244,7 +275,11 @@ def over_seeds_control(args, overrides: dict) -> None:
                      f"({parties} parties, noise multiplier {args.noise:g} on both mechanisms, per-example "
                      f"clipping), the derived cell and {args.random} random cells of the same space each through "
                      "the same augmentation stage (non-private). ε: PLD accountant (the guarantee), at the "
-                     "search's δ, for either mechanism. The other Table 1 rows are not run here. "
+                     "search's δ, for either mechanism. The other Table 1 rows are not run here. The searched "
+                     f"cell is augmented with {args.train_seeds} training seeds: its std over them is the noise of "
+                     "the architecture signal-to-noise ratio (std over the random cells / that std). The supernet "
+                     "ranking is Kendall's τ (Spearman's ρ) over the seed's cells between their accuracy with the "
+                     "weights inherited from the private supernet and their augmented accuracy. "
                      "Plot: `plots/searched_vs_random.png`."))
 
 
@@ -261,23 +296,40 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
           flush=True)
     s = _stage(cfg, out / name, args.resume)
     a = _augment(cfg, s["architecture"], out, args, overrides)
+    repeats = [a["final"]["global_test_acc"]]  # the searched cell again with other training seeds: the seed noise
+    for j in range(1, args.train_seeds):
+        print(f"== the searched cell's augmentation again, training seed {j + 1}/{args.train_seeds} -> "
+              f"{out / f'augment-seed_{j}'}", flush=True)
+        repeats.append(_augment(cfg, s["architecture"], out, args, overrides, name=f"augment-seed_{j}",
+                                seed=repeat_seed(cfg.run.seed, j))["final"]["global_test_acc"])
     randoms = _random_cells(cfg, out, args, overrides)
     vs = versus_random(a["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r in randoms])
     searched = Genotype.from_dict(s["architecture"])
+    snr = signal_to_noise([r["final"]["global_test_acc"] for _, r in randoms], repeats)
+    inherited = _inherited_accuracies(out, out / name, [searched] + [g for g, _ in randoms])
+    ranking = supernet_ranking(inherited, [vs["searched"]] + [r["final"]["global_test_acc"] for _, r in randoms])
     eps_name = f"ε (PLD, δ={cfg.algo.delta:g})"
     numbers = {"supernet test acc (private search)": s["final"]["global_test_acc"],
                eps_name: s["final"]["epsilon_pld"],
                "searched cell: augmented test acc": vs["searched"],
                "random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
                "searched − random mean": vs["searched_minus_random"],
-               "random cells beaten (fraction)": vs["beats"] / len(randoms)}
+               "random cells beaten (fraction)": vs["beats"] / len(randoms),
+               f"searched cell: std over {len(repeats)} training seeds": snr["seed_std"],
+               "architecture signal-to-noise": snr["ratio"],
+               "supernet ranking: Kendall τ": ranking["kendall_tau"],
+               "supernet ranking: Spearman ρ": ranking["spearman"]}
     points = {"searched": (_augmented_params(cfg, searched, args, overrides, cache), vs["searched"]),
               "random": [(_augmented_params(cfg, g, args, overrides, cache), r["final"]["global_test_acc"])
                          for g, r in randoms]}
     lines = ["| quantity | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in numbers.items()]
     lines += [f"| derived normal cell | {' '.join(f'{op}<-{i}' for op, i in searched.normal)} |",
               f"| augmentation network parameters (searched; random) | {points['searched'][0]:,}; "
-              f"{', '.join(f'{n:,}' for n, _ in points['random'])} |"]
+              f"{', '.join(f'{n:,}' for n, _ in points['random'])} |",
+              f"| searched cell's augmented test acc over its {len(repeats)} training seeds | "
+              f"{', '.join(f'{x:.4f}' for x in repeats)} |",
+              f"| inherited from the supernet (searched; random), over {ranking['n']} cells | "
+              f"{'; '.join(f'{x:.4f}' for x in inherited[:1])}; {', '.join(f'{x:.4f}' for x in inherited[1:])} |"]
     table = "\n".join(lines) + "\n"
     atomic_write_text(out / "results.md", f"# DP-FNAS ({cfg.data.dataset}, {parties} parties, noise "
                       f"{cfg.algo.noise_multiplier:g}, seed {cfg.run.seed}): searched vs random cells\n\n{table}")
@@ -324,6 +376,9 @@ def main(argv=None) -> int:
                    help="architecture gradient (digits default: first)")
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="Table 1: also augment N random cells of the searched space, the control (default 3; 0: none)")
+    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
+                   help="--seeds: augment the searched cell with N training seeds (its std over them is the noise of "
+                        "the architecture signal-to-noise ratio; default 3, at least 2)")
     p.add_argument("--seed", type=int)
     p.add_argument("--seeds", metavar="LIST",
                    help="only the control, once per seed (e.g. 0,1,2 or 0-4): the DP-FNAS row with --parties "
@@ -336,6 +391,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.train_seeds < 2:
+        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
     if args.seeds is not None:
         try:
             parse_seeds(args.seeds)

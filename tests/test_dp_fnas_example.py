@@ -10,6 +10,7 @@ import pytest
 from conftest import assert_accuracy
 from jaxfednas import privacy
 from jaxfednas.rng import random_arch_key
+from jaxfednas.seeds import repeat_seed
 from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
@@ -117,17 +118,30 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
         ran[out.name] = cfg
         if cfg.algorithm == "dp_fnas":
             return {"final": {"global_test_acc": 0.5, "epsilon_pld": 6.5}, "architecture": searched.to_dict()}
-        acc = {"random-0": 0.9, "random-1": 0.7}.get(out.name, 0.85)
+        acc = {"random-0": 0.9, "random-1": 0.7, "augment-seed_1": 0.83, "augment-seed_2": 0.87}.get(out.name, 0.85)
         return {"final": {"global_test_acc": acc}}
 
+    inherited = {}
+
+    def fake_inherited(out, search_dir, genotypes):
+        inherited.update(out=out, search_dir=search_dir, genotypes=genotypes)
+        return [0.6, 0.3, 0.1]  # searched, random 0, random 1
+
     monkeypatch.setattr(ex, "_stage", fake_stage)
-    args = ex.argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None)
+    monkeypatch.setattr(ex, "_inherited_accuracies", fake_inherited)
+    args = ex.argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None,
+                                 train_seeds=3)
     res = ex.private_vs_random(args, {"run.seed": 7, "algo.nodes": 2, "algo.primitives": "tiny"}, tmp_path)
     search = ran.pop("dp-fnas-2p")
     assert search.algorithm == "dp_fnas" and search.data.num_clients == 2 and search.run.seed == 7
     assert search.algo.noise_multiplier == 1.5 and search.algo.clip_norm > 0
-    (aug,) = [n for n in ran if n.startswith("augment-")]
-    assert sorted(ran) == sorted([aug, "random-0", "random-1"])
+    (aug,) = [n for n in ran if n.startswith("augment-") and "seed" not in n]
+    assert sorted(ran) == sorted([aug, "augment-seed_1", "augment-seed_2", "random-0", "random-1"])
+    for j in (1, 2):  # the searched cell again, with training seeds repeat_seed(7, j), nothing else changed
+        again = ran[f"augment-seed_{j}"]
+        assert again.run.seed == repeat_seed(7, j) != 7 and again.algo == ran[aug].algo and again.data == ran[aug].data
+    assert inherited["search_dir"] == tmp_path / "dp-fnas-2p"
+    assert inherited["genotypes"] == [searched] + [random_genotype(random_arch_key(7, i), prims, 2) for i in (0, 1)]
     assert Genotype.from_json(ran[aug].algo.genotype) == searched
     assert Genotype.from_json(ran["random-1"].algo.genotype) == random_genotype(random_arch_key(7, 1), prims, 2)
     assert {k: v for k, v in vars(ran["random-1"].algo).items() if k != "genotype"} == \
@@ -136,6 +150,11 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
     assert n["ε (PLD, δ=1e-05)"] == 6.5 and n["supernet test acc (private search)"] == 0.5
     assert n["searched cell: augmented test acc"] == 0.85 and n["random cells: mean"] == pytest.approx(0.8)
     assert n["searched − random mean"] == pytest.approx(0.05) and n["random cells beaten (fraction)"] == 0.5
+    # the diagnostics by hand: std(0.9, 0.7) / std(0.85, 0.83, 0.87) = 0.1414 / 0.02; inherited ranks 3 2 1
+    # against stand-alone 2 3 1: one discordant pair of three (τ = 1/3), Σd² = 2 (ρ = 1 - 12/24)
+    assert n["searched cell: std over 3 training seeds"] == pytest.approx(0.02)
+    assert n["architecture signal-to-noise"] == pytest.approx(0.2 / 2 ** 0.5 / 0.02)
+    assert n["supernet ranking: Kendall τ"] == pytest.approx(1 / 3) and n["supernet ranking: Spearman ρ"] == 0.5
     c = ran[aug].algo
     assert res["points"]["searched"] == (network_params(searched, c.C, 10, c.layers, (8, 8, 1)), 0.85)
     assert [a for _, a in res["points"]["random"]] == [0.9, 0.7]

@@ -79,3 +79,25 @@ def test_inherited_accuracy_is_the_masked_supernet_with_the_clients_statistics(s
         # (ignoring the mask in the recalibration moves it by 3 examples)
         assert accs[-1] == pytest.approx(by_hand, abs=1 / 48 + 1e-9), i
     assert len(set(accs)) > 1  # the genotype reaches the network
+
+
+def test_dp_fnas_inherited_accuracy_is_the_masked_supernet_whatever_its_alpha(same_train_and_test):
+    """DP-FNAS normalises per example: nothing to recalibrate, so the inherited accuracy is the
+    masked supernet in evaluation mode on the test set, by hand, and α does not enter it."""
+    from jaxfednas.algorithms import dp_fnas as dpf
+
+    data = same_train_and_test
+    cfg = dpf.DPFNASConfig(C=4, layers=2, nodes=2, primitives="tiny", eval_batch_size=64)
+    v = dpf.dp_fnas(cfg, data.info, placement=Placement("map")).init(jax.random.PRNGKey(0)).variables
+    accuracy = dpf.make_inherited_accuracy(cfg, data.info)
+    net, prims = dpf.make_supernet(cfg, data.info), PRIMITIVE_SETS[cfg.primitives]
+    x, y = data.info.normalize(jnp.asarray(data.server_x)), jnp.asarray(data.server_y)
+    other_alpha = {**v, "arch": jax.tree.map(lambda a: a + jnp.arange(a.size).reshape(a.shape), v["arch"])}
+    accs = []
+    for i in range(4):
+        g = random_genotype(jax.random.PRNGKey(i), prims, cfg.nodes)
+        w = mask_weights(mask_from_genotype(g, prims, cfg.nodes))
+        by_hand = float((jnp.argmax(Subnet(net, w).apply({"params": v["params"]}, x, train=False), -1) == y).mean())
+        accs.append(accuracy(v, g, data))
+        assert accs[-1] == pytest.approx(by_hand, abs=1e-6) == accuracy(other_alpha, g, data), i
+    assert len(set(accs)) > 1  # the genotype reaches the network
