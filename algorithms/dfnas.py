@@ -359,20 +359,8 @@ def dfnas(
         return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1, server=opt), metrics
 
     def recalibrated(variables, path, data: FederatedData):
-        """Federated BatchNorm recalibration of the child ``path`` (DSNAS recalibrates its
-        child before deployment; no weight changes): every client measures the child's
-        batch statistics on its training data, the server pools them n_i/n. In the
-        supernet each unit's running statistics were only updated when it was sampled,
-        and mostly under other paths; the child's own statistics replace them."""
-        def stats_of(stats, x, mask):
-            return model.apply({"params": variables["params"], "batch_stats": stats}, info.normalize(x), path,
-                               train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
-
-        zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
-        stats = federated_batch_statistics(stats_of, zeros, data, batch_size=cfg.eval_batch_size,
-                                           max_batches=cfg.bn_recalibration_batches, momentum=BN_MOMENTUM,
-                                           placement=placement)
-        return {"params": variables["params"], "batch_stats": stats}
+        return recalibrated_child(cfg, info, model, variables, path, data, max_batches=cfg.bn_recalibration_batches,
+                                  placement=placement)
 
     def evaluate(state: DFNASState, data: FederatedData):
         """The final child argmax(α), run inside the supernet (its output equals the built
@@ -402,6 +390,52 @@ def dfnas(
 
     return FederatedAlgorithm(name="dfnas", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate),
                               export=export)
+
+
+def recalibrated_child(cfg: DFNASConfig, info: DataInfo, model, variables: dict, path: jax.Array,
+                       data: FederatedData, *, max_batches: int, placement: Placement) -> dict:
+    """Federated BatchNorm recalibration of the child ``path`` (DSNAS recalibrates its child
+    before deployment; no weight changes): every client measures the child's batch
+    statistics on up to ``max_batches`` batches of its training data, the server pools them
+    n_i/n. In the supernet each unit's running statistics were only updated when it was
+    sampled, and mostly under other paths; the child's own statistics replace them. Returns
+    ``{"params", "batch_stats"}`` of the child inside the supernet."""
+    def stats_of(stats, x, mask):
+        return model.apply({"params": variables["params"], "batch_stats": stats}, info.normalize(x), path,
+                           train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+
+    zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+    stats = federated_batch_statistics(stats_of, zeros, data, batch_size=cfg.eval_batch_size, max_batches=max_batches,
+                                       momentum=BN_MOMENTUM, placement=placement)
+    return {"params": variables["params"], "batch_stats": stats}
+
+
+def make_inherited_accuracy(cfg: DFNASConfig, info: DataInfo, *, placement: Placement = Placement()
+                            ) -> Callable[[dict, ShuffleArch, FederatedData], float]:
+    """The weight-sharing estimate of a child's accuracy, for ranking children by the
+    trained supernet: ``accuracy(variables, arch, data)`` is the global test accuracy of the
+    supernet ``variables`` run as ``arch``'s single path, its BatchNorm statistics
+    recalibrated on the clients' training examples under that path (as
+    ``global_test_acc_bn_recal``; ``bn_recalibration_batches`` batches per client, 10 when
+    that is 0). The weights are the supernet's, untrained for this child. One compiled
+    program serves every child of the space."""
+    model = make_supernet(cfg, info)
+    placement = placement.single_path()
+
+    def accuracy(variables, path, data):
+        child = recalibrated_child(cfg, info, model, variables, path, data,
+                                   max_batches=cfg.bn_recalibration_batches or 10, placement=placement)
+        logits = lambda x: model.apply(child, info.normalize(x), path, train=False)  # noqa: E731
+        return global_accuracy(logits, data, cfg.eval_batch_size)["global_test_acc"]
+
+    compiled = jit(accuracy)
+
+    def of(variables: dict, arch: ShuffleArch, data: FederatedData) -> float:
+        if arch.space != cfg.space:
+            raise ValueError(f"a child of space {arch.space!r} in a supernet of space {cfg.space!r}")
+        return float(compiled(variables, jnp.asarray(arch.choices, jnp.int32), data))
+
+    return of
 
 
 def child_report(arch: ShuffleArch, info: DataInfo) -> dict:

@@ -25,9 +25,16 @@ also draws the partition and the random children) into ``seed_<s>/``: the first 
 (the non-IID one, or the preset's), its child and ``--random`` children of matched
 multiply-adds each trained with FedAvg from scratch. The IID runs and the hand-designed
 FedAvg baseline are left out there (they take most of the time and do not enter the
-comparison). ``results.md`` gives mean ± std over seeds of the child's accuracy as searched,
-the searched and random children's accuracy trained alike, searched − random mean and the
-fraction of random children beaten; ``plots/searched_vs_random.png`` plots them by parameters.
+comparison). The searched child is also trained with ``--train-seeds`` - 1 other training
+seeds on the same partition (``searched-fedavg-seed_<j>/``; 3 seeds in all by default), and
+every child is scored with the weights it inherits from the search's supernet (its single
+path, BN recalibrated on the clients; ``inherited.json``), for the two diagnostics: the
+architecture signal-to-noise ratio (std over the random children / std of the searched one
+over training seeds) and the supernet's ranking (Kendall's τ and Spearman's ρ between
+inherited and trained-alike accuracy). ``results.md`` gives mean ± std over seeds of the
+child's accuracy as searched, the searched and random children's accuracy trained alike,
+searched − random mean, the fraction of random children beaten and the diagnostics;
+``plots/searched_vs_random.png`` plots them by parameters.
 """
 from __future__ import annotations
 
@@ -50,7 +57,7 @@ from jaxfednas.experiment import run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
-from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking, versus_random
 from jaxfednas.search_spaces.models import child_model_name, child_of_model_name
 from jaxfednas.search_spaces.sampling import matched, random_shuffle_arch
 from jaxfednas.search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
@@ -122,7 +129,11 @@ def run(args) -> None:
                      f"({plan(args, overrides)[0][0]}), then its child and {args.random} random children with "
                      "multiply-adds within ±10 % of its, each trained from scratch with the FedAvg baseline's "
                      "recipe on the same clients. IID runs and the hand-designed FedAvg baseline are not run "
-                     "here. Plot: `plots/searched_vs_random.png`."))
+                     f"here. The searched child is trained with {args.train_seeds} training seeds: its std over them "
+                     "is the noise of the architecture signal-to-noise ratio (std over the random children / that "
+                     "std). The supernet ranking is Kendall's τ (Spearman's ρ) over the seed's children between "
+                     "their accuracy in the search's supernet (single path, BN recalibrated) and trained alike. "
+                     "Plot: `plots/searched_vs_random.png`."))
 
 
 def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) -> dict:
@@ -197,8 +208,17 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out:
         chosen.append((f"random-{i}-fedavg", arch))
     trained = [_stage(runner, name, "fedavg", make_config("fedavg", overrides={**baseline, "algo.model": child_model_name(a)}))
                for name, a in chosen]
-    rows += trained
+    # the searched child again with other training seeds on the same partition: the seed noise
+    repeats = [_stage(runner, f"searched-fedavg-seed_{j}", "fedavg", make_config("fedavg", overrides={
+        **baseline, "algo.model": child_model_name(searched), "data.partition_seed": cfg0.data.partition_seed
+        if cfg0.data.partition_seed is not None else cfg0.run.seed, "run.seed": repeat_seed(cfg0.run.seed, j)}))
+        for j in range(1, args.train_seeds)]
+    rows += trained + repeats
     vs = versus_random(trained[0]["global_test_acc"], [r["global_test_acc"] for r in trained[1:]])
+    snr = signal_to_noise([r["global_test_acc"] for r in trained[1:]],
+                          [r["global_test_acc"] for r in [trained[0]] + repeats])
+    inherited = _inherited_accuracies(out, out / first["run"], [a for _, a in chosen])
+    ranking = supernet_ranking(inherited, [r["global_test_acc"] for r in trained])
     plot_searched_vs_random(
         {cfg0.run.seed: {"searched": (trained[0]["params"], vs["searched"]),
                          "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}},
@@ -211,15 +231,46 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out:
                "random children (matched multiply-adds): mean": vs["random_mean"],
                "random children: std": vs["random_std"],
                "searched − random mean": vs["searched_minus_random"],
-               "random children beaten (fraction)": vs["beats"] / args.random}
+               "random children beaten (fraction)": vs["beats"] / args.random,
+               f"searched child: std over {len(repeats) + 1} training seeds": snr["seed_std"],
+               "architecture signal-to-noise": snr["ratio"],
+               "supernet ranking: Kendall τ": ranking["kendall_tau"],
+               "supernet ranking: Spearman ρ": ranking["spearman"]}
     points = {"searched": (trained[0]["params"], vs["searched"]),
               "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}
     text = (f"\n\nSearched vs random, trained alike (FedAvg from scratch, {first['run']}'s clients): the searched "
             f"child {vs['searched']:.4f}; {args.random} random children within ±10 % of its multiply-adds "
             f"{vs['random_mean']:.4f} ± {vs['random_std']:.4f}; difference {vs['searched_minus_random']:+.4f}; "
             f"the searched child beats {vs['beats']} of {args.random} (ties {vs['ties']}). "
+            f"Trained with {len(repeats) + 1} training seeds, the searched child spreads by {snr['seed_std']:.4f} "
+            f"(std): architecture signal-to-noise {snr['ratio']:.2f}. With the weights they inherit from "
+            f"{first['run']}'s supernet (BN recalibrated on the clients) the children reach "
+            f"{', '.join(f'{x:.4f}' for x in inherited)} (searched first): supernet ranking Kendall's τ "
+            f"{ranking['kendall_tau']:+.3f}, Spearman's ρ {ranking['spearman']:+.3f} over {ranking['n']} children. "
             "Plot: plots/searched_vs_random.png.")
     return text, {"numbers": numbers, "points": points}
+
+
+def _inherited_accuracies(out: Path, search_dir: Path, children: list[ShuffleArch]) -> list[float]:
+    """Each child's global test accuracy with the weights it inherits from the DFNAS run in
+    ``search_dir`` (its single path in the trained supernet, BN recalibrated on the clients:
+    :func:`jaxfednas.algorithms.dfnas.make_inherited_accuracy`); kept in ``out/inherited.json``
+    by child, so a resumed job does not measure a child twice."""
+    from jaxfednas.algorithms.dfnas import make_inherited_accuracy  # noqa: PLC0415
+    from jaxfednas.experiment import load_run  # noqa: PLC0415
+    from jaxfednas.runtime import Placement  # noqa: PLC0415
+
+    path = out / "inherited.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    missing = [a for a in children if str(a) not in known]
+    if missing:
+        print(f"== inherited-weight accuracy of {len(missing)} children ({search_dir.name}'s supernet)", flush=True)
+        run = load_run(search_dir)
+        accuracy = make_inherited_accuracy(run.config.algo, run.data.info, placement=Placement.from_run(run.config.run))
+        for a in missing:
+            known[str(a)] = accuracy(run.state.variables, a, run.data)
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return [known[str(a)] for a in children]
 
 
 def _f(x, fmt="{:.4f}") -> str:
@@ -247,6 +298,9 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="the control: the searched child and N random children of matched multiply-adds, each "
                         "trained from scratch with the FedAvg baseline's recipe (default 3; 0: none)")
+    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
+                   help="the control: train the searched child with N training seeds on the same partition (its std "
+                        "over them is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
     p.add_argument("--seeds", metavar="LIST",
                    help="only the searched-vs-random control, once per seed (e.g. 0,1,2 or 0-4), each into "
                         "--out/seed_<s>; results.md gives mean ± std over seeds")
@@ -257,6 +311,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.train_seeds < 2:
+        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
     if args.seeds is not None:
         try:
             parse_seeds(args.seeds)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_summary_consistent
+from jaxfednas.seeds import repeat_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--rounds", "1", "--iid-clients", "--set", "algo.space=tiny", "--set", "algo.local_epochs=1",
@@ -29,9 +30,18 @@ def _example():
 
 def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     out = tmp_path / "d"
-    assert _example().main(TINY + ["--random", "1", "--out", str(out)]) == 0
+    assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--out", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())
-    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8", "searched-fedavg", "random-0-fedavg"]
+    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8", "searched-fedavg", "random-0-fedavg",
+                                        "searched-fedavg-seed_1"]
+    # the searched child again with another training seed, on the same clients
+    again = json.loads((out / "searched-fedavg-seed_1" / "config.json").read_text())
+    first = json.loads((out / "searched-fedavg" / "config.json").read_text())
+    assert again["algo"] == first["algo"] and again["run"]["seed"] != first["run"]["seed"]
+    assert json.loads((out / "searched-fedavg-seed_1" / "partition" / "manifest.json").read_text())["clients"] == \
+        json.loads((out / "searched-fedavg" / "partition" / "manifest.json").read_text())["clients"]
+    inherited = json.loads((out / "inherited.json").read_text())  # the two children in noniid-8's supernet
+    assert sorted(inherited) == sorted({rows[2]["architecture"], rows[3]["architecture"]})
     # the control: the searched child and a random child of matched multiply-adds, trained with FedAvg's recipe
     cfgs = {r["run"]: json.loads((out / r["run"] / "config.json").read_text()) for r in rows[1:]}
     for name in ("searched-fedavg", "random-0-fedavg"):
@@ -63,8 +73,8 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert m1["clients"] == m2["clients"]
     assert "| noniid-8 | dfnas |" in (out / "results.md").read_text()
     # finished runs: without --resume the example refuses to overwrite, with it it is done at once
-    assert _example().main(TINY + ["--random", "1", "--out", str(out)]) != 0
-    assert _example().main(TINY + ["--random", "1", "--out", str(out), "--resume"]) == 0
+    assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--out", str(out)]) != 0
+    assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--out", str(out), "--resume"]) == 0
     assert "global test acc" in capsys.readouterr().out
     # a finished run keeps the wall time it took, not the resumed call's
     again = json.loads((out / "results.json").read_text())
@@ -114,7 +124,8 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
 
     def fake_stage(runner, name, algo, cfg):
         ran.append((name, algo, cfg.run.seed))
-        acc = {"noniid-8": 0.9, "searched-fedavg": 0.8}.get(name, 0.7 if name == "random-0-fedavg" else 0.6)
+        acc = {"noniid-8": 0.9, "searched-fedavg": 0.8, "random-0-fedavg": 0.7, "searched-fedavg-seed_1": 0.78,
+               "searched-fedavg-seed_2": 0.82}.get(name, 0.6)
         row = {"run": name, "algorithm": algo, "clients": 8, "partition": "dirichlet", "rounds": 1,
                "global_test_acc": acc, "client_test_acc": acc, "params": 100 + len(ran), "macs": 1000,
                "wall_s": 1.0, "architecture": "a"}
@@ -122,16 +133,33 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
             row.update(space="tiny", choices=[0, 1, 2], global_test_acc_bn_recal=0.95)
         return row
 
+    inherited = {}
+
+    def fake_inherited(out, search_dir, children):
+        inherited.update(search_dir=search_dir, children=children)
+        return [0.2, 0.5, 0.1]  # searched, random 0, random 1
+
     monkeypatch.setattr(mod, "_stage", fake_stage)
-    args = mod.argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, resume=False, out=str(tmp_path))
+    monkeypatch.setattr(mod, "_inherited_accuracies", fake_inherited)
+    args = mod.argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, resume=False, out=str(tmp_path),
+                                  train_seeds=3)
     res = mod.one_seed(args, {"run.seed": 5, "algo.space": "tiny"}, tmp_path / "seed_5", control_only=True)
     assert [r[:2] for r in ran] == [("noniid-8", "dfnas"), ("searched-fedavg", "fedavg"),
-                                    ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg")]
-    assert {r[2] for r in ran} == {5}
+                                    ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg"),
+                                    ("searched-fedavg-seed_1", "fedavg"), ("searched-fedavg-seed_2", "fedavg")]
+    assert [r[2] for r in ran] == [5] * 4 + [repeat_seed(5, 1), repeat_seed(5, 2)]
+    assert inherited["search_dir"] == tmp_path / "seed_5" / "noniid-8"
+    assert [str(a) for a in inherited["children"][:1]] == ["tiny[" + " ".join(
+        mod.ShuffleArch("tiny", (0, 1, 2)).names) + "]"] and len(inherited["children"]) == 3
     n = res["numbers"]
     assert n["DFNAS child as searched (no retraining, BN recalibrated): global test acc"] == 0.95
     assert n["searched child, FedAvg from scratch: global test acc"] == 0.8
     assert n["random children (matched multiply-adds): mean"] == pytest.approx(0.65)
     assert n["searched − random mean"] == pytest.approx(0.15) and n["random children beaten (fraction)"] == 1.0
+    # by hand: std(0.7, 0.6) / std(0.8, 0.78, 0.82) = 0.0707 / 0.02; inherited ranks 2 3 1 against
+    # stand-alone 3 2 1: one discordant pair of three (τ = 1/3), Σd² = 2 (ρ = 0.5)
+    assert n["searched child: std over 3 training seeds"] == pytest.approx(0.02)
+    assert n["architecture signal-to-noise"] == pytest.approx(0.1 / 2 ** 0.5 / 0.02)
+    assert n["supernet ranking: Kendall τ"] == pytest.approx(1 / 3) and n["supernet ranking: Spearman ρ"] == 0.5
     assert res["points"] == {"searched": (102, 0.8), "random": [(103, 0.7), (104, 0.6)]}
     assert (tmp_path / "seed_5" / "results.md").exists() and (tmp_path / "seed_5" / "plots" / "searched_vs_random.png").exists()

@@ -101,3 +101,35 @@ def test_dp_fnas_inherited_accuracy_is_the_masked_supernet_whatever_its_alpha(sa
         accs.append(accuracy(v, g, data))
         assert accs[-1] == pytest.approx(by_hand, abs=1e-6) == accuracy(other_alpha, g, data), i
     assert len(set(accs)) > 1  # the genotype reaches the network
+
+
+@pytest.mark.slow  # about a minute on 2 cores: three rounds on digits so that paths differ
+def test_dfnas_inherited_accuracy_is_the_childs_recalibrated_accuracy():
+    """For a child, the inherited accuracy is what DFNAS' evaluate reports as
+    ``global_test_acc_bn_recal`` when α's argmax is that child (the same single path, the same
+    recalibration), whatever the α the supernet carries."""
+    from jaxfednas.algorithms.dfnas import make_inherited_accuracy as dfnas_inherited
+    from jaxfednas.data import partition as part
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.registry import build_algorithm, make_config
+    from jaxfednas.search_spaces.sampling import random_shuffle_arch
+
+    cfg = make_config("dfnas", overrides={
+        "data.dataset": "digits", "data.num_clients": 2, "data.partition": "iid", "data.split": (0.75, 0.0, 0.25),
+        "algo.space": "tiny", "algo.batch_size": 32, "algo.local_epochs": 2, "algo.lr": 0.05,
+        "algo.bn_recalibration_batches": 2, "run.rounds": 3})
+    ds = load_dataset("digits")
+    data = make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
+    algo = build_algorithm(cfg, data.info)
+    state = algo.init(jax.random.PRNGKey(0))
+    for r in range(3):  # trained enough that paths predict differently
+        state, _ = algo.round(state, data, jax.random.PRNGKey(r))
+    accuracy = dfnas_inherited(cfg.algo, data.info)
+    accs = set()
+    for i in range(3):
+        child = random_shuffle_arch(jax.random.PRNGKey(i), cfg.algo.space)
+        one_hot = jax.nn.one_hot(jnp.asarray(child.choices), state.variables["arch"]["alpha"].shape[-1]) * 10.0
+        as_argmax = state.replace(variables={**state.variables, "arch": {"alpha": one_hot}})
+        accs.add(accuracy(state.variables, child, data))
+        assert accuracy(state.variables, child, data) == float(algo.evaluate(as_argmax, data)["global_test_acc_bn_recal"])
+    assert len(accs) > 1  # the child's path reaches the network
