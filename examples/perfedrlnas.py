@@ -42,7 +42,13 @@ and the policies' entropy.
 The control (``--random N``, default 3): N draws of one random subnet per client, uniform
 among the subnets within the client's memory budget when the run has budgets (the filter the
 learned subnets face), tested by the same ``evaluate`` and ``personalize`` as the learned
-argmax subnets: does the learned policy beat a random subnet trained the same way?
+argmax subnets: does the learned policy beat a random subnet trained the same way? The
+learned subnets' local epochs run again with ``--train-seeds`` - 1 other training seeds
+(other minibatches; 3 seeds in all by default), for the two diagnostics on client means:
+the architecture signal-to-noise ratio (std over the random draws after the local epochs /
+std of the learned subnets over training seeds) and the supernet's ranking (Kendall's τ and
+Spearman's ρ over the learned subnets and the draws between their accuracy with the
+supernet's weights and after the local epochs).
 
 ``--seeds 0,1,2`` (or ``0-4``) runs the job once per seed (``run.seed``, which also draws
 the partition, the clients' simulated devices and budgets, and the random subnets) into
@@ -124,7 +130,7 @@ from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round
-from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking, versus_random
 
 METHODS = ("perfedrlnas", "perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas")
 DEFAULT_METHODS = ("perfedrlnas", "local_adaptation", "local_only", "fednas")  # + perfedrlnas_nobudget: ~1.5 min more
@@ -249,12 +255,15 @@ def local_train_argmax(run_dir: Path) -> dict:
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def random_control(run_dir: Path, n: int) -> dict:
+def random_control(run_dir: Path, n: int, train_seeds: int = 1) -> dict:
     """The control of a finished PerFedRLNAS run: ``n`` draws of one random subnet per client
     (``pf.random_subnets``, keys ``rng.random_arch_key(seed, i)``; with ``algo.memory_budget``
     only subnets within the client's budget, the filter the learned ones face), tested by the
     same ``evaluate`` (supernet weights) and ``personalize`` (E local epochs) as the learned
-    policies' argmax subnets."""
+    policies' argmax subnets; and the learned subnets' ``personalize`` again with
+    ``train_seeds`` - 1 other training seeds (keys ``rng.personalize_key(repeat_seed(seed,
+    j))``: other minibatches, the same subnets and weights), the seed noise of the local
+    epochs."""
     t0 = time.perf_counter()
     run = load_run(run_dir)
     cfg, algo, state = run.config, run.algorithm, run.state
@@ -272,7 +281,26 @@ def random_control(run_dir: Path, n: int) -> dict:
                       "supernet_weights": np.asarray(ev["client_test_acc"], np.float64).round(6).tolist(),
                       "local_epochs": np.asarray(jax.device_get(pers["client_test_acc"]), np.float64).round(6).tolist(),
                       "params_mean": float(np.mean([space.cost(c).params for c in choices]))})
-    return {"draws": draws, "wall_s": round(time.perf_counter() - t0, 1)}
+    repeats = [np.asarray(jax.device_get(algo.personalize(state, run.data, rng.personalize_key(
+        repeat_seed(cfg.run.seed, j)))[1]["client_test_acc"]), np.float64).round(6).tolist()
+        for j in range(1, train_seeds)]
+    return {"draws": draws, "repeats": repeats, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def diagnostics(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
+    """The two diagnostics of one run's control, on client means: architecture
+    signal-to-noise (std over the random draws after the local epochs / std of the learned
+    subnets over training seeds) and the supernet's ranking (Kendall's τ and Spearman's ρ
+    over the learned subnets and the draws between their accuracy with the supernet's
+    weights and after the local epochs)."""
+    local = [float(np.nanmean(d["local_epochs"])) for d in rand["draws"]]
+    repeats = [float(np.nanmean(learned_local))] + [float(np.nanmean(r)) for r in rand.get("repeats", [])]
+    snr = signal_to_noise(local, repeats)
+    ranking = supernet_ranking([float(np.nanmean(learned_supernet))]
+                               + [float(np.nanmean(d["supernet_weights"])) for d in rand["draws"]],
+                               [float(np.nanmean(learned_local))] + local)
+    return {"train_seeds": len(repeats), "seed_std": snr["seed_std"], "signal_to_noise": snr["ratio"],
+            "kendall_tau": ranking["kendall_tau"], "spearman": ranking["spearman"], "n": ranking["n"]}
 
 
 def _versus_random(searched: np.ndarray, draws: list[np.ndarray]) -> dict:
@@ -379,6 +407,11 @@ def seed_numbers(rows: list[dict]) -> dict:
             numbers[f"{m}, {tag}: clients beating random"] = v["clients_beating_random"]
             result.setdefault(point, {"searched": (r["params"], v["searched"]),
                                       "random": list(zip(c["draw_params"], v["random_acc"]))})
+        dg = c["diagnostics"]
+        numbers[f"{m}: learned, + local epochs: std over {dg['train_seeds']} training seeds"] = dg["seed_std"]
+        numbers[f"{m}: architecture signal-to-noise (+ local epochs)"] = dg["signal_to_noise"]
+        numbers[f"{m}: supernet ranking, Kendall τ (supernet weights vs + local epochs)"] = dg["kendall_tau"]
+        numbers[f"{m}: supernet ranking, Spearman ρ"] = dg["spearman"]
         numbers[f"{m}: params, learned (mean over clients)"] = r["params"]
         numbers[f"{m}: params, random (mean over clients and draws)"] = c["params_mean"]
     return {"numbers": numbers, **result}
@@ -407,15 +440,17 @@ def run_one(args, overrides: dict, out: Path) -> dict:
             archs = pf.PersonalSubnets.from_json((out / method / pf.PersonalSubnets.FILENAME).read_text())
             control = {}
             if args.random:
-                rand = _cached(out / f"{method}_random_subnets.json", {"rounds": rounds, "draws": args.random},
-                               args.resume, lambda m=method: random_control(out / m, args.random))
+                rand = _cached(out / f"{method}_random_subnets.json",
+                               {"rounds": rounds, "draws": args.random, "train_seeds": args.train_seeds}, args.resume,
+                               lambda m=method: random_control(out / m, args.random, args.train_seeds))
                 control = {"random_control": {
                     "draws": args.random, "params_mean": float(np.mean([d["params_mean"] for d in rand["draws"]])),
                     "draw_params": [d["params_mean"] for d in rand["draws"]],
                     "supernet_weights": _versus_random(_client_acc(out / method),
                                                        [d["supernet_weights"] for d in rand["draws"]]),
                     "local_epochs": _versus_random(local["client_test_acc"],
-                                                   [d["local_epochs"] for d in rand["draws"]])}}
+                                                   [d["local_epochs"] for d in rand["draws"]]),
+                    "diagnostics": diagnostics(_client_acc(out / method), np.asarray(local["client_test_acc"]), rand)}}
             entropy = [m["policy_entropy"] for m in metrics]
             rows.append(_row(method, [method], _client_acc(out / method), wall, f["personal_params_mean"],
                              memory_budget=cfgs[method].algo.memory_budget, local_training=local,
@@ -543,6 +578,13 @@ def report(result: dict, cfg: ExperimentConfig) -> str:
                 lines.append(f"| {r['label']} | {label} | {v['searched']:.4f} | {v['random_mean']:.4f} ± "
                              f"{v['random_std']:.4f} | {v['searched_minus_random']:+.4f} | {v['beats']} of "
                              f"{c['draws']} | {v['clients_beating_random']:.2f} |")
+        lines += [""] + [
+            f"Diagnostics ({r['label']}, client means): the learned subnets after the local epochs spread by "
+            f"{d['seed_std']:.4f} (std over {d['train_seeds']} training seeds), the random draws by "
+            f"{r['random_control']['local_epochs']['random_std']:.4f}: architecture signal-to-noise "
+            f"{d['signal_to_noise']:.2f}. Supernet ranking over {d['n']} subnets (learned and draws), supernet weights "
+            f"vs after the local epochs: Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ {d['spearman']:+.3f}."
+            for r in controlled for d in [r["random_control"]["diagnostics"]]]
         lines += ["", "Random subnets' mean parameters: " + "; ".join(
             f"{r['label']}: {r['random_control']['params_mean']:,.0f} (learned {r['params']:,.0f})" for r in controlled)
             + "."]
@@ -578,6 +620,9 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="the control: N draws of a random subnet per client (within its memory budget), tested "
                         "like the learned argmax subnets (default 3; 0: none)")
+    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
+                   help="the control: the learned subnets' local epochs again with N training seeds in all (their "
+                        "std is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
     p.add_argument("--out", default="runs/perfedrlnas")
     p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -586,6 +631,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.train_seeds < 2:
+        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
     try:
         parse_set(args.set)
         if args.seeds is not None:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 K = 6
 TINY = ["--rounds", "2", "--fednas-rounds", "1", "--set", f"data.num_clients={K}", "--set", "run.clients_per_round=3",
         "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "algo.primitives=tiny",
-        "--set", "algo.local_epochs=1", "--random", "1"]
+        "--set", "algo.local_epochs=1", "--random", "1", "--train-seeds", "2"]
 
 
 def _example():
@@ -82,6 +82,12 @@ def _check_perfedrlnas(out: Path, method: str, row: dict, budget: bool) -> None:
         v = control[key]
         assert v["searched"] == pytest.approx(np.mean(learned)) and v["random_mean"] == pytest.approx(acc.mean())
         assert v["clients_beating_random"] == pytest.approx(np.mean(np.asarray(learned) > acc))
+    # the learned subnets' local epochs again with a second training seed: other minibatches
+    (again,) = json.loads((out / f"{method}_random_subnets.json").read_text())["repeats"]
+    assert len(again) == K and again != local["client_test_acc"]
+    d = control["diagnostics"]
+    assert d["train_seeds"] == 2 and d["n"] == 2
+    assert d["seed_std"] == pytest.approx(abs(np.mean(again) - np.mean(local["client_test_acc"])) / 2 ** 0.5)
 
 
 def test_perfedrlnas_example_against_local_only(tmp_path, capsys):
@@ -174,7 +180,9 @@ def _row(seed: int) -> dict:
                                                     "beats": 1 + (seed > 0), "clients_beating_random": 0.5},
                                "local_epochs": {"searched": 0.8, "random_mean": 0.85, "random_acc": [0.8, 0.9],
                                                 "searched_minus_random": -0.05, "beats": 0,
-                                                "clients_beating_random": 0.25}}}
+                                                "clients_beating_random": 0.25},
+                               "diagnostics": {"train_seeds": 3, "seed_std": 0.02, "signal_to_noise": 2.5 + seed,
+                                               "kendall_tau": 0.5, "spearman": 0.6, "n": 3}}}
 
 
 def test_seed_numbers_reads_learned_vs_random_from_the_rows():
@@ -188,9 +196,26 @@ def test_seed_numbers_reads_learned_vs_random_from_the_rows():
     assert n["perfedrlnas, + local epochs: fraction of draws beaten"] == 0.0
     assert n["perfedrlnas, + local epochs: clients beating random"] == 0.25
     assert n["perfedrlnas: params, random (mean over clients and draws)"] == 950.0
+    assert n["perfedrlnas: learned, + local epochs: std over 3 training seeds"] == 0.02
+    assert n["perfedrlnas: architecture signal-to-noise (+ local epochs)"] == 2.5
+    assert n["perfedrlnas: supernet ranking, Kendall τ (supernet weights vs + local epochs)"] == 0.5
+    assert n["perfedrlnas: supernet ranking, Spearman ρ"] == 0.6
     # x = params (mean over clients), y = client-mean accuracy: the learned subnets and each draw
     assert r["points"] == {"searched": (1000.0, 0.6), "random": [(900.0, 0.5), (1000.0, 0.6)]}
     assert r["points_local_epochs"] == {"searched": (1000.0, 0.8), "random": [(900.0, 0.8), (1000.0, 0.9)]}
+
+
+def test_diagnostics_by_hand_on_client_means():
+    """Client means: learned 0.8 after the local epochs, 0.82 and 0.78 with the other training
+    seeds (std 0.02); random draws 0.7 and 0.5 (std 0.1414): ratio 7.07. Supernet weights:
+    learned 0.3, draws 0.6 and 0.1, ranked 2 3 1 against local 3 2 1: τ = 1/3, ρ = 0.5."""
+    rand = {"draws": [{"local_epochs": [0.6, 0.8], "supernet_weights": [0.5, 0.7]},
+                      {"local_epochs": [0.5, np.nan], "supernet_weights": [0.1, 0.1]}],
+            "repeats": [[0.8, 0.84], [0.76, 0.8]]}
+    d = _example().diagnostics(np.array([0.2, 0.4]), np.array([0.8, 0.8]), rand)
+    assert d["train_seeds"] == 3 and d["n"] == 3 and d["seed_std"] == pytest.approx(0.02)
+    assert d["signal_to_noise"] == pytest.approx(0.2 / 2 ** 0.5 / 0.02)
+    assert d["kendall_tau"] == pytest.approx(1 / 3) and d["spearman"] == pytest.approx(0.5)
 
 
 def test_perfedrlnas_example_over_seeds_tables_each_seeds_numbers(tmp_path, monkeypatch):
