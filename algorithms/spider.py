@@ -562,7 +562,8 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
 
 
 def fine_tuned_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, masks: dict, data: FederatedData, *,
-                        epochs: int | None = None, placement: Placement = Placement()) -> np.ndarray:
+                        epochs: int | None = None, placement: Placement = Placement(),
+                        training_seed: int = 0) -> np.ndarray:
     """``acc[i, j]``: client i's local test accuracy of the architecture ``masks[c][i, j]``
     (0/1 masks ``{"normal": [K, n, E, |O|], "reduce": ...}``: n candidates for each client),
     fine-tuned on client i's train + validation data for ``epochs`` (default
@@ -571,7 +572,8 @@ def fine_tuned_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, mask
     the variables a mask keeps move). Every candidate of client i sees the same minibatches,
     so a row differs only in the architecture: the personalization gain's recipe
     (:func:`gain_matrix`), and the one a random architecture is trained with when it is
-    compared with a searched one."""
+    compared with a searched one. ``training_seed`` > 0 draws other minibatches (and
+    augmentations): the same recipe with another training seed."""
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
     tx = sgd(cfg.personal_grad_clip, cfg)
@@ -608,6 +610,8 @@ def fine_tuned_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, mask
     if stacked.ndim != 5 or stacked.shape[0] != info.num_clients:
         raise ValueError(f"masks must be [K={info.num_clients}, n, E, |O|] per cell, got {masks[CELLS[0]].shape}")
     keys = rng.adaptation_keys(jnp.arange(info.num_clients))
+    if training_seed:
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, training_seed))(keys)
     return np.stack([
         np.asarray(row(stacked[i], combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i),
                        keys[i]))

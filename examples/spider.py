@@ -51,6 +51,13 @@ client and mean over clients, searched − random and how many random masks the 
 one beats (``results.md``), and ``plots/searched_vs_random.png`` (x: kept parameters).
 ``--match-size`` rejection-samples each client's random masks to within ±10 % of its
 searched mask's parameters (``sampling.matched``).
+Every client's searched mask is fine-tuned again with ``--train-seeds`` - 1 other training
+seeds (other minibatches; 3 seeds in all by default) and every mask is scored with the
+global supernet's weights (BatchNorm statistics re-estimated on the client's data, no
+weight moved), for the two diagnostics on client means: the architecture signal-to-noise
+ratio (std over the random draws / std of the searched masks over training seeds) and the
+supernet's ranking (Kendall's τ and Spearman's ρ between inherited and fine-tuned accuracy
+over the searched masks and the draws).
 ``--seeds 0,1,2`` runs the whole comparison once per seed (``run.seed``, which also draws
 the partition) into ``seed_<s>/`` and writes mean ± std over seeds of every number.
 
@@ -77,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 import time
@@ -97,7 +105,7 @@ from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import random_arch_key
 from jaxfednas.runtime import Placement
-from jaxfednas.seeds import over_seeds, parse_seeds, versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking, versus_random
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
 from jaxfednas.search_spaces.darts.masks import CELLS
 from jaxfednas.search_spaces.sampling import matched, random_mask
@@ -257,7 +265,7 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
         genotypes = archs.genotypes()
         result["genotypes"] = {str(k): g.to_dict() for k, g in genotypes.items()}
         epochs = args.gain_epochs or GAIN_EPOCHS[mode]
-        result["gain"] = gain(out, epochs, args.resume, args.random, args.match_size) \
+        result["gain"] = gain(out, epochs, args.resume, args.random, args.match_size, args.train_seeds) \
             if len(genotypes) == spider_cfg.data.num_clients else None
         if result["gain"] is None:
             print(f"note: {spider_cfg.data.num_clients - len(genotypes)} clients have not finished their search; "
@@ -289,6 +297,12 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
                             result["versus"]["pairs_beaten"] / result["versus"]["pairs"],
                         "searched masks: parameters (mean over clients)": result["versus"]["points"]["searched"][0],
                         "random masks: parameters (mean)": float(np.mean(result["gain"]["random"]["params"]))})
+        d = result["versus"].get("diagnostics")
+        if d:
+            numbers.update({f"searched masks: std over {d['train_seeds']} training seeds (mean over clients)":
+                            d["seed_std"], "architecture signal-to-noise": d["signal_to_noise"],
+                            "supernet ranking: Kendall τ": d["kendall_tau"],
+                            "supernet ranking: Spearman ρ": d["spearman"]})
     return {"numbers": numbers, "points": result["versus"]["points"] if result.get("versus") else None}
 
 
@@ -315,19 +329,24 @@ def random_masks(cfg: sp.SpiderConfig, seed: int, num_clients: int, draws: int, 
         (num_clients, draws) + sp.initial_mask(prims, cfg.nodes)[c].shape) for c in CELLS}
 
 
-def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool = False) -> dict:
+def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool = False, train_seeds: int = 1) -> dict:
     """The personalization-gain matrix of SPIDER's final state (§5.2.2, Eq. 6) and, with
     ``draws``, the random control: every client's ``draws`` random masks fine-tuned with
     the same recipe (``sp.fine_tuned_accuracy``: the gain's epochs, minibatches and
     starting weights) in the same call. Reused on ``--resume`` when it was computed for the
     same rounds, epochs and draws (and ``match_size``: random masks within ±10 % of each
-    client's searched mask's parameters)."""
+    client's searched mask's parameters). With ``draws`` and ``train_seeds`` > 1, also the two
+    diagnostics' inputs: every client's searched mask fine-tuned again with ``train_seeds`` - 1
+    other training seeds (``repeats``) and every mask's inherited accuracy (``inherited``:
+    the global supernet's weights under the mask, BatchNorm statistics re-estimated by one
+    epoch of the client's data at learning rate 0, no weight moved)."""
     path = out / "gain.json"
     rounds = json.loads((out / "spider" / "summary.json").read_text())["rounds"]
     if resume and path.exists():
         g = json.loads(path.read_text())
         if g["epochs"] == epochs and g["spider_rounds"] == rounds and g.get("random", {}).get("draws", 0) == draws \
-                and g.get("random", {}).get("match_size", False) == match_size:
+                and g.get("random", {}).get("match_size", False) == match_size \
+                and g.get("random", {}).get("train_seeds", 1) == (train_seeds if draws else 1):
             return g
     print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client"
           + (f", and {draws} random masks per client" if draws else ""), flush=True)
@@ -346,13 +365,25 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
     acc = sp.fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=epochs,
                                  placement=Placement.from_run(run.config.run))
     p, g = acc[:, :k], sp.personalization_gain(acc[:, :k])
+    diagnostics = {}
+    if draws and train_seeds > 1:
+        place = Placement.from_run(run.config.run)
+        own = {c: arch[c][:, None] for c in CELLS}  # [K, 1, E, |O|]: each client's searched mask
+        repeats = [sp.fine_tuned_accuracy(cfg, info, state.variables, own, run.data, epochs=epochs, placement=place,
+                                          training_seed=repeat_seed(run.config.run.seed, j))[:, 0]
+                   for j in range(1, train_seeds)]
+        candidates = {c: np.concatenate([own[c], rand[c]], axis=1) for c in CELLS}  # searched, then the draws
+        inherited = sp.fine_tuned_accuracy(dataclasses.replace(cfg, personal_lr=0.0), info, state.variables,
+                                           candidates, run.data, epochs=1, placement=place)
+        diagnostics = {"train_seeds": train_seeds, "repeats": [r.round(6).tolist() for r in repeats],
+                       "inherited": inherited.round(6).tolist()}
     result = {"epochs": epochs, "spider_rounds": run.rounds, "matrix": p.round(6).tolist(), "gain": g.round(6).tolist(),
               "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1),
               "random": {"draws": draws, "match_size": match_size, "seed": run.config.run.seed,
                          "acc": acc[:, k:].round(6).tolist(),
                          "params": [[sp.kept_parameters(cfg, params, {c: rand[c][i, j] for c in CELLS})
                                      for j in range(draws)] for i in range(k)],
-                         "searched_params": searched}}
+                         "searched_params": searched, **diagnostics}}
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")
     plot_gain(p, g, out / "plots" / "gain_matrix.png", epochs)
     return result
@@ -365,11 +396,19 @@ def versus(g: dict) -> dict:
     searched = np.diag(np.asarray(g["matrix"]))
     rand, params = np.asarray(g["random"]["acc"]), np.asarray(g["random"]["params"], float)
     s_params = np.asarray(g["random"]["searched_params"], float)
-    return {"clients": [versus_random(searched[k], rand[k].tolist()) for k in range(len(searched))],
-            "mean": versus_random(searched.mean(), rand.mean(0).tolist()),
-            "pairs_beaten": int((searched[:, None] > rand).sum()), "pairs": int(rand.size),
-            "points": {"searched": (float(s_params.mean()), float(searched.mean())),
-                       "random": [(float(x), float(y)) for x, y in zip(params.mean(0), rand.mean(0))]}}
+    out = {"clients": [versus_random(searched[k], rand[k].tolist()) for k in range(len(searched))],
+           "mean": versus_random(searched.mean(), rand.mean(0).tolist()),
+           "pairs_beaten": int((searched[:, None] > rand).sum()), "pairs": int(rand.size),
+           "points": {"searched": (float(s_params.mean()), float(searched.mean())),
+                      "random": [(float(x), float(y)) for x, y in zip(params.mean(0), rand.mean(0))]}}
+    if "repeats" in g["random"]:  # the two diagnostics, on client means
+        repeats = [searched.mean()] + [float(np.mean(r)) for r in g["random"]["repeats"]]
+        snr = signal_to_noise(rand.mean(0).tolist(), repeats)
+        inherited = np.asarray(g["random"]["inherited"]).mean(0)  # searched, then each draw
+        ranking = supernet_ranking(inherited.tolist(), [float(searched.mean())] + rand.mean(0).tolist())
+        out["diagnostics"] = {"train_seeds": len(repeats), "seed_std": snr["seed_std"],
+                              "signal_to_noise": snr["ratio"], "inherited": inherited.tolist(), **ranking}
+    return out
 
 
 def plot_gain(p: np.ndarray, g: np.ndarray, path: Path, epochs: int) -> None:
@@ -463,6 +502,15 @@ def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -
         lines += ["", f"Mean over clients: searched {m['searched']:.4f} vs random {m['random_mean']:.4f} "
                   f"({m['searched_minus_random']:+.4f}; std over draws of the clients' mean); the searched mask beats "
                   f"its random mask in {v['pairs_beaten']} of {v['pairs']} client × draw pairs."]
+        d = v.get("diagnostics")
+        if d:
+            lines += ["", f"Diagnostics (client means): the searched masks fine-tuned with {d['train_seeds']} training "
+                      f"seeds (other minibatches) spread by {d['seed_std']:.4f} (std), the random draws by "
+                      f"{m['random_std']:.4f}: architecture signal-to-noise {d['signal_to_noise']:.2f}. With the "
+                      "global supernet's weights under each mask (BatchNorm statistics re-estimated on the client's "
+                      f"data, no weight moved) the masks reach {', '.join(f'{x:.4f}' for x in d['inherited'])} "
+                      f"(searched first): supernet ranking Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ "
+                      f"{d['spearman']:+.3f} over {d['n']} architectures."]
     return "\n".join(lines) + "\n"
 
 
@@ -488,6 +536,9 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=3, metavar="N",
                    help="the control: N random masks of the space per client, fine-tuned with the gain matrix's "
                    "recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)")
+    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
+                   help="the control: fine-tune every client's searched mask with N training seeds in all (their std "
+                        "is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
     p.add_argument("--match-size", action="store_true",
                    help="draw each client's random masks with parameters within ±10 %% of its searched mask's")
     p.add_argument("--seeds", metavar="LIST", help="the whole comparison once per seed (e.g. 0,1,2), each into "
@@ -506,6 +557,8 @@ def main(argv=None) -> int:
         p.error(str(e))
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
+    if args.train_seeds < 2:
+        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
     if args.seeds is not None and "run.seed" in overrides:
         p.error("--seeds sets run.seed of every run: drop --set run.seed")
     return run_script("examples/spider.py", lambda: run(args))

@@ -78,6 +78,13 @@ def test_spider_example_spider_against_ditto(tmp_path, capsys):
             assert_accuracy(a, n)
     assert [c["searched"] for c in v["clients"]] == pytest.approx(np.diag(g["matrix"]).tolist(), abs=1e-6)
     assert v["mean"]["random_mean"] == pytest.approx(np.mean(r["acc"]), abs=1e-6)
+    # the diagnostics' inputs: the searched masks again with 2 other training seeds, every mask inherited
+    assert np.asarray(r["repeats"]).shape == (2, 8) and np.asarray(r["inherited"]).shape == (8, 4)
+    for row, n in zip(np.concatenate([np.asarray(r["repeats"]).T, r["inherited"]], axis=1), n_test):
+        for a in row:
+            assert_accuracy(a, n)
+    assert not np.array_equal(r["repeats"][0], np.diag(g["matrix"]))  # other minibatches
+    assert v["diagnostics"]["train_seeds"] == 3 and v["diagnostics"]["n"] == 4
     assert (out / "plots" / "searched_vs_random.png").stat().st_size > 0
     assert "## Searched vs random architectures (3 random masks per client" in (out / "results.md").read_text()
     capsys.readouterr()
@@ -236,6 +243,22 @@ def test_versus_compares_each_clients_searched_mask_with_its_own_random_masks():
     assert "| 1 | 24 | 0.5000 | 35 | 0.4500 ± 0.0707 | +0.0500 | 1 of 2 (1) |" in md
     assert "| mean over clients | 24 | 0.6333 | 35 | 0.4667 ± 0.0471 | +0.1667 | 2 of 2 draws (0) |" in md
     assert "beats its random mask in 4 of 6 client × draw pairs" in md
+
+
+def test_versus_diagnostics_on_client_means_by_hand():
+    """Searched masks fine-tuned (client means) 0.6333, then 0.6 and 0.7 with two other
+    training seeds; the draws' client means 0.4333 and 0.5. Inherited client means 0.3
+    (searched), 0.6, 0.1 rank 2 3 1 against fine-tuned 3 1 2: τ = -1/3, ρ = -0.5."""
+    ex, g = _example(), _gain()
+    g["random"].update(train_seeds=3, repeats=[[0.7, 0.5, 0.6], [0.8, 0.6, 0.7]], inherited=[[0.3, 0.6, 0.1]] * 3)
+    d = ex.versus(g)["diagnostics"]
+    seed_std = np.std([1.9 / 3, 0.6, 0.7], ddof=1)
+    assert d["train_seeds"] == 3 and d["seed_std"] == pytest.approx(seed_std)
+    assert d["signal_to_noise"] == pytest.approx(np.std([1.3 / 3, 1.5 / 3], ddof=1) / seed_std)
+    assert d["kendall_tau"] == pytest.approx(-1 / 3) and d["spearman"] == pytest.approx(-0.5) and d["n"] == 3
+    result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g, "versus": ex.versus(g)}
+    assert "supernet ranking Kendall's τ -0.333" in ex.report(result, make_config("spider"), None)
+    assert "diagnostics" not in ex.versus(_gain())  # a gain.json without the repeats
 
 
 def test_seeds_run_the_comparison_per_seed_and_table_mean_and_std(tmp_path, monkeypatch):
