@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--clients-per-round", help="count or fraction of clients per round (run.clients_per_round)")
     r.add_argument("--seed", type=int, help="seed (run.seed)")
     r.add_argument("--seeds", metavar="LIST", help="run once per seed (e.g. 0,1,2 or 0-4), each into --out/seed_<s>; "
-                   "writes --out/seeds.md: every final metric's mean ± std over the seeds")
+                   "writes --out/results.md: every final metric's mean ± std over the seeds")
     r.add_argument("--placement", help="auto, vmap, map or shard_map (run.placement)")
     r.add_argument("--out", help="run directory (default runs/ALGO-DATASET-sSEED)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
@@ -230,33 +230,26 @@ def _run(args) -> int:
 
 
 def _run_seeds(args, cfg) -> int:
-    """``--seeds``: one run per seed into ``--out/seed_<s>`` (each resumable), then the table."""
+    """``--seeds``: one run per seed into ``--out/seed_<s>`` (each resumable), then the table
+    (the examples' seeds loop, :func:`jaxfednas.seeds.over_seeds`: ``results.md``,
+    ``results.json``)."""
     import dataclasses
-    import json
 
-    from jaxfednas.checkpoint import atomic_write_text
-    from jaxfednas.distributed import is_main
     from jaxfednas.experiment import holds_run, run_experiment
-    from jaxfednas.seeds import parse_seeds, seed_dir_name, seed_table
+    from jaxfednas.seeds import over_seeds, parse_seeds
 
     seeds = parse_seeds(args.seeds)
     out = Path(args.out or f"runs/{cfg.algorithm}-{cfg.data.dataset}-seeds")
-    finals = {}
-    for seed in seeds:
-        d = out / seed_dir_name(seed)
-        print(f"== seed {seed} -> {d}", flush=True)
+
+    def one_seed(seed: int, d: Path) -> dict:
         c = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed))
         summary = run_experiment(c, d, resume=args.resume and holds_run(d),
                                  progress=False if args.no_progress else None)
-        finals[seed] = {k: v for k, v in summary["final"].items() if isinstance(v, (int, float))}
-    if not is_main():
-        return 0
-    table = seed_table(finals)
-    atomic_write_text(out / "seeds.md", f"# {cfg.algorithm} on {cfg.data.dataset}: final metrics over seeds "
-                      f"{', '.join(map(str, seeds))}\n\n{table}")
-    atomic_write_text(out / "seeds.json", json.dumps({str(s): f for s, f in finals.items()}, indent=1) + "\n")
-    print(table)
-    print(f"run directories: {out}/seed_<s>; table: {out / 'seeds.md'}")
+        return {"numbers": {k: v for k, v in summary["final"].items() if isinstance(v, (int, float))}}
+
+    over_seeds(seeds, one_seed, out, title=f"{cfg.algorithm} on {cfg.data.dataset}: final metrics over seeds",
+               note="Each seed: a run directory of its own, `seed_<s>/` (`run.seed` draws the partition too).")
+    print(f"run directories: {out}/seed_<s>; table: {out / 'results.md'}")
     return 0
 
 

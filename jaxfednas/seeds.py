@@ -189,11 +189,14 @@ def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "
     ``out/results.md`` (``title``, the mean ± std table, ``note``), ``out/results.json``
     (each seed's numbers) and ``out/plots/searched_vs_random.png``; returns seed -> result.
     Each seed's run is resumable on its own, so a rerun with ``--resume`` skips finished work.
+    The one seeds loop of the library: ``jaxfednas run --seeds`` and every example's
+    ``--seeds``. Of several processes (``jax.distributed``) only process 0 writes.
     """
     import json
     from pathlib import Path
 
     from jaxfednas.checkpoint import atomic_write_text
+    from jaxfednas.distributed import is_main
     from jaxfednas.plots import plot_searched_vs_random
 
     out = Path(out)
@@ -203,6 +206,8 @@ def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "
         per_seed[seed] = one_seed(seed, out / seed_dir_name(seed))
     rows = {seed: r["numbers"] for seed, r in per_seed.items()}
     table = seed_table(rows)
+    if not is_main():
+        return per_seed
     points = {seed: r["points"] for seed, r in per_seed.items() if r.get("points")}
     if points:
         plot_searched_vs_random(points, out / "plots" / "searched_vs_random.png", metric=metric,

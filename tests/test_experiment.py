@@ -279,11 +279,11 @@ def test_cli_seeds_runs_each_seed_in_its_directory_and_tables_them(tmp_path, cap
     assert finals[0]["global_test_acc"] != finals[1]["global_test_acc"]
     a = [finals[s]["global_test_acc"] for s in (0, 1)]
     mean, std = sum(a) / 2, abs(a[0] - a[1]) / 2 ** 0.5
-    assert f"| global_test_acc | {mean:.4f} ± {std:.4f} | {a[0]:.4f} | {a[1]:.4f} |" in (tmp_path / "seeds.md").read_text()
+    assert f"| global_test_acc | {mean:.4f} ± {std:.4f} | {a[0]:.4f} | {a[1]:.4f} |" in (tmp_path / "results.md").read_text()
     # --resume with a longer list: finished seeds are found done, seed 2 runs
     capsys.readouterr()
     assert cli.main(["run", "fedavg", "--out", str(tmp_path), "--resume", "--seeds", "0-2", "--no-progress"]) == 0
-    assert json.loads((tmp_path / "seeds.json").read_text()).keys() == {"0", "1", "2"}
+    assert json.loads((tmp_path / "results.json").read_text()).keys() == {"0", "1", "2"}
     assert cli.main([*argv, "--seeds", "0", "--seed", "1"]) == 2
     assert "give --seed (or run.seed) or --seeds, not both" in capsys.readouterr().err
     assert cli.main([*argv, "--seeds", "0", "--set", "run.seed=1"]) == 2  # run.seed would be ignored
