@@ -51,7 +51,7 @@ from jaxfednas.algorithms.dfnas import child_report
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
-from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.experiment import run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
@@ -118,6 +118,8 @@ def run(args) -> None:
         overrides["run.rounds"] = args.rounds
     if args.data_dir:
         overrides["data.data_dir"] = args.data_dir
+    if args.dataset:
+        overrides["data.dataset"] = args.dataset
     if args.seeds is None:
         one_seed(args, overrides, Path(args.out))
         return
@@ -292,6 +294,9 @@ def results_table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=("cross-silo", "cross-device"))
+    p.add_argument("--dataset", choices=DATASETS,
+                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
+                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
     p.add_argument("--data-dir", help="prepared CIFAR-10 (tfds data_dir) or CINIC-10 root, for the presets")
     p.add_argument("--rounds", type=int, help="rounds of every run (default: 20 on digits, the preset's otherwise)")
     p.add_argument("--iid-clients", type=int, nargs="*", default=[2, 4, 8], help="IID runs (digits only)")

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, apply_overrides, parse_set
-from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.experiment import load_run, make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
@@ -367,6 +367,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep-noise", action="store_true", help="Table 2 analogue: noise 0.5 ... 10, 4 parties")
     p.add_argument("--preset", choices=("smoke", "paper"), help="named preset of every stage (default: digits)")
+    p.add_argument("--dataset", choices=DATASETS,
+                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
+                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
     p.add_argument("--data-dir", help="prepared data directory (CIFAR-10 for --preset paper)")
     p.add_argument("--rounds", type=int, help="search rounds (iterations = rounds x algo.iterations_per_round)")
     p.add_argument("--train-rounds", type=int, help="augmentation rounds")
@@ -408,6 +411,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         p.error(str(e))
     for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir),
+                       ("data.dataset", args.dataset),
                        ("algo.arch_gradient", args.arch_gradient)):
         if value is not None:
             overrides[key] = value

@@ -72,7 +72,7 @@ from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import partition as part
-from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.experiment import load_run, run_script, run_stage
@@ -401,6 +401,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--personalized", action="store_true", help="Table 1 analogue: personalized FedNAS vs baselines")
     p.add_argument("--preset", choices=("smoke", "paper"), help="named preset of every stage (default: digits settings)")
+    p.add_argument("--dataset", choices=DATASETS,
+                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
+                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
     p.add_argument("--data-dir", help="prepared data directory (CIFAR-10 for --preset paper)")
     p.add_argument("--rounds", type=int, help="search rounds")
     p.add_argument("--train-rounds", type=int, help="evaluation-stage rounds")
@@ -436,7 +439,8 @@ def main(argv=None) -> int:
             parse_seeds(args.seeds)
         except ConfigError as e:
             p.error(str(e))
-    for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir)):
+    for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir),
+                       ("data.dataset", args.dataset)):
         if value is not None:
             overrides[key] = value
     return run_script("examples/fednas.py", lambda: (personalized if args.personalized else global_search)(args, overrides))

@@ -123,7 +123,7 @@ from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas import rng
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
-from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.experiment import load_run, run_script, StageRunner
@@ -329,7 +329,8 @@ def run(args) -> None:
     """One seed into ``--out`` or, with ``--seeds``, one run of every method per seed into
     ``--out/seed_<s>`` and the table over seeds (:func:`jaxfednas.seeds.over_seeds`)."""
     overrides = parse_set(args.set)
-    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir)):
+    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir),
+                       ("data.dataset", args.dataset)):
         if value is not None:
             overrides[key] = value
     if args.seeds is None:
@@ -608,6 +609,9 @@ def _methods(text: str) -> tuple[str, ...]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=("paper",), help="the paper's CIFAR-10 settings (a GPU; needs --data-dir)")
+    p.add_argument("--dataset", choices=DATASETS,
+                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
+                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
     p.add_argument("--data-dir", help="prepared CIFAR-10 / CIFAR-100 (tfds data_dir) for --preset paper")
     p.add_argument("--rounds", type=int, help="rounds of PerFedRLNAS and of the baselines (default 40 on digits, "
                    "1500 with --preset paper)")

@@ -97,7 +97,7 @@ import numpy as np
 from jaxfednas.algorithms import spider as sp
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
-from jaxfednas.data.datasets import load_dataset
+from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.experiment import load_run, run_script, StageRunner
@@ -208,7 +208,8 @@ def run(args) -> None:
     """The comparison once (into ``--out``), or once per seed of ``--seeds`` (into
     ``--out/seed_<s>``) with the table of mean ± std over seeds in ``--out/results.md``."""
     overrides = parse_set(args.set)
-    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir)):
+    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir),
+                       ("data.dataset", args.dataset)):
         if value is not None:
             overrides[key] = value
     if args.seeds is None:
@@ -525,6 +526,9 @@ def _methods(text: str) -> tuple[str, ...]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=("paper",), help="the paper's CIFAR-100 settings (a GPU; needs --data-dir)")
+    p.add_argument("--dataset", choices=DATASETS,
+                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
+                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
     p.add_argument("--data-dir", help="prepared CIFAR-100 (tfds data_dir) for --preset paper")
     p.add_argument("--rounds", type=int, help="rounds of SPIDER and of every other method's training (default 30 "
                    "on digits, 1000 with --preset paper)")
