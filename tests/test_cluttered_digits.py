@@ -179,3 +179,30 @@ def test_cli_run_fedavg_on_cluttered_digits(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == "cluttered_digits"
     assert 0.0 <= summary["final"]["global_test_acc"] <= 1.0
+
+
+def test_renders_give_each_digit_several_images_and_start_with_the_single_render(monkeypatch):
+    one, _ = cluttered_digits()
+    three, layouts = cluttered_digits(renders=3)
+    assert three.x_train.shape == (3 * 1437, 16, 16, 1) and three.x_test.shape == (3 * 360, 16, 16, 1)
+    np.testing.assert_array_equal(three.x_train[:1437], one.x_train)  # render 0 is the single render
+    np.testing.assert_array_equal(three.x_test[:360], one.x_test)
+    np.testing.assert_array_equal(three.y_train, np.tile(one.y_train, 3))
+    np.testing.assert_array_equal(layouts["train"].digit, np.tile(layouts["train"].digit[:1437], 3))
+    for r in (1, 2):  # the same digit, placed and cluttered anew
+        assert not np.array_equal(three.x_train[r * 1437:(r + 1) * 1437], one.x_train)
+        assert (layouts["test"].digit_pos[r * 360:(r + 1) * 360] != layouts["test"].digit_pos[:360]).any()
+    np.testing.assert_array_equal(render(ds_mod.digits_split()[0][..., 0], layouts["test"]), three.x_test)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="renders"):
+            cluttered_digits(renders=bad)
+    split = ds_mod.digits_split  # every render of the training split is made of training digits only
+
+    def poisoned():
+        x, y, train_idx, test_idx = split()
+        x = x.copy()
+        x[test_idx] = 16 - x[test_idx]
+        return x, y, train_idx, test_idx
+
+    monkeypatch.setattr(cluttered, "digits_split", poisoned)
+    assert cluttered_digits(renders=3)[0].x_train.tobytes() == three.x_train.tobytes()

@@ -57,6 +57,7 @@ __all__ = [
     "FRAGMENT_SIZE",
     "MIN_FRAGMENT_INK",
     "NUM_FRAGMENTS",
+    "RENDERS",
     "SEED",
     "ClutterLayout",
     "cluttered_digits",
@@ -73,6 +74,8 @@ FRAGMENT_SIZE = 3
 MIN_FRAGMENT_INK = 32
 """Least sum of a fragment's pixels (two full-ink pixels at the digits' scale of 16); blank
 crops from a digit's empty border are drawn again."""
+RENDERS = 1
+"""Images per digit in each split (each with its own position and clutter)."""
 SEED = 0
 """Seed of the PCG64 bit generator; the training split draws from stream ``(SEED, 0)``, the
 test split from ``(SEED, 1)``."""
@@ -175,6 +178,7 @@ def cluttered_digits(
     fragment_size: int = FRAGMENT_SIZE,
     min_fragment_ink: int = MIN_FRAGMENT_INK,
     seed: int = SEED,
+    renders: int = RENDERS,
 ) -> tuple[Dataset, dict[str, ClutterLayout]]:
     """Build the cluttered digits; :func:`~jaxfednas.data.datasets.load_dataset`
     ``("cluttered_digits")`` is this with the module's defaults.
@@ -188,6 +192,10 @@ def cluttered_digits(
       fragment_size: Side of a fragment, 1..8.
       min_fragment_ink: Least pixel sum of a fragment; blanker crops are drawn again.
       seed: Seed of the PCG64 streams ``(seed, 0)`` (training) and ``(seed, 1)`` (test).
+      renders: Images per digit: each split holds ``renders`` images of every one of its
+        digits, each with its own position and clutter (image ``i + r N`` of a split of
+        ``N`` digits is render ``r`` of digit ``i``; render ``r`` continues the split's stream
+        after render ``r - 1``, so ``renders=1`` is the first render of any larger value).
 
     Returns:
       A pair ``(dataset, layouts)`` of the :class:`~jaxfednas.data.images.Dataset` and a
@@ -200,17 +208,24 @@ def cluttered_digits(
         raise ValueError(f"fragment_size must be in 1..{_DIGIT}, got {fragment_size}")
     if num_fragments < 0:
         raise ValueError(f"num_fragments must be >= 0, got {num_fragments}")
+    if isinstance(renders, bool) or not isinstance(renders, int) or renders < 1:
+        raise ValueError(f"renders must be an integer >= 1, got {renders!r}")
     x, y, train_idx, test_idx = digits_split()
     digits = x[..., 0]
     layouts, images = {}, {}
     for stream, (name, split) in enumerate((("train", train_idx), ("test", test_idx))):
-        layout = _draw_layout(digits, split, np.random.PCG64([seed, stream]), canvas=canvas,
-                              num_fragments=num_fragments, fragment_size=fragment_size, min_ink=min_fragment_ink)
+        bitgen = np.random.PCG64([seed, stream])
+        parts = [_draw_layout(digits, split, bitgen, canvas=canvas, num_fragments=num_fragments,
+                              fragment_size=fragment_size, min_ink=min_fragment_ink) for _ in range(renders)]
+        layout = ClutterLayout(**{f.name: np.concatenate([getattr(q, f.name) for q in parts])
+                                  for f in dataclasses.fields(ClutterLayout) if f.name != "fragment_size"},
+                               fragment_size=fragment_size)
         layouts[name] = layout
         images[name] = render(digits, layout, canvas=canvas)
     mean, std = channel_stats(images["train"], 16.0)
-    dataset = Dataset(name="cluttered_digits", x_train=images["train"], y_train=y[train_idx],
-                      x_test=images["test"], y_test=y[test_idx], num_classes=10, scale=16.0, mean=mean, std=std)
+    dataset = Dataset(name="cluttered_digits", x_train=images["train"], y_train=np.tile(y[train_idx], renders),
+                      x_test=images["test"], y_test=np.tile(y[test_idx], renders), num_classes=10, scale=16.0,
+                      mean=mean, std=std)
     return dataset, layouts
 
 
