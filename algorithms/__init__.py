@@ -14,22 +14,25 @@ Names resolve lazily: importing ``jaxfednas.algorithms`` imports no algorithm.
 """
 import importlib
 
-_MODULES = {
-    "fednas": ("FedNASConfig", "FedNASState", "fednas"),
-    "fednas_train": ("FedNASTrainConfig", "fednas_train"),
-    "dp_fnas": ("DPFNASConfig", "DPFNASState", "dp_fnas"),
-    "dfnas": ("DFNASConfig", "DFNASState", "dfnas"),
-    "spider": ("SpiderConfig", "SpiderState", "spider"),
-    "perfedrlnas": ("PerFedRLNASConfig", "PerFedRLNASState", "perfedrlnas"),
-    "fedavg": ("FedAvgConfig", "FedAvgState", "fedavg"),
-    "local_only": ("LocalOnlyConfig", "LocalOnlyState", "local_only"),
-    "local_adaptation": ("LocalAdaptationConfig", "local_adaptation"),
-    "ditto": ("DittoConfig", "DittoState", "ditto"),
-    "perfedavg": ("PerFedAvgConfig", "PerFedAvgState", "perfedavg"),
-}
-# Classes only: a factory shares its module's name, and the name is the module.
-_EXPORTS = {name: f"jaxfednas.algorithms.{module}" for module, names in _MODULES.items()
-            for name in names if name[0].isupper()}
+from jaxfednas.registry import ALGORITHMS
+
+# The library's algorithm modules: the registry's list (one list), those that live here.
+_MODULES = tuple(name for name, path in ALGORITHMS.items() if path == f"jaxfednas.algorithms.{name}")
+# The config and state classes this package exports, by the module that defines them (a
+# factory shares its module's name, and the name is the module).
+_EXPORTS = {name: f"jaxfednas.algorithms.{module}" for module, names in {
+    "fednas": ("FedNASConfig", "FedNASState"),
+    "fednas_train": ("FedNASTrainConfig",),
+    "dp_fnas": ("DPFNASConfig", "DPFNASState"),
+    "dfnas": ("DFNASConfig", "DFNASState"),
+    "spider": ("SpiderConfig", "SpiderState"),
+    "perfedrlnas": ("PerFedRLNASConfig", "PerFedRLNASState"),
+    "fedavg": ("FedAvgConfig", "FedAvgState"),
+    "local_only": ("LocalOnlyConfig", "LocalOnlyState"),
+    "local_adaptation": ("LocalAdaptationConfig",),
+    "ditto": ("DittoConfig", "DittoState"),
+    "perfedavg": ("PerFedAvgConfig", "PerFedAvgState"),
+}.items() for name in names}
 
 __all__ = ["common", *_MODULES, *_EXPORTS]
 
