@@ -126,19 +126,17 @@ def test_not_available_figures_are_said(monkeypatch, tiny_plan):
 
 def test_round_that_does_not_compile_is_reported(monkeypatch, tiny_plan):
     cfg, _ = tiny_plan
-    real_build = plan_mod.algorithm_module(cfg.algorithm).build
+    real_build = plan_mod.build_algorithm
 
-    class Module:
-        @staticmethod
-        def build(c, info):
-            algo = real_build(c, info)
+    def build(c, info):
+        algo = real_build(c, info)
 
-            def host_round(state, data, key):  # a round with a host-side step in it
-                return algo.round(state, data, key)[0], {"n": float(np.asarray(state.round))}
+        def host_round(state, data, key):  # a round with a host-side step in it
+            return algo.round(state, data, key)[0], {"n": float(np.asarray(state.round))}
 
-            return algo._replace(round=host_round)
+        return algo._replace(round=host_round)
 
-    monkeypatch.setattr(plan_mod, "algorithm_module", lambda name: Module)
+    monkeypatch.setattr(plan_mod, "build_algorithm", build)
     plan = plan_run(cfg)
     assert plan["round"]["available"] is False and plan["round"]["error"]
     assert "compiled round: not available" in format_plan(plan)
