@@ -75,6 +75,7 @@ def fedavg(
     dropout_rate: float = 0.0,
     aux_weight: float = 0.0,
     drop_path: Callable[[jax.Array], jax.Array] | None = None,
+    lr_scale: Callable[[jax.Array], jax.Array] | None = None,
     server: Server = Server(),
     precision: str = "fp32",
 ) -> FederatedAlgorithm:
@@ -84,7 +85,9 @@ def fedavg(
     For a DARTS evaluation network (:mod:`jaxfednas.algorithms.fednas_train`): ``aux_weight`` > 0
     adds its auxiliary head's loss; ``drop_path(round) -> p`` gives the drop-path
     probability of the round's local training (every client, every step), None: no drop
-    path (the computation of plain FedAvg). ``server``: sampler, aggregator and server
+    path (the computation of plain FedAvg). ``lr_scale(round) -> s`` multiplies the round's
+    client learning rate by s (a schedule over rounds), None: ``cfg.lr`` every round (plain
+    FedAvg's computation). ``server``: sampler, aggregator and server
     optimizer (:class:`jaxfednas.server.Server`); with a server optimizer ``cfg.server_lr``
     must stay 1 (use ``run.server_lr``). ``precision``: what client training computes in
     (:mod:`jaxfednas.precision`; evaluation float32)."""
@@ -105,10 +108,11 @@ def fedavg(
         idx, keys = server.sample(key, state.round, data, info.num_clients, m)
         clients = data.clients("train", idx)
         p = None if drop_path is None else drop_path(state.round)
+        scale = None if lr_scale is None else lr_scale(state.round)
         new_vars, metrics = map_clients(
-            lambda c, s: local_train(s[0], c[0], c[1], s[1]),
+            lambda c, s: local_train(s[0], c[0], c[1], s[1], s[2]),
             (clients, keys),
-            (state.variables, p),
+            (state.variables, p, scale),
             placement=placement,
         )
         weights = server.weights(clients.count, reporting_clients(key, idx, dropout_rate))  # failed clients weigh 0

@@ -12,7 +12,7 @@ hard-codes for this stage —, ``DARTS_V1``, ``DARTS_V2``), a path to a JSON gen
 (e.g. a search run's ``architecture.json``) or the JSON text itself (what
 ``examples/fednas.py`` stores, so that ``config.json`` alone reproduces the run).
 
-Two parts of the DARTS evaluation recipe (Liu et al., arXiv:1806.09055, §3.2/§A.2) are
+Three parts of the DARTS evaluation recipe (Liu et al., arXiv:1806.09055, §3.2/§A.2) are
 options, off by default (the digits main job trains without them):
 
 * ``algo.drop_path_prob`` p: DARTS' drop path — every non-identity op's output inside a
@@ -33,6 +33,12 @@ options, off by default (the digits main job trains without them):
   8×8 digits leave 2×2 maps there, which the head pools with a smaller window
   (:func:`jaxfednas.search_spaces.darts.aux_pool`); maps smaller than 2×2 are a config error.
 
+* ``algo.lr_schedule=cosine``: DARTS anneals the learning rate by a cosine to 0 over its
+  epochs; here over the rounds: round t of T = ``run.rounds`` trains with
+  ``algo.lr · (1 + cos(π t / T)) / 2`` (every client, every step of the round; the
+  clients' fresh optimizer each round makes this exactly a per-round learning rate). A
+  resumed run must keep ``run.rounds``. ``constant`` (the default) keeps ``algo.lr``.
+
 The FedNAS paper states no evaluation recipe; the authors' train stage
 (docs/authors_code.md §0.4, §2.1) uses a constant p = 0.5 and no auxiliary head. Preset
 ``paper`` follows DARTS (p = 0.2 ramped, w = 0.4), ``authors_code`` the authors' code.
@@ -49,6 +55,7 @@ from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import Placement
 from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
@@ -69,6 +76,8 @@ class FedNASTrainConfig(FedAvgConfig):
                                     "constant: p every round (FedNAS code)", choices=("linear", "constant"))
     auxiliary_weight: float = param(0.0, "loss weight of the auxiliary head after cell 2·layers//3 "
                                     "(DARTS 0.4; 0: no auxiliary head)", range=(0.0, 10.0))
+    lr_schedule: str = param("constant", "constant: algo.lr every round; cosine: annealed to 0 over run.rounds "
+                             "(DARTS' schedule, by round)", choices=("constant", "cosine"))
 
     def check(self):
         super().check()
@@ -139,18 +148,29 @@ def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
     return lambda t: jnp.float32(p) * jnp.minimum(t.astype(jnp.float32) / rounds, 1.0)
 
 
+def lr_scale_schedule(cfg: FedNASTrainConfig, rounds: int | None):
+    """``round -> s`` (traced), the factor of ``algo.lr`` in a round, for
+    :func:`jaxfednas.algorithms.fedavg.fedavg`; None for ``constant``."""
+    if cfg.lr_schedule == "constant":
+        return None
+    if rounds is None:
+        raise ValueError("fednas_train: lr_schedule='cosine' needs rounds (run.rounds)")
+    return cosine_lr(1.0, 0.0, rounds)
+
+
 def fednas_train(
     cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
     dropout_rate: float = 0.0, rounds: int | None = None, server: Server = Server(), precision: str = "fp32",
 ) -> FederatedAlgorithm:
     """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``; ``rounds``
-    (T, ``run.rounds``) is needed by the linear drop-path ramp. ``precision``: what client
+    (T, ``run.rounds``) is needed by the linear drop-path ramp and the cosine learning rate. ``precision``: what client
     training computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
     server.refuse("fednas_train", "the derived genotype is fixed: no architecture parameters are trained",
                   arch_optimizer=True)
     algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
                   dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
-                  drop_path=drop_path_schedule(cfg, rounds), server=server, precision=precision)
+                  drop_path=drop_path_schedule(cfg, rounds), lr_scale=lr_scale_schedule(cfg, rounds), server=server,
+                  precision=precision)
     return algo._replace(name="fednas_train")
 
 
@@ -158,4 +178,5 @@ FACTORY = fednas_train
 RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")
 
 
-__all__ = ["FedNASTrainConfig", "FedAvgState", "fednas_train", "resolve_genotype", "make_network", "drop_path_schedule"]
+__all__ = ["FedNASTrainConfig", "FedAvgState", "fednas_train", "resolve_genotype", "make_network", "drop_path_schedule",
+           "lr_scale_schedule"]

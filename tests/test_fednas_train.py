@@ -118,6 +118,28 @@ def test_drop_path_round_changes_the_update_and_is_deterministic(data2):
     assert np.isfinite(float(m["train_loss"]))
 
 
+def test_cosine_lr_schedule_is_the_constant_rate_times_the_rounds_cosine(data2):
+    """Round t of T = 4 with lr_schedule=cosine is, from the same state, the constant-rate
+    round at lr · (1 + cos(π t / 4)) / 2 (rounds 1 and 3: 0.85355 and 0.14645 of it); round 0
+    is the plain round bit for bit."""
+    cos = fednas_train(dataclasses.replace(BASE, lr_schedule="cosine"), data2.info, placement=Placement("map"),
+                       rounds=4)
+    s0, key = cos.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(5)
+    plain = fednas_train(BASE, data2.info, placement=Placement("map"))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(_leaves(cos.round(s0, data2, key)[0].variables),
+                                                          _leaves(plain.round(s0, data2, key)[0].variables)))
+    for t, factor in ((1, 0.8535534), (3, 0.1464466)):
+        got = _leaves(cos.round(s0.replace(round=jnp.int32(t)), data2, key)[0].variables["params"])
+        slower = fednas_train(dataclasses.replace(BASE, lr=BASE.lr * factor), data2.info, placement=Placement("map"))
+        want = _leaves(slower.round(s0.replace(round=jnp.int32(t)), data2, key)[0].variables["params"])
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        moved = _leaves(plain.round(s0, data2, key)[0].variables["params"])
+        assert max(np.abs(a - b).max() for a, b in zip(got, moved)) > 1e-5  # not the constant rate
+    with pytest.raises(ValueError, match="needs rounds"):
+        fednas_train(dataclasses.replace(BASE, lr_schedule="cosine"), data2.info)
+
+
 # ----------------------------------------------------------------------------- auxiliary head
 
 
