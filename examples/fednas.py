@@ -197,6 +197,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         train_over.update(TRAIN)
     if args.train_rounds:
         train_over["run.rounds"] = args.train_rounds
+    train_over.update(parse_set(args.train_set))  # e.g. algo.lr_schedule=cosine
     train_cfg = make_config("fednas_train", preset=preset, overrides=train_over)
     print(f"== evaluation stage: FedAvg of the derived cell (C={train_cfg.algo.C}, {train_cfg.algo.layers} cells), "
           f"{train_cfg.run.rounds} rounds -> {out / 'train'}", flush=True)
@@ -407,6 +408,10 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", help="prepared data directory (CIFAR-10 for --preset paper)")
     p.add_argument("--rounds", type=int, help="search rounds")
     p.add_argument("--train-rounds", type=int, help="evaluation-stage rounds")
+    p.add_argument("--train-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="global mode: override a setting of the evaluation stage, the searched and the random cells "
+                        "alike (algo.* or run.*, see `jaxfednas run fednas_train --help`; e.g. "
+                        "algo.lr_schedule=cosine); repeatable")
     p.add_argument("--seed", type=int)
     p.add_argument("--seeds", metavar="LIST", help="global mode: the whole job once per seed (e.g. 0,1,2), each into "
                    "--out/seed_<s>; results.md gives mean ± std over seeds")
@@ -426,8 +431,13 @@ def main(argv=None) -> int:
     args.out = args.out or ("runs/fednas-personalized" if args.personalized else "runs/fednas")
     try:
         overrides = parse_set(args.set)
+        train_set = parse_set(args.train_set)
+        make_config("fednas_train", overrides=train_set)  # a wrong name or value: a usage error now
     except ConfigError as e:
         p.error(str(e))
+    if any(not k.startswith(("algo.", "run.")) for k in train_set):
+        p.error(f"--train-set {', '.join(k for k in train_set if not k.startswith(('algo.', 'run.')))}: only algo.* "
+                "and run.* settings (the evaluation stage trains on the search's clients)")
     if args.random < 0:
         p.error(f"--random {args.random}: must be >= 0")
     if args.train_seeds < 1:

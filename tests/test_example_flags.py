@@ -29,3 +29,37 @@ def test_dataset_flag_reaches_every_stage(name, tmp_path, monkeypatch, capsys):
         mod.main(["--dataset", "cluttered", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "invalid choice: 'cluttered'" in err and "Traceback" not in err
+
+
+def test_fednas_train_set_reaches_the_evaluation_stage_of_every_cell(tmp_path, monkeypatch, capsys):
+    """--train-set changes the evaluation stage (searched, repeated and random cells alike),
+    not the search; a wrong name, a wrong value or a data.* key is a one-line usage error."""
+    mod, ran = _example("fednas"), {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_stage(cfg, out, resume):
+        ran[out.name] = cfg
+        if cfg.algorithm == "fednas":
+            return {"architecture": {"normal": [["skip_connect", 0]] * 2, "normal_concat": [2],
+                                     "reduce": [["skip_connect", 0]] * 2, "reduce_concat": [2]}}
+        if out.name == "random_0":
+            raise Stop
+        return {"final": {"global_test_acc": 0.5}}
+
+    monkeypatch.setattr(mod, "_stage", fake_stage)
+    with pytest.raises(Stop):
+        mod.main(["--train-set", "algo.lr_schedule=cosine", "--train-set", "run.eval_every=2", "--train-seeds", "2",
+                  "--set", "algo.nodes=1", "--out", str(tmp_path / "o")])
+    assert sorted(ran) == ["random_0", "search", "train", "train_seed_1"]
+    assert ran["search"].algorithm == "fednas" and not hasattr(ran["search"].algo, "lr_schedule")
+    for name in ("train", "train_seed_1", "random_0"):
+        assert ran[name].algo.lr_schedule == "cosine" and ran[name].run.eval_every == 2, name
+    for bad, message in ((["--train-set", "algo.lr_schedul=cosine"], "did you mean algo.lr_schedule"),
+                         (["--train-set", "algo.lr_schedule=linear"], "lr_schedule"),
+                         (["--train-set", "data.alpha=0.1"], "only algo.* and run.*")):
+        with pytest.raises(SystemExit) as e:
+            mod.main(bad + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and "Traceback" not in err, bad
