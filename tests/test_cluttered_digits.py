@@ -16,7 +16,7 @@ from jaxfednas.data.datasets import DATASETS, load_dataset
 
 # sha256 of x_train, y_train, x_test, y_test of load_dataset("cluttered_digits"): a change of
 # the construction, of NumPy's PCG64 stream or of scikit-learn's digits split shows here.
-GOLDEN_SHA256 = "264effb8c7fca513acbf43c5d15c7b309710fbfe344aa309b33c529aa176223c"
+GOLDEN_SHA256 = "d1c251637de685c6a6d4cdf9e2b4ee9083ba2c67db0bcc0586228d65dfd96f07"
 
 
 def _sha256(ds) -> str:
@@ -44,14 +44,15 @@ def test_shapes_dtypes_labels_and_normalisation():
     ds, digits = load_dataset("cluttered_digits"), load_dataset("digits")
     side = cluttered.CANVAS
     assert ds.name == "cluttered_digits" and ds.num_classes == 10 and ds.scale == digits.scale == 16.0
-    assert ds.x_train.shape == (1437, side, side, 1) and ds.x_test.shape == (360, side, side, 1)
+    r = cluttered.RENDERS
+    assert r == 3 and ds.x_train.shape == (r * 1437, side, side, 1) and ds.x_test.shape == (r * 360, side, side, 1)
     assert ds.image_shape == (side, side, 1)
     assert ds.x_train.dtype == ds.x_test.dtype == np.uint8
     assert ds.y_train.dtype == ds.y_test.dtype == np.int32
     assert int(ds.x_train.max()) == 16 and int(max(ds.x_train.max(), ds.x_test.max())) <= 16
-    # image i of a split shows digit i of the same split of digits, so the labels are the same
-    np.testing.assert_array_equal(ds.y_train, digits.y_train)
-    np.testing.assert_array_equal(ds.y_test, digits.y_test)
+    # image i + r N of a split shows digit i of the same split of digits: the labels, repeated
+    np.testing.assert_array_equal(ds.y_train, np.tile(digits.y_train, r))
+    np.testing.assert_array_equal(ds.y_test, np.tile(digits.y_test, r))
     assert set(np.unique(ds.y_test)) == set(range(10))
     # the digits' convention: statistics of x_train / scale, rounded to 6 decimals
     xf = ds.x_train.astype(np.float64) / 16.0
@@ -109,8 +110,9 @@ def test_train_and_test_digit_sources_are_disjoint(built):
     _, layouts = built
     _, _, train_idx, test_idx = ds_mod.digits_split()
     train, test = layouts["train"], layouts["test"]
-    np.testing.assert_array_equal(train.digit, train_idx)  # each training digit once, in the digits' order
-    np.testing.assert_array_equal(test.digit, test_idx)
+    r = cluttered.RENDERS  # each training digit r times, in the digits' order
+    np.testing.assert_array_equal(train.digit, np.tile(train_idx, r))
+    np.testing.assert_array_equal(test.digit, np.tile(test_idx, r))
     train_sources = set(train.digit) | set(train.fragment.ravel())
     test_sources = set(test.digit) | set(test.fragment.ravel())
     assert train_sources <= set(train_idx) and test_sources <= set(test_idx)
@@ -138,12 +140,12 @@ def test_no_test_pixels_in_training_images(built, monkeypatch):
 
 def test_variants_and_bad_arguments():
     digits = load_dataset("digits")
-    plain, layouts = cluttered_digits(canvas=8, num_fragments=0)  # no room to move, no clutter: the digits
+    plain, layouts = cluttered_digits(canvas=8, num_fragments=0, renders=1)  # no room to move, no clutter
     np.testing.assert_array_equal(plain.x_train, digits.x_train)
     np.testing.assert_array_equal(plain.x_test, digits.x_test)
     assert plain.mean == digits.mean and plain.std == digits.std
     assert layouts["train"].fragment.shape == (1437, 0)
-    big, _ = cluttered_digits(canvas=24, num_fragments=5, fragment_size=4, seed=1)
+    big, _ = cluttered_digits(canvas=24, num_fragments=5, fragment_size=4, seed=1, renders=1)
     assert big.x_train.shape == (1437, 24, 24, 1)
     assert not np.array_equal(cluttered_digits(seed=1)[0].x_train, load_dataset("cluttered_digits").x_train)
     for kwargs, message in (({"canvas": 7}, "canvas"), ({"fragment_size": 9}, "fragment_size"),
@@ -182,7 +184,7 @@ def test_cli_run_fedavg_on_cluttered_digits(tmp_path, capsys):
 
 
 def test_renders_give_each_digit_several_images_and_start_with_the_single_render(monkeypatch):
-    one, _ = cluttered_digits()
+    one, _ = cluttered_digits(renders=1)
     three, layouts = cluttered_digits(renders=3)
     assert three.x_train.shape == (3 * 1437, 16, 16, 1) and three.x_test.shape == (3 * 360, 16, 16, 1)
     np.testing.assert_array_equal(three.x_train[:1437], one.x_train)  # render 0 is the single render

@@ -9,8 +9,9 @@ clutter made of random crops of other digits), scaled to the 8x8 digits of
 
 * every image holds one digit of the split, at a position drawn uniformly on a
   :data:`CANVAS` x :data:`CANVAS` canvas (the digit wholly inside), and keeps its label:
-  image ``i`` of a split is made from digit ``i`` of the same split of ``digits``, so the
-  labels (and hence any label-based partition) are those of ``digits``;
+  each split holds :data:`RENDERS` images of every one of its digits, image ``i + r N`` of
+  a split of ``N`` digits made from digit ``i`` of the same split of ``digits``, so the
+  labels are those of ``digits`` repeated :data:`RENDERS` times;
 * :data:`NUM_FRAGMENTS` fragments, each a :data:`FRAGMENT_SIZE` x :data:`FRAGMENT_SIZE`
   crop (with some ink, at least :data:`MIN_FRAGMENT_INK`) of *another* digit of the
   *same* split, are placed uniformly on the canvas, over or beside the digit;
@@ -38,8 +39,8 @@ Example::
     >>> from jaxfednas.data.datasets import load_dataset
     >>> ds = load_dataset("cluttered_digits")
     >>> ds.x_train.shape, ds.x_test.shape, ds.scale
-    ((1437, 16, 16, 1), (360, 16, 16, 1), 16.0)
-    >>> bool((ds.y_train == load_dataset("digits").y_train).all())
+    ((4311, 16, 16, 1), (1080, 16, 16, 1), 16.0)
+    >>> bool((ds.y_train[:1437] == load_dataset("digits").y_train).all())
     True
 """
 
@@ -74,8 +75,11 @@ FRAGMENT_SIZE = 3
 MIN_FRAGMENT_INK = 32
 """Least sum of a fragment's pixels (two full-ink pixels at the digits' scale of 16); blank
 crops from a digit's empty border are drawn again."""
-RENDERS = 1
-"""Images per digit in each split (each with its own position and clutter)."""
+RENDERS = 3
+"""Images of every digit in each split, each with its own position and clutter. Three, so
+that a network sees each training digit in three places among three clutters and a test
+accuracy averages three views of each test digit: an architecture's accuracy then moves
+less from training seed to training seed (docs/guides/data.md)."""
 SEED = 0
 """Seed of the PCG64 bit generator; the training split draws from stream ``(SEED, 0)``, the
 test split from ``(SEED, 1)``."""

@@ -14,8 +14,8 @@ Available datasets (:data:`DATASETS`):
     Works offline; the default for smoke tests and CPU examples.
 ``cluttered_digits``
     The same digits at random positions on a 16x16 canvas among fragments of
-    other digits of the same split (:mod:`jaxfednas.data.cluttered`; 1 437 / 360
-    images, the digits' labels, values 0..16). Works offline; made
+    other digits of the same split (:mod:`jaxfednas.data.cluttered`; three images of every
+    digit: 4 311 / 1 080 images, the digits' labels, values 0..16). Works offline; made
     deterministically, test digits never in training images.
 ``synthetic``
     Tiny, seeded, learnable toy data for unit tests.
