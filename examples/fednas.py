@@ -2,6 +2,7 @@
 
     python examples/fednas.py                       # digits: search (8 Dir(0.5) clients), train the cell + 5 random ones
     python examples/fednas.py --seeds 0,1,2         # the same over three seeds: mean ± std
+    python examples/fednas.py --dataset cluttered_digits --train-set algo.lr_schedule=cosine  # cells differ more
     python examples/fednas.py --personalized        # Table 1 analogue: FedNAS vs local adaptation / Ditto / perFedAvg
     python examples/fednas.py --preset paper --data-dir DIR   # CIFAR-10, the paper's settings (a GPU)
     python examples/fednas.py --out runs/fednas --resume      # continue an interrupted run
