@@ -53,7 +53,7 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.experiment import run_script, StageRunner
+from jaxfednas.experiment import inherited_accuracies, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
@@ -257,22 +257,12 @@ def _inherited_accuracies(out: Path, search_dir: Path, children: list[ShuffleArc
     """Each child's global test accuracy with the weights it inherits from the DFNAS run in
     ``search_dir`` (its single path in the trained supernet, BN recalibrated on the clients:
     :func:`jaxfednas.algorithms.dfnas.make_inherited_accuracy`); kept in ``out/inherited.json``
-    by child, so a resumed job does not measure a child twice."""
+    by child (:func:`jaxfednas.experiment.inherited_accuracies`)."""
     from jaxfednas.algorithms.dfnas import make_inherited_accuracy  # noqa: PLC0415
-    from jaxfednas.experiment import load_run  # noqa: PLC0415
     from jaxfednas.runtime import Placement  # noqa: PLC0415
 
-    path = out / "inherited.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
-    missing = [a for a in children if str(a) not in known]
-    if missing:
-        print(f"== inherited-weight accuracy of {len(missing)} children ({search_dir.name}'s supernet)", flush=True)
-        run = load_run(search_dir)
-        accuracy = make_inherited_accuracy(run.config.algo, run.data.info, placement=Placement.from_run(run.config.run))
-        for a in missing:
-            known[str(a)] = accuracy(run.state.variables, a, run.data)
-        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
-    return [known[str(a)] for a in children]
+    return inherited_accuracies(out, search_dir, children, lambda run: make_inherited_accuracy(
+        run.config.algo, run.data.info, placement=Placement.from_run(run.config.run)))
 
 
 def _f(x, fmt="{:.4f}") -> str:

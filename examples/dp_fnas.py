@@ -68,7 +68,7 @@ from pathlib import Path
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, apply_overrides, parse_set
 from jaxfednas.data.datasets import DATASETS, load_dataset
-from jaxfednas.experiment import load_run, make_partition, run_script, run_stage
+from jaxfednas.experiment import inherited_accuracies, make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
@@ -244,20 +244,12 @@ def _inherited_accuracies(out: Path, search_dir: Path, genotypes: list[Genotype]
     """Each cell's global test accuracy with the weights it inherits from the private search's
     supernet in ``search_dir`` (:func:`jaxfednas.algorithms.dp_fnas.make_inherited_accuracy`;
     a post-processing of the released supernet, so no privacy is spent); kept in
-    ``out/inherited.json`` by genotype, so a resumed job does not measure a cell twice."""
+    ``out/inherited.json`` by genotype (:func:`jaxfednas.experiment.inherited_accuracies`)."""
     from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy  # noqa: PLC0415
 
-    path = out / "inherited.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
-    missing = [g for g in genotypes if g.to_json() not in known]
-    if missing:
-        print(f"== inherited-weight accuracy of {len(missing)} cells (the search's supernet)", flush=True)
-        run = load_run(search_dir)
-        accuracy = make_inherited_accuracy(run.config.algo, run.data.info)
-        for g in missing:
-            known[g.to_json()] = accuracy(run.state.variables, g, run.data)
-        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
-    return [known[g.to_json()] for g in genotypes]
+    return inherited_accuracies(out, search_dir, genotypes,
+                                lambda run: make_inherited_accuracy(run.config.algo, run.data.info),
+                                key=lambda g: g.to_json())
 
 
 def _seed_parties(args) -> int:

@@ -76,7 +76,7 @@ from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import DATASETS, load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
-from jaxfednas.experiment import load_run, run_script, run_stage
+from jaxfednas.experiment import inherited_accuracies, load_run, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
@@ -133,21 +133,12 @@ def _inherited_accuracies(out: Path, genotypes: list) -> list[float]:
     """Each cell's global test accuracy with the weights it inherits from the finished search
     stage's supernet (BN recalibrated on the clients' training examples:
     :func:`jaxfednas.algorithms.fednas.make_inherited_accuracy`); kept in
-    ``out/inherited.json`` by genotype, so a resumed job does not measure a cell twice."""
+    ``out/inherited.json`` by genotype (:func:`jaxfednas.experiment.inherited_accuracies`)."""
     from jaxfednas.algorithms.fednas import make_inherited_accuracy  # noqa: PLC0415
     from jaxfednas.runtime import Placement  # noqa: PLC0415
 
-    path = out / "inherited.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
-    missing = [g for g in genotypes if g.to_json() not in known]
-    if missing:
-        print(f"== inherited-weight accuracy of {len(missing)} cells (the search stage's supernet)", flush=True)
-        run = load_run(out / "search")
-        accuracy = make_inherited_accuracy(run.config.algo, run.data.info, placement=Placement.from_run(run.config.run))
-        for g in missing:
-            known[g.to_json()] = accuracy(run.state.variables, g, run.data)
-        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
-    return [known[g.to_json()] for g in genotypes]
+    return inherited_accuracies(out, out / "search", genotypes, lambda run: make_inherited_accuracy(
+        run.config.algo, run.data.info, placement=Placement.from_run(run.config.run)), key=lambda g: g.to_json())
 
 
 def _fmt(x: float) -> str:

@@ -298,6 +298,28 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
 
 
+def inherited_accuracies(out: str | os.PathLike, search_dir: str | os.PathLike, architectures: list,
+                         make_accuracy: Callable[[FinishedRun], Callable[[Any, Any, Any], float]], *,
+                         key: Callable[[Any], str] = str) -> list[float]:
+    """Each architecture's accuracy with the weights it inherits from the finished search in
+    ``search_dir``: ``make_accuracy(run)`` gives ``accuracy(variables, architecture, data)``
+    (an algorithm's ``make_inherited_accuracy``), applied to that run's state and data.
+    Kept in ``out/inherited.json`` by ``key(architecture)``, so a resumed job loads the run
+    and measures only the architectures it has not measured."""
+    path = Path(out) / "inherited.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    missing = [a for a in architectures if key(a) not in known]
+    if missing:
+        print(f"== inherited-weight accuracy of {len(missing)} architectures ({Path(search_dir).name}'s supernet)",
+              flush=True)
+        run = load_run(search_dir)
+        accuracy = make_accuracy(run)
+        for a in missing:
+            known[key(a)] = accuracy(run.state.variables, a, run.data)
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return [known[key(a)] for a in architectures]
+
+
 def _quiet(message: str) -> None:
     pass
 
