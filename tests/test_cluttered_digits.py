@@ -120,9 +120,8 @@ def test_train_and_test_digit_sources_are_disjoint(built):
     assert len(set(test.fragment.ravel())) > 100  # clutter drawn from across the split, not a few digits
 
 
-def test_no_test_pixels_in_training_images(built, monkeypatch):
-    """Change every test digit's pixels: the training images stay the same bytes."""
-    ds = built[0]
+def _poison_test_digits(monkeypatch) -> None:
+    """Make the cluttered digits read every test digit with its pixels inverted."""
     split = ds_mod.digits_split
 
     def poisoned():
@@ -132,6 +131,12 @@ def test_no_test_pixels_in_training_images(built, monkeypatch):
         return x, y, train_idx, test_idx
 
     monkeypatch.setattr(cluttered, "digits_split", poisoned)
+
+
+def test_no_test_pixels_in_training_images(built, monkeypatch):
+    """Change every test digit's pixels: the training images stay the same bytes."""
+    ds = built[0]
+    _poison_test_digits(monkeypatch)
     other = cluttered_digits()[0]
     assert other.x_train.tobytes() == ds.x_train.tobytes()
     assert (other.mean, other.std) == (ds.mean, ds.std)  # statistics of training images only
@@ -198,13 +203,5 @@ def test_renders_give_each_digit_several_images_and_start_with_the_single_render
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="renders"):
             cluttered_digits(renders=bad)
-    split = ds_mod.digits_split  # every render of the training split is made of training digits only
-
-    def poisoned():
-        x, y, train_idx, test_idx = split()
-        x = x.copy()
-        x[test_idx] = 16 - x[test_idx]
-        return x, y, train_idx, test_idx
-
-    monkeypatch.setattr(cluttered, "digits_split", poisoned)
+    _poison_test_digits(monkeypatch)  # every render of the training split is made of training digits only
     assert cluttered_digits(renders=3)[0].x_train.tobytes() == three.x_train.tobytes()

@@ -99,7 +99,11 @@ def test_dp_fnas_inherited_accuracy_is_the_masked_supernet_whatever_its_alpha(sa
         w = mask_weights(mask_from_genotype(g, prims, cfg.nodes))
         by_hand = float((jnp.argmax(Subnet(net, w).apply({"params": v["params"]}, x, train=False), -1) == y).mean())
         accs.append(accuracy(v, g, data))
-        assert accs[-1] == pytest.approx(by_hand, abs=1e-6) == accuracy(other_alpha, g, data), i
+        # by hand and compiled: a near-tied logit may flip one of the 48 predictions on another
+        # processor (one example's slack); α is an input the mask ignores, so the same program
+        # gives the same bits whatever α holds
+        assert accs[-1] == pytest.approx(by_hand, abs=1 / 48 + 1e-9), i
+        assert accuracy(other_alpha, g, data) == accs[-1], i
     assert len(set(accs)) > 1  # the genotype reaches the network
 
 
@@ -131,5 +135,8 @@ def test_dfnas_inherited_accuracy_is_the_childs_recalibrated_accuracy():
         one_hot = jax.nn.one_hot(jnp.asarray(child.choices), state.variables["arch"]["alpha"].shape[-1]) * 10.0
         as_argmax = state.replace(variables={**state.variables, "arch": {"alpha": one_hot}})
         accs.add(accuracy(state.variables, child, data))
-        assert accuracy(state.variables, child, data) == float(algo.evaluate(as_argmax, data)["global_test_acc_bn_recal"])
+        # two compiled programs reduce the BN moments in their own orders: on another processor
+        # a near-tied logit may flip one of the 360 test predictions, so one example's slack
+        assert accuracy(state.variables, child, data) == pytest.approx(
+            float(algo.evaluate(as_argmax, data)["global_test_acc_bn_recal"]), abs=1 / 360 + 1e-9)
     assert len(accs) > 1  # the child's path reaches the network
