@@ -235,6 +235,7 @@ def _run_seeds(args, cfg) -> int:
     ``results.json``)."""
     import dataclasses
 
+    from jaxfednas.distributed import is_main
     from jaxfednas.experiment import holds_run, run_experiment
     from jaxfednas.seeds import over_seeds, parse_seeds
 
@@ -249,7 +250,8 @@ def _run_seeds(args, cfg) -> int:
 
     over_seeds(seeds, one_seed, out, title=f"{cfg.algorithm} on {cfg.data.dataset}: final metrics over seeds",
                note="Each seed: a run directory of its own, `seed_<s>/` (`run.seed` draws the partition too).")
-    print(f"run directories: {out}/seed_<s>; table: {out / 'results.md'}")
+    if is_main():  # (the table's writer)
+        print(f"run directories: {out}/seed_<s>; table: {out / 'results.md'}")
     return 0
 
 

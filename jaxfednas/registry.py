@@ -6,9 +6,9 @@ An algorithm module provides ``CONFIG`` (its config dataclass), ``PRESETS``
 ``(algo_config, info, **run options) -> FederatedAlgorithm`` (named ``FACTORY``, or
 decorated with :func:`register_algorithm`, which also registers a module from outside the
 library) and ``RUN_OPTIONS`` (the options of :data:`jaxfednas.run_options.OPTIONS` it
-honours; the runner refuses the others), and optionally ``DEFAULTS`` (flat overrides of the shared sections that the
-algorithm needs by default, e.g. a validation split; applied before any preset) and
-``check(config)`` (refusals that need the whole configuration, e.g. a validation split
+honours; the runner refuses the others), and optionally ``DEFAULTS`` (flat overrides of
+the shared sections that the algorithm needs by default, e.g. a validation split; applied
+before any preset) and ``check(config)`` (refusals that need the whole configuration, e.g. a validation split
 the algorithm cannot run without). :func:`build_algorithm` is the one place where an
 algorithm is built from a configuration.
 """
