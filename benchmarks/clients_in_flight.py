@@ -39,7 +39,7 @@ def worker(chunk: int, image: int, clients: int, out: str, supernet: dict) -> No
     from jaxfednas.data import partition as part
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.experiment import make_partition, round_memory_gib
-    from jaxfednas.registry import algorithm_module, make_config
+    from jaxfednas.registry import build_algorithm, make_config
     from jaxfednas.rng import init_key, round_key
 
     cfg = make_config("fednas", overrides={
@@ -48,7 +48,7 @@ def worker(chunk: int, image: int, clients: int, out: str, supernet: dict) -> No
         "algo.local_epochs": 1, "algo.batch_size": 32, **{f"algo.{k}": v for k, v in supernet.items()}})
     ds = load_dataset("synthetic", num_train=64 * clients, num_test=64, image_shape=(image, image, 3))
     data = make_federated_data(ds, part.manifest_splits(make_partition(cfg, ds)))
-    algo = algorithm_module("fednas").build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     state = algo.init(init_key(0))
     t0 = time.perf_counter()
     compiled = algo.round.lower(state, data, round_key(0, 0)).compile()

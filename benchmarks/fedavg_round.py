@@ -5,7 +5,7 @@ Placements (every one runs the same per-client function, ``make_local_train``):
 * ``loop``          — Python loop over the sampled clients, each a call of the jitted
                       single-client ``local_train``, then a jitted ``weighted_mean``
                       (the "one client at a time" style of most FL code bases);
-* ``vmap``          — the jitted FedAvg round of ``algorithm_module('fedavg').build``
+* ``vmap``          — the jitted FedAvg round of ``registry.build_algorithm``
                       with ``Placement('vmap')``;
 * ``map1``/``map4`` — ``Placement('map')`` with ``client_chunk_size`` 1 (sequential
                       ``lax.map``) and 4;
@@ -117,14 +117,14 @@ def build_placement(cfg, info, name):
     """The jitted FedAvg round for placement ``name`` (not ``loop``)."""
     import dataclasses
 
-    from jaxfednas.registry import algorithm_module
+    from jaxfednas.registry import algorithm_module, build_algorithm
     from jaxfednas.runtime import Placement
 
     mode, chunk, within, _ = SPECS[name]
     fedavg = algorithm_module("fedavg")
     if within == "vmap":  # what `build` exposes through the config
         run = dataclasses.replace(cfg.run, placement=mode, client_chunk_size=chunk)
-        return fedavg.build(dataclasses.replace(cfg, run=run), info)
+        return build_algorithm(dataclasses.replace(cfg, run=run), info)
     return fedavg.fedavg(
         cfg.algo, info, clients_per_round=cfg.run.clients_per_round,
         placement=Placement(mode, chunk, within=within),

@@ -322,6 +322,8 @@ def worker_step(args) -> None:
         try:
             rows.append(run_variant(name))
         except Exception as e:  # noqa: BLE001 -- a formulation that does not build is a row, not the end
+            if args.quick:  # tiny shapes: an error is a broken code path, not a limit
+                raise
             emit(args, {"part": "step", "variant": name, "precision": "default",
                         "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
     timed_rows = [r for r in rows if "s_per_step" in r]
@@ -341,6 +343,8 @@ def worker_step(args) -> None:
         try:
             run_variant(best + suffix)
         except Exception as e:  # noqa: BLE001
+            if args.quick:  # tiny shapes: an error is a broken code path, not a limit
+                raise
             emit(args, {"part": "step", "variant": best + suffix, "error": f"{type(e).__name__}: {e}"[:300]})
 
 
@@ -460,10 +464,10 @@ def round_config(args, chunk: int | None, placement: str):
 
 def measure_one_round(args, cfg, data, chunk: int) -> dict:
     from jaxfednas.plan import measure_round
-    from jaxfednas.registry import algorithm_module
+    from jaxfednas.registry import build_algorithm
     from jaxfednas.rng import init_key, round_key
 
-    algo = algorithm_module("fednas").build(cfg, data.info)
+    algo = build_algorithm(cfg, data.info)
     state, key = algo.init(init_key(args.seed)), round_key(args.seed, 0)
     row = {"client_steps": int(sum(-(-int(n) // cfg.algo.batch_size) for n in data.train.counts))}
     t0 = time.perf_counter()
@@ -505,6 +509,8 @@ def worker_round(args) -> None:
                 data = plan_data(cfg, num_train=n_train, num_test=K)
             row.update(measure_one_round(args, cfg, data, c))
         except Exception as e:  # noqa: BLE001 -- e.g. out of memory: the row says so, the next chunk runs
+            if args.quick:  # tiny shapes cannot run out of memory: an error there is a broken code path
+                raise
             row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         emit(args, row)
 
@@ -519,6 +525,8 @@ def worker_presets(args) -> None:
             cfg = make_config(algo, preset=preset, overrides=extra)
             plan = plan_run(cfg, local_steps=args.local_steps, probe_chunk=False, precisions=(), macs=False)
         except Exception as e:  # noqa: BLE001 -- one preset's failure is its row
+            if args.quick:  # tiny shapes: an error is a broken code path, not a limit
+                raise
             row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             emit(args, row)
             continue

@@ -92,7 +92,7 @@ def worker(args) -> dict:
     from jaxfednas.data import make_federated_data, partition
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.experiment import make_partition
-    from jaxfednas.registry import algorithm_module, make_config
+    from jaxfednas.registry import build_algorithm, make_config
     from jaxfednas.rng import init_key, round_key
 
     name = args.worker
@@ -107,7 +107,7 @@ def worker(args) -> dict:
     algos = {}
     for variant in variants:  # the options are read when the round is built
         os.environ[env_var] = variant
-        algos[variant] = algorithm_module(name).build(cfg, data.info)
+        algos[variant] = build_algorithm(cfg, data.info)
     os.environ.pop(env_var)
     state = algos[variants[0]].init(init_key(args.seed))
     key = round_key(args.seed, 0)
