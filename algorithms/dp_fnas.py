@@ -73,7 +73,6 @@ import dataclasses
 import functools
 import math
 import warnings
-from typing import Any
 
 import flax.struct
 import jax
@@ -86,8 +85,9 @@ from jaxfednas.search_spaces import arch_entropy
 from jaxfednas import privacy
 from jaxfednas.privacy import mechanism as dp
 from jaxfednas.privacy.accounting import ACCOUNTANTS
-from jaxfednas.privacy.dpfnas import Accountant, max_iterations
+from jaxfednas.privacy.dp_fnas import Accountant, max_iterations
 from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.checkpoint import renamed_fields
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
@@ -111,9 +111,14 @@ ARCH_GRADIENTS = ("second_fd", "second_hvp", "first")
 @dataclasses.dataclass(frozen=True)
 class DPFNASConfig(DartsSpaceConfig):
     """The supernet's geometry (:class:`DartsSpaceConfig`: C, layers, nodes, primitives), then DP-FNAS' own."""
-    RENAMED = {**DartsSpaceConfig.RENAMED, "w_lr": "lr", "w_lr_min": "lr_min",
-               "w_lr_decay_iterations": "lr_decay_iterations", "w_momentum": "momentum",
-               "w_weight_decay": "weight_decay", "w_clip": "grad_clip"}
+    # the server's settings are server_*: this algorithm has no client optimizer (every
+    # other algorithm's algo.lr is the clients'); the w_* names are older still
+    RENAMED = {**DartsSpaceConfig.RENAMED, "w_lr": "server_lr", "w_lr_min": "server_lr_min",
+               "w_lr_decay_iterations": "server_lr_decay_iterations", "w_momentum": "server_momentum",
+               "w_weight_decay": "server_weight_decay", "w_clip": "server_grad_clip",
+               **{name: f"server_{name}" for name in ("lr", "lr_min", "lr_decay_iterations", "momentum",
+                                                       "weight_decay", "grad_clip")},
+               **{name: f"arch_server_{name[5:]}" for name in ("arch_optimizer", "arch_lr", "arch_weight_decay")}}
     norm: str = param("group", "per-example normalisation replacing BatchNorm (BN would couple examples)",
                       choices=("group", "layer"))
     iterations_per_round: int = param(10, "Algorithm 1 iterations per round (one compiled call)", range=(1, 100_000))
@@ -136,17 +141,18 @@ class DPFNASConfig(DartsSpaceConfig):
                           range=(1e-12, None))
     aggregation: str = param("sum", "server combines party gradients by their sum (Algorithm 1) or mean",
                              choices=("sum", "mean"))
-    lr: float = param(0.025, "server weight learning rate xi at the first iteration", range=(0.0, 100.0))
-    lr_min: float = param(0.001, "cosine floor of xi", range=(0.0, 100.0))
-    lr_decay_iterations: int = param(0, "iterations over which xi decays from lr to lr_min by a cosine "
-                                       "(0: constant lr)", range=(0, None))
-    momentum: float = param(0.9, "server weight SGD momentum", range=(0.0, 1.0))
-    weight_decay: float = param(3e-4, "weight decay (server side, post-processing)", range=(0.0, 1.0))
-    grad_clip: float = param(5.0, "global-norm clip of the aggregated weight gradient (0: off)", range=(0.0, None))
-    arch_optimizer: str = param("adam", "server optimizer of A: adam (DARTS, the authors' code) or sgd "
+    server_lr: float = param(0.025, "server weight learning rate xi at the first iteration", range=(0.0, 100.0))
+    server_lr_min: float = param(0.001, "cosine floor of xi", range=(0.0, 100.0))
+    server_lr_decay_iterations: int = param(0, "iterations over which xi decays from server_lr to server_lr_min "
+                                              "by a cosine (0: constant)", range=(0, None))
+    server_momentum: float = param(0.9, "server weight SGD momentum", range=(0.0, 1.0))
+    server_weight_decay: float = param(3e-4, "weight decay (server side, post-processing)", range=(0.0, 1.0))
+    server_grad_clip: float = param(5.0, "global-norm clip of the aggregated weight gradient (0: off)",
+                                    range=(0.0, None))
+    arch_server_optimizer: str = param("adam", "server optimizer of A: adam (DARTS, the authors' code) or sgd "
                                 "(A <- A - eta sum_k H_k, Algorithm 1 as printed)", choices=("adam", "sgd"))
-    arch_lr: float = param(3e-4, "architecture learning rate eta", range=(0.0, 10.0))
-    arch_weight_decay: float = param(1e-3, "architecture weight decay", range=(0.0, 1.0))
+    arch_server_lr: float = param(3e-4, "architecture learning rate eta", range=(0.0, 10.0))
+    arch_server_weight_decay: float = param(1e-3, "architecture weight decay", range=(0.0, 1.0))
     delta: float = param(1e-5, "delta of the reported (epsilon, delta)", range=(1e-300, 0.999999))
     target_epsilon: float = param(0.0, "privacy budget: stop before epsilon (by `accountant`) of either mechanism "
                                   "exceeds it; reported as budget_epsilon (0: none)", range=(0.0, None))
@@ -199,18 +205,19 @@ PRESETS = {
         "data.dataset": "cifar10", "data.num_clients": 4, "data.partition": "iid", "data.split": (0.5, 0.5, 0.0),
         "run.rounds": 49, "algo.iterations_per_round": 25, "algo.C": 16, "algo.layers": 8,
         "algo.sampling_prob": 0.04, "algo.clip_norm": 0.01, "algo.arch_clip_norm": 0.1,
-        "algo.noise_multiplier": 1.0, "algo.lr": 0.05, "algo.lr_min": 0.002, "algo.lr_decay_iterations": 1225,
+        "algo.noise_multiplier": 1.0, "algo.server_lr": 0.05, "algo.server_lr_min": 0.002,
+        "algo.server_lr_decay_iterations": 1225,
         "algo.per_example_chunk": 32,
         "algo.arch_gradient": "first",
     },
 }
 
 
+@renamed_fields(w_opt_state="opt_state.params", a_opt_state="opt_state.arch")  # before checkpoint schema 2
 @flax.struct.dataclass
 class DPFNASState:
     variables: dict  # {"params": W, "arch": A} of the supernet (no batch_stats: per-example norm)
-    w_opt_state: Any  # server optimizer of W
-    a_opt_state: Any  # server optimizer of A
+    opt_state: dict  # the server optimizers' states: {"params": of W, "arch": of A}
     iteration: jax.Array  # Algorithm 1 iterations done = releases T of each mechanism per party
     round: jax.Array
 
@@ -366,21 +373,21 @@ def privacy_budget(cfg: DPFNASConfig) -> tuple[int, Accountant]:
 
 def server_weight_optimizer(cfg: DPFNASConfig) -> tuple[optax.Schedule, optax.GradientTransformation]:
     """Algorithm 1, server: W ← W − ξ Σ_k G_k (with momentum, weight decay, clipping; ξ's schedule)."""
-    if cfg.lr_decay_iterations:
-        xi_schedule = cosine_lr(cfg.lr, cfg.lr_min, cfg.lr_decay_iterations)
+    if cfg.server_lr_decay_iterations:
+        xi_schedule = cosine_lr(cfg.server_lr, cfg.server_lr_min, cfg.server_lr_decay_iterations)
     else:
-        xi_schedule = optax.constant_schedule(cfg.lr)
-    w_parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
-    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.weight_decay),
-                       optax.sgd(xi_schedule, momentum=cfg.momentum or None))
+        xi_schedule = optax.constant_schedule(cfg.server_lr)
+    w_parts = [optax.clip_by_global_norm(cfg.server_grad_clip)] if cfg.server_grad_clip else []
+    w_tx = optax.chain(*w_parts, optax.add_decayed_weights(cfg.server_weight_decay),
+                       optax.sgd(xi_schedule, momentum=cfg.server_momentum or None))
     return xi_schedule, w_tx
 
 
 def server_arch_optimizer(cfg: DPFNASConfig) -> optax.GradientTransformation:
     """Algorithm 1, server: A ← A − η Σ_k H_k (Adam as DARTS, or SGD as printed; weight decay)."""
-    a_opt = (optax.adam(cfg.arch_lr, b1=0.5, b2=0.999) if cfg.arch_optimizer == "adam"
-             else optax.sgd(cfg.arch_lr))
-    return optax.chain(optax.add_decayed_weights(cfg.arch_weight_decay), a_opt)
+    a_opt = (optax.adam(cfg.arch_server_lr, b1=0.5, b2=0.999) if cfg.arch_server_optimizer == "adam"
+             else optax.sgd(cfg.arch_server_lr))
+    return optax.chain(optax.add_decayed_weights(cfg.arch_server_weight_decay), a_opt)
 
 
 def _tree_sum(tree):
@@ -406,7 +413,7 @@ def init_state(model: DartsSearchNetwork, info: DataInfo, w_tx, a_tx, key) -> DP
     x = jnp.zeros((1,) + info.image_shape, jnp.float32)
     v = dict(model.init({"params": key}, x, train=False))
     v = {"params": v["params"], "arch": v["arch"]}
-    return DPFNASState(variables=v, w_opt_state=w_tx.init(v["params"]), a_opt_state=a_tx.init(v["arch"]),
+    return DPFNASState(variables=v, opt_state={"params": w_tx.init(v["params"]), "arch": a_tx.init(v["arch"])},
                        iteration=jnp.int32(0), round=jnp.int32(0))
 
 
@@ -523,12 +530,12 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         return init_state(model, info, w_tx, a_tx, key)
 
     def round_fn(state: DPFNASState, data: FederatedData, key):
-        carry = (state.variables, state.w_opt_state, state.a_opt_state, state.iteration)
+        carry = (state.variables, state.opt_state["params"], state.opt_state["arch"], state.iteration)
         carry, stats = jax.lax.scan(lambda c, j: iteration(c, rng.dp_iteration_key(key, j), data), carry,
                                     jnp.arange(cfg.iterations_per_round))
         variables, w_state, a_state, it = carry
         metrics = round_metrics(stats, it, cap, xi_schedule, variables["arch"])
-        return state.replace(variables=variables, w_opt_state=w_state, a_opt_state=a_state, iteration=it,
+        return state.replace(variables=variables, opt_state={"params": w_state, "arch": a_state}, iteration=it,
                              round=state.round + 1), metrics
 
     def evaluate(state: DPFNASState, data: FederatedData):
@@ -581,7 +588,8 @@ def check(config: ExperimentConfig) -> None:
     server.refuse("dp_fnas", "its privacy accountant assumes every party in every iteration (it samples examples, "
                   "not parties: algo.sampling_prob); use run.sampler=uniform", sampler=True)
     server.refuse("dp_fnas", "the server sums the parties' noisy gradients (algo.aggregation) and steps W and α with "
-                  "its own optimizers (algo.momentum, algo.arch_optimizer); there are no client models to combine",
+                  "its own optimizers (algo.server_momentum, algo.arch_server_optimizer); there are no client models "
+                  "to combine",
                   aggregator=True, optimizer=True, arch_optimizer=True)
 
 

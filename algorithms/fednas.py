@@ -55,7 +55,7 @@ from jaxfednas.data.federated import (ClientData, DataInfo, FederatedData, num_s
 from jaxfednas.files import make_dirs
 from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, evaluate_examples, global_accuracy,
                                   select_by_validation)
-from jaxfednas.optim import ARCH, WEIGHTS, arch_optimizer, cosine_lr, milenas_grads, weight_optimizer
+from jaxfednas.optim import ARCH, WEIGHTS, cosine_lr, darts_arch_optimizer, darts_weight_optimizer, milenas_grads
 from jaxfednas.precision import compute_in
 from jaxfednas.rng import client_keys
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
@@ -183,9 +183,9 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
     def local_search(variables, train: ClientData, val: ClientData, key, select: Callable | None = None):
         steps_per_epoch = jnp.maximum(num_steps(train.count, cfg.batch_size), 1)
         lr = cosine_lr(cfg.lr, cfg.lr_min, epochs)
-        w_tx = weight_optimizer(lr=lambda count: lr(count // steps_per_epoch), momentum=cfg.momentum,
+        w_tx = darts_weight_optimizer(lr=lambda count: lr(count // steps_per_epoch), momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, clip=cfg.grad_clip or None)
-        a_tx = arch_optimizer(lr=cfg.arch_lr, b1=0.5, b2=0.999, weight_decay=cfg.arch_weight_decay)
+        a_tx = darts_arch_optimizer(lr=cfg.arch_lr, b1=0.5, b2=0.999, weight_decay=cfg.arch_weight_decay)
         tree = {"params": variables["params"], "arch": variables["arch"]}
 
         def apply(tree, opt_state, g_w=None, g_a=None):  # one optimizer for w, one for α

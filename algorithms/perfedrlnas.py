@@ -82,6 +82,7 @@ import optax
 from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.checkpoint import renamed_fields
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
@@ -185,11 +186,12 @@ class Resources:
     down_bps: jax.Array
 
 
+@renamed_fields(policy="policy_logits", policy_opt="opt_state")  # their names before checkpoint schema 2
 @flax.struct.dataclass
 class PerFedRLNASState:
     variables: dict  # the supernet A: {"params", "batch_stats"}
-    policy: jax.Array  # [K, D, max k_d] α_i (padding slots unused)
-    policy_opt: Any  # each policy's Adam state, leading axis K
+    policy_logits: jax.Array  # [K, D, max k_d] α_i, each client's policy (padding slots unused)
+    opt_state: Any  # each policy's Adam state, leading axis K
     acc: jax.Array  # [K] latest reported accuracy
     best_acc: jax.Array  # [K] best reported accuracy (the code's baseline and logged number)
     seen: jax.Array  # [K] bool: reported at least once
@@ -198,7 +200,7 @@ class PerFedRLNASState:
 
 
 # per-client fields (leading axis K): split along the clients mesh
-ROWS = ("policy", "policy_opt", "acc", "best_acc", "seen", "resources")
+ROWS = ("policy_logits", "opt_state", "acc", "best_acc", "seen", "resources")
 
 
 def make_space(cfg: PerFedRLNASConfig, info: DataInfo):
@@ -505,7 +507,7 @@ def init_state(cfg: PerFedRLNASConfig, space, info: DataInfo, policy_tx: optax.G
     policy = jnp.zeros((num_clients,) + choice_mask(space.dims).shape, jnp.float32)  # "initial α_i are all 0"
     zeros = jnp.zeros((num_clients,), jnp.float32)
     return PerFedRLNASState(
-        variables=variables, policy=policy, policy_opt=jax.vmap(policy_tx.init)(policy),
+        variables=variables, policy_logits=policy, opt_state=jax.vmap(policy_tx.init)(policy),
         acc=zeros, best_acc=zeros, seen=jnp.zeros((num_clients,), bool),
         resources=draw_resources(cfg, k_res, num_clients, memory_range), round=jnp.zeros((), jnp.int32))
 
@@ -566,9 +568,9 @@ def reported_rows(state: PerFedRLNASState, idx: jax.Array, policy: jax.Array, op
                   reported: jax.Array) -> dict:
     """Algorithm 1, lines 13 and 16: the new α_i, Adam states and accuracy history of the clients that reported."""
     return scatter_rows(
-        {"policy": state.policy, "policy_opt": state.policy_opt, "acc": state.acc, "best_acc": state.best_acc,
-         "seen": state.seen}, idx,
-        {"policy": policy, "policy_opt": opt, "acc": acc, "best_acc": jnp.maximum(state.best_acc[idx], acc),
+        {"policy_logits": state.policy_logits, "opt_state": state.opt_state, "acc": state.acc,
+         "best_acc": state.best_acc, "seen": state.seen}, idx,
+        {"policy_logits": policy, "opt_state": opt, "acc": acc, "best_acc": jnp.maximum(state.best_acc[idx], acc),
          "seen": jnp.ones(idx.shape, bool)}, keep=reported)
 
 
@@ -597,7 +599,7 @@ def evaluate_policies(cfg: PerFedRLNASConfig, space, info: DataInfo, placement: 
                       state: PerFedRLNASState, data: FederatedData) -> dict:
     """Each client's final architecture, the argmax of α_i (§"Policy"), tested with the supernet's weights."""
     valid = choice_mask(space.dims)
-    best = policy_argmax(state.policy, valid)  # [K, D]
+    best = policy_argmax(state.policy_logits, valid)  # [K, D]
     if cfg.aggregate_bn:
         def logits_of(choice):
             return lambda x: space.subnet(choice).apply(state.variables, info.normalize(x), train=False)
@@ -617,7 +619,7 @@ def evaluate_policies(cfg: PerFedRLNASConfig, space, info: DataInfo, placement: 
     out.update({
         "reported_acc_mean": (state.acc * state.seen).sum() / seen,
         "best_reported_acc_mean": (state.best_acc * state.seen).sum() / seen,  # the code's logged number
-        "policy_entropy": policy_entropy(state.policy, valid),
+        "policy_entropy": policy_entropy(state.policy_logits, valid),
         "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
         "client_memory_budget_mb": state.resources.memory_budget / 2**20,
         "client_throughput_gmacs": state.resources.throughput / 1e9,
@@ -633,7 +635,7 @@ def personalize_subnets(cfg: PerFedRLNASConfig, space, info: DataInfo, placement
     E local epochs on its train split from the supernet's weights (the round's learning rate
     ``lr(round)``), then its local test accuracy (``client_test_acc``; the algorithm's ``evaluate`` tests the
     supernet's weights untrained). Rows: ``{"choice": [K, D]}``."""
-    best = policy_argmax(state.policy, choice_mask(space.dims))
+    best = policy_argmax(state.policy_logits, choice_mask(space.dims))
     ids = jnp.arange(best.shape[0])
 
     def client(c, shared):
@@ -686,7 +688,7 @@ def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_
 
     def round_fn(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
         idx, keys = server.sample(key, state.round, data, num_clients, m)  # line 5
-        policy = state.policy[idx]
+        policy = state.policy_logits[idx]
         choices = sample_subnets(rng.policy_keys(keys), policy, valid)  # line 6
         train_data, eval_data = data.clients("train", idx), data.clients(cfg.reward_split, idx)
         new, acc, metrics = map_clients(client, (choices, train_data, eval_data, keys),
@@ -697,11 +699,11 @@ def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_
         scores = client_rewards(cfg, state, idx, acc, rt, costs, res.memory_budget, reported)  # line 13
         weights = server.weights(train_data.count, reported) * scores.fits  # over budget: could not train
         variables = aggregate(cfg, space, state.variables, new, choices, weights, server)  # line 14
-        policy, opt = reinforce_step(policy_tx, policy, gather_rows(state.policy_opt, idx), choices, scores.reward,
+        policy, opt = reinforce_step(policy_tx, policy, gather_rows(state.opt_state, idx), choices, scores.reward,
                                      valid, probs_from)  # line 16
         state = state.replace(variables=variables, round=state.round + 1,
                               **reported_rows(state, idx, policy, opt, scores.acc, reported))
-        return state, {**round_metrics(metrics, scores, costs, reported, weights, state.policy, valid),
+        return state, {**round_metrics(metrics, scores, costs, reported, weights, state.policy_logits, valid),
                        **reported_metrics(weights, key, idx, dropout_rate)}
 
     def evaluate(state: PerFedRLNASState, data: FederatedData):
@@ -732,7 +734,7 @@ class PersonalSubnets:
     @classmethod
     def of(cls, state: PerFedRLNASState, space, cfg: PerFedRLNASConfig) -> PersonalSubnets:
         valid = choice_mask(space.dims)
-        best = np.asarray(jax.device_get(policy_argmax(state.policy, valid)), np.int32)
+        best = np.asarray(jax.device_get(policy_argmax(state.policy_logits, valid)), np.int32)
         res = jax.tree.map(np.asarray, jax.device_get(state.resources))
         clients = {}
         for k, choice in enumerate(best):

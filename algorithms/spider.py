@@ -73,6 +73,7 @@ import optax
 from jaxfednas.algorithms.common import AUGMENTS, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.checkpoint import renamed_fields
 from jaxfednas.config import ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.files import make_dirs
@@ -148,22 +149,23 @@ PRESETS = {
 }
 
 
+@renamed_fields(arch="arch_masks", clock="client_rounds")  # their names before checkpoint schema 2
 @tolerate_missing_server_state
 @flax.struct.dataclass
 class SpiderState:
     variables: dict  # the global supernet w: {"params", "batch_stats"}
     personal: dict  # personal models v_k: {"params", "batch_stats"}, leading axis K
     opt_state: Any  # each personal model's SGD momentum, leading axis K
-    arch: dict  # A_k as 0/1 masks {"normal": [K, E, |O|], "reduce": [K, E, |O|]}
+    arch_masks: dict  # A_k as 0/1 masks {"normal": [K, E, |O|], "reduce": [K, E, |O|]}
     edge_done: jax.Array  # [K, 2, E] bool: (cell type, edge) whose op is chosen (E \ E_s)
     node_done: jax.Array  # [K, 2, steps] bool: nodes whose two incoming edges are chosen
-    clock: jax.Array  # [K] int32: rounds each client took part in (its search clock t)
+    client_rounds: jax.Array  # [K] int32: rounds each client took part in (its search clock t)
     round: jax.Array  # int32, rounds completed
     server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
 # per-client fields (leading axis K): split along the clients mesh
-ROWS = ("personal", "opt_state", "arch", "edge_done", "node_done", "clock")
+ROWS = ("personal", "opt_state", "arch_masks", "edge_done", "node_done", "client_rounds")
 
 
 def initial_mask(primitives, steps: int) -> dict[str, np.ndarray]:
@@ -397,16 +399,16 @@ def spider(
         node_done[:, 0] = True  # node 0 has only its two inputs: nothing to choose
         return SpiderState(
             variables=w, personal=rows(v), opt_state=rows(v_tx.init(v["params"])),
-            arch=rows({c: jnp.asarray(a) for c, a in start.items()}),
+            arch_masks=rows({c: jnp.asarray(a) for c, a in start.items()}),
             edge_done=jnp.zeros((num_clients, len(CELLS), num_edges(steps)), bool),
-            node_done=rows(jnp.asarray(node_done)), clock=jnp.zeros((num_clients,), jnp.int32),
+            node_done=rows(jnp.asarray(node_done)), client_rounds=jnp.zeros((num_clients,), jnp.int32),
             round=jnp.zeros((), jnp.int32), server=server.init(w),
         )
 
     def round_fn(state: SpiderState, data: FederatedData, key: jax.Array):
         idx, keys = server.sample(key, state.round, data, num_clients, m)
-        t = state.clock[idx]
-        mask = stack_cells(gather_rows(state.arch, idx)).swapaxes(0, 1)  # [m, 2, E, |O|]
+        t = state.client_rounds[idx]
+        mask = stack_cells(gather_rows(state.arch_masks, idx)).swapaxes(0, 1)  # [m, 2, E, |O|]
         edge_done, node_done = state.edge_done[idx], state.node_done[idx]
         personal, val = gather_rows(state.personal, idx), data.clients("val", idx)
         # Algorithm 1, line 10 / Algorithm 2, line 3 (on each client's own clock)
@@ -438,10 +440,10 @@ def spider(
         w = server.aggregate(new_w, weights, fallback=state.variables)  # line 6: Σ N_k/N w_k
         w, opt = server.step(state.variables, w, state.server, weights)
         rows = scatter_rows(
-            {"personal": state.personal, "opt_state": state.opt_state, "arch": state.arch,
-             "edge_done": state.edge_done, "node_done": state.node_done, "clock": state.clock}, idx,
-            {"personal": new_v, "opt_state": new_opt, "arch": unstack_cells(mask.swapaxes(0, 1)),
-             "edge_done": edge_done, "node_done": node_done, "clock": t + 1}, keep=reported)
+            {"personal": state.personal, "opt_state": state.opt_state, "arch_masks": state.arch_masks,
+             "edge_done": state.edge_done, "node_done": state.node_done, "client_rounds": state.client_rounds}, idx,
+            {"personal": new_v, "opt_state": new_opt, "arch_masks": unstack_cells(mask.swapaxes(0, 1)),
+             "edge_done": edge_done, "node_done": node_done, "client_rounds": t + 1}, keep=reported)
         state = SpiderState(variables=w, round=state.round + 1, server=opt, **rows)
         n = jnp.maximum(metrics["examples"].sum(), 1)
         return state, {
@@ -460,9 +462,9 @@ def spider(
     def evaluate(state: SpiderState, data: FederatedData):
         supernet = {**state.variables, "arch": full}
         out = global_accuracy(logits_of_subnet(supernet), data, cfg.eval_batch_size)
-        out.update(client_accuracies(logits_of_subnet, {**state.personal, "arch": state.arch}, data,
+        out.update(client_accuracies(logits_of_subnet, {**state.personal, "arch": state.arch_masks}, data,
                                      cfg.eval_batch_size, placement=placement, personal=True))
-        sizes = jax.vmap(lambda a: _kept_parameters(a, state.variables["params"], primitives, cfg))(state.arch)
+        sizes = jax.vmap(lambda a: _kept_parameters(a, state.variables["params"], primitives, cfg))(state.arch_masks)
         out.update({"edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),
                     "personal_params_mean": sizes.mean(),
                     "supernet_params": sum(x.size for x in jax.tree.leaves(state.variables["params"]))})
@@ -502,7 +504,7 @@ class PersonalGenotypes:
 
     @classmethod
     def of(cls, state: SpiderState, primitives, steps: int) -> PersonalGenotypes:
-        arch = jax.tree.map(np.asarray, jax.device_get(state.arch))
+        arch = jax.tree.map(np.asarray, jax.device_get(state.arch_masks))
         final = np.asarray(jax.device_get(_final(state)))
         clients = {}
         for k in range(len(final)):
@@ -557,7 +559,7 @@ def gain_matrix(cfg: SpiderConfig, info: DataInfo, state: SpiderState, data: Fed
         raise ValueError(f"clients {np.flatnonzero(~final).tolist()} have not finished their search: "
                          "run more rounds (or a shorter algo.warmup_rounds / algo.recovery_rounds)")
     k = info.num_clients
-    every = {c: jnp.broadcast_to(a[None], (k,) + a.shape) for c, a in state.arch.items()}  # row i: A_1 .. A_K
+    every = {c: jnp.broadcast_to(a[None], (k,) + a.shape) for c, a in state.arch_masks.items()}  # row i: A_1 .. A_K
     return fine_tuned_accuracy(cfg, info, state.variables, every, data, epochs=epochs, placement=placement)
 
 

@@ -38,7 +38,6 @@ searched − random mean, the fraction of random children beaten and the diagnos
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -50,9 +49,9 @@ from jaxfednas.cost import count_params
 from jaxfednas.algorithms.dfnas import child_report
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError, parse_set
-from jaxfednas.data.datasets import DATASETS, load_dataset
+from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.example_args import ExampleParser
 from jaxfednas.experiment import inherited_accuracies, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
@@ -113,13 +112,7 @@ def plan(args, overrides: dict) -> list[tuple[str, str, dict]]:
 
 
 def run(args) -> None:
-    overrides = parse_set(args.set)
-    if args.rounds:
-        overrides["run.rounds"] = args.rounds
-    if args.data_dir:
-        overrides["data.data_dir"] = args.data_dir
-    if args.dataset:
-        overrides["data.dataset"] = args.dataset
+    overrides = args.overrides
     if args.seeds is None:
         one_seed(args, overrides, Path(args.out))
         return
@@ -282,40 +275,23 @@ def results_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("cross-silo", "cross-device"))
-    p.add_argument("--dataset", choices=DATASETS,
-                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
-                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
-    p.add_argument("--data-dir", help="prepared CIFAR-10 (tfds data_dir) or CINIC-10 root, for the presets")
-    p.add_argument("--rounds", type=int, help="rounds of every run (default: 20 on digits, the preset's otherwise)")
+    p = ExampleParser(__doc__)
+    p.add_preset(("cross-silo", "cross-device"), help="the paper's settings (CIFAR-10 / CINIC-10; needs --data-dir)")
+    p.add_data("prepared CIFAR-10 (tfds data_dir) or CINIC-10 root, for the presets")
+    p.add_rounds("rounds of every run (default: 20 on digits, the preset's otherwise)")
     p.add_argument("--iid-clients", type=int, nargs="*", default=[2, 4, 8], help="IID runs (digits only)")
-    p.add_argument("--random", type=int, default=3, metavar="N",
-                   help="the control: the searched child and N random children of matched multiply-adds, each "
-                        "trained from scratch with the FedAvg baseline's recipe (default 3; 0: none)")
-    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
-                   help="the control: train the searched child with N training seeds on the same partition (its std "
-                        "over them is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
-    p.add_argument("--seeds", metavar="LIST",
-                   help="only the searched-vs-random control, once per seed (e.g. 0,1,2 or 0-4), each into "
-                        "--out/seed_<s>; results.md gives mean ± std over seeds")
-    p.add_argument("--out", default="runs/example-dfnas")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any config field of the DFNAS runs (data./run. fields also of FedAvg)")
-    args = p.parse_args(argv)
-    if args.random < 0:
-        p.error(f"--random {args.random}: must be >= 0")
-    if args.train_seeds < 2:
-        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
-    if args.seeds is not None:
-        try:
-            parse_seeds(args.seeds)
-            seeded = "run.seed" in parse_set(args.set)
-        except ConfigError as e:
-            p.error(str(e))
-        if seeded or args.random == 0:
-            p.error("--seeds compares with random children: it needs --random >= 1 and sets run.seed itself")
+    p.add_control(random=3, random_help="the control: the searched child and N random children of matched "
+                  "multiply-adds, each trained from scratch with the FedAvg baseline's recipe (default 3; 0: none)",
+                  min_train_seeds=2, train_seeds_help="the control: train the searched child with N training seeds "
+                  "on the same partition (its std over them is the noise of the architecture signal-to-noise ratio; "
+                  "default 3, at least 2)")
+    p.add_seeds("only the searched-vs-random control, once per seed (e.g. 0,1,2 or 0-4), each into --out/seed_<s>; "
+                "results.md gives mean ± std over seeds")
+    p.add_run_dir("runs/example-dfnas", set_help="override any config field of the DFNAS runs (data./run. fields "
+                  "also of FedAvg)")
+    args = p.parse(argv)
+    if args.seeds is not None and args.random == 0:
+        p.error("--seeds compares with random children: it needs --random >= 1")
     return run_script("examples/dfnas.py", lambda: run(args))
 
 

@@ -59,15 +59,15 @@ in a row); the augmentation stage is not private.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 from pathlib import Path
 
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError, apply_overrides, parse_set
-from jaxfednas.data.datasets import DATASETS, load_dataset
+from jaxfednas.config import apply_overrides
+from jaxfednas.data.datasets import load_dataset
+from jaxfednas.example_args import ExampleParser
 from jaxfednas.experiment import inherited_accuracies, make_partition, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
@@ -80,7 +80,7 @@ EXPECTED_BATCH = {"digits": 16, "paper": 256}
 DIGITS_SEARCH = {
     "data.dataset": "digits", "run.rounds": 4, "algo.iterations_per_round": 25, "algo.C": 4, "algo.layers": 2,
     "algo.nodes": 2, "algo.primitives": "tiny", "algo.arch_gradient": "first", "algo.aggregation": "mean",
-    "algo.lr": 0.05, "algo.lr_decay_iterations": 100, "algo.arch_lr": 1e-2,
+    "algo.server_lr": 0.05, "algo.server_lr_decay_iterations": 100, "algo.arch_server_lr": 1e-2,
     "algo.clip_norm": 1.0, "algo.arch_clip_norm": 1.0,
 }
 DIGITS_AUGMENT = {"run.rounds": 6, "algo.C": 8, "algo.layers": 2, "algo.local_epochs": 1, "algo.batch_size": 32,
@@ -356,59 +356,35 @@ def sweep_noise(args, overrides: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ExampleParser(__doc__)
     p.add_argument("--sweep-noise", action="store_true", help="Table 2 analogue: noise 0.5 ... 10, 4 parties")
-    p.add_argument("--preset", choices=("smoke", "paper"), help="named preset of every stage (default: digits)")
-    p.add_argument("--dataset", choices=DATASETS,
-                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
-                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
-    p.add_argument("--data-dir", help="prepared data directory (CIFAR-10 for --preset paper)")
-    p.add_argument("--rounds", type=int, help="search rounds (iterations = rounds x algo.iterations_per_round)")
+    p.add_preset(("smoke", "paper"), help="named preset of every stage (default: digits)")
+    p.add_data("prepared data directory (CIFAR-10 for --preset paper)")
+    p.add_rounds("search rounds (iterations = rounds x algo.iterations_per_round)")
     p.add_argument("--train-rounds", type=int, help="augmentation rounds")
     p.add_argument("--parties", type=int, action="append", help="only the Table 1 rows with these party counts")
     p.add_argument("--noise", type=float, default=1.0, help="noise multiplier of the DP-FNAS rows of Table 1")
     p.add_argument("--arch-gradient", choices=("first", "second_fd", "second_hvp"),
                    help="architecture gradient (digits default: first)")
-    p.add_argument("--random", type=int, default=3, metavar="N",
-                   help="Table 1: also augment N random cells of the searched space, the control (default 3; 0: none)")
-    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
-                   help="--seeds: augment the searched cell with N training seeds (its std over them is the noise of "
-                        "the architecture signal-to-noise ratio; default 3, at least 2)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--seeds", metavar="LIST",
-                   help="only the control, once per seed (e.g. 0,1,2 or 0-4): the DP-FNAS row with --parties "
-                        "(default 4) vs --random random cells, each seed into --out/seed_<s>; results.md gives "
-                        "mean ± std over seeds")
-    p.add_argument("--out", default=None, help="output directory (default runs/dp_fnas[-noise])")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a search setting (augment.FIELD for the augmentation stage); repeatable")
-    args = p.parse_args(argv)
-    if args.random < 0:
-        p.error(f"--random {args.random}: must be >= 0")
-    if args.train_seeds < 2:
-        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
+    p.add_control(random=3, random_help="Table 1: also augment N random cells of the searched space, the control "
+                  "(default 3; 0: none)", min_train_seeds=2, train_seeds_help="--seeds: augment the searched cell "
+                  "with N training seeds (its std over them is the noise of the architecture signal-to-noise ratio; "
+                  "default 3, at least 2)")
+    p.add_seed()
+    p.add_seeds("only the control, once per seed (e.g. 0,1,2 or 0-4): the DP-FNAS row with --parties (default 4) vs "
+                "--random random cells, each seed into --out/seed_<s>; results.md gives mean ± std over seeds")
+    p.add_run_dir(None, out_help="output directory (default runs/dp_fnas[-noise])",
+                  set_help="override a search setting (augment.FIELD for the augmentation stage)")
+    args = p.parse(argv)
     if args.seeds is not None:
-        try:
-            parse_seeds(args.seeds)
-        except ConfigError as e:
-            p.error(str(e))
         if args.sweep_noise or args.seed is not None or args.random == 0 or args.noise <= 0 or \
                 (args.parties and len(args.parties) > 1):
             p.error("--seeds compares one private search with random cells: it needs --random >= 1, --noise > 0, "
                     "at most one --parties, and no --seed or --sweep-noise")
     args.out = args.out or ("runs/dp_fnas-noise" if args.sweep_noise else "runs/dp_fnas")
-    try:
-        overrides = parse_set(args.set)
-    except ConfigError as e:
-        p.error(str(e))
-    for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir),
-                       ("data.dataset", args.dataset),
-                       ("algo.arch_gradient", args.arch_gradient)):
-        if value is not None:
-            overrides[key] = value
-    if args.seeds is not None and "run.seed" in overrides:
-        p.error("--seeds sets run.seed itself: drop --set run.seed")
+    overrides = args.overrides
+    if args.arch_gradient is not None:
+        overrides["algo.arch_gradient"] = args.arch_gradient
     mode = over_seeds_control if args.seeds is not None else sweep_noise if args.sweep_noise else table1
     return run_script("examples/dp_fnas.py", lambda: mode(args, overrides))
 

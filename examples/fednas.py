@@ -59,7 +59,6 @@ ln 8 = 2.0794), 0.1 reaches 1.938 and 0.3 1.759 (supernet global test accuracy 0
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -73,9 +72,10 @@ from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data import partition as part
-from jaxfednas.data.datasets import DATASETS, load_dataset
+from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
+from jaxfednas.example_args import ExampleParser
 from jaxfednas.experiment import inherited_accuracies, load_run, run_script, run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
@@ -391,38 +391,30 @@ def _plot_clients(results: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ExampleParser(__doc__)
     p.add_argument("--personalized", action="store_true", help="Table 1 analogue: personalized FedNAS vs baselines")
-    p.add_argument("--preset", choices=("smoke", "paper"), help="named preset of every stage (default: digits settings)")
-    p.add_argument("--dataset", choices=DATASETS,
-                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
-                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
-    p.add_argument("--data-dir", help="prepared data directory (CIFAR-10 for --preset paper)")
-    p.add_argument("--rounds", type=int, help="search rounds")
+    p.add_preset(("smoke", "paper"))
+    p.add_data("prepared data directory (CIFAR-10 for --preset paper)")
+    p.add_rounds("search rounds")
     p.add_argument("--train-rounds", type=int, help="evaluation-stage rounds")
     p.add_argument("--train-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="global mode: override a setting of the evaluation stage, the searched and the random cells "
                         "alike (algo.* or run.*, see `jaxfednas run fednas_train --help`; e.g. "
                         "algo.lr_schedule=cosine); repeatable")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--seeds", metavar="LIST", help="global mode: the whole job once per seed (e.g. 0,1,2), each into "
-                   "--out/seed_<s>; results.md gives mean ± std over seeds")
-    p.add_argument("--random", type=int, default=5, metavar="N",
-                   help="global mode: also train N random cells of the space with the evaluation stage's recipe "
-                        "(the control; default 5, 0: none)")
-    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
-                   help="global mode: train the searched cell with N training seeds on the same partition "
-                        "(train/, train_seed_<j>/) for the architecture signal-to-noise ratio (default 3, >= 1)")
-    p.add_argument("--match-size", action="store_true",
-                   help="draw each random cell with parameters within ±10 %% of the searched cell's")
-    p.add_argument("--out", default=None, help="output directory (default runs/fednas[-personalized])")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a search setting (see `jaxfednas run fednas --help`); repeatable")
-    args = p.parse_args(argv)
+    p.add_seed()
+    p.add_seeds("global mode: the whole job once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
+                "mean ± std over seeds")
+    p.add_control(random=5, random_help="global mode: also train N random cells of the space with the evaluation "
+                  "stage's recipe (the control; default 5, 0: none)", min_train_seeds=1,
+                  train_seeds_help="global mode: train the searched cell with N training seeds on the same partition "
+                  "(train/, train_seed_<j>/) for the architecture signal-to-noise ratio (default 3, >= 1)",
+                  match_size_help="draw each random cell with parameters within ±10 %% of the searched cell's")
+    p.add_run_dir(None, out_help="output directory (default runs/fednas[-personalized])",
+                  set_help="override a search setting (see `jaxfednas run fednas --help`)")
+    args = p.parse(argv)
     args.out = args.out or ("runs/fednas-personalized" if args.personalized else "runs/fednas")
+    overrides = args.overrides
     try:
-        overrides = parse_set(args.set)
         train_set = parse_set(args.train_set)
         make_config("fednas_train", overrides=train_set)  # a wrong name or value: a usage error now
     except ConfigError as e:
@@ -430,21 +422,8 @@ def main(argv=None) -> int:
     if any(not k.startswith(("algo.", "run.")) for k in train_set):
         p.error(f"--train-set {', '.join(k for k in train_set if not k.startswith(('algo.', 'run.')))}: only algo.* "
                 "and run.* settings (the evaluation stage trains on the search's clients)")
-    if args.random < 0:
-        p.error(f"--random {args.random}: must be >= 0")
-    if args.train_seeds < 1:
-        p.error(f"--train-seeds {args.train_seeds}: must be >= 1")
-    if args.seeds is not None:
-        if args.seed is not None or args.personalized:
-            p.error("--seeds goes with global mode and without --seed")
-        try:
-            parse_seeds(args.seeds)
-        except ConfigError as e:
-            p.error(str(e))
-    for key, value in (("run.rounds", args.rounds), ("run.seed", args.seed), ("data.data_dir", args.data_dir),
-                       ("data.dataset", args.dataset)):
-        if value is not None:
-            overrides[key] = value
+    if args.seeds is not None and (args.seed is not None or args.personalized):
+        p.error("--seeds goes with global mode and without --seed")
     return run_script("examples/fednas.py", lambda: (personalized if args.personalized else global_search)(args, overrides))
 
 

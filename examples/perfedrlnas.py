@@ -122,10 +122,11 @@ import numpy as np
 from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas import rng
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
-from jaxfednas.data.datasets import DATASETS, load_dataset
+from jaxfednas.config import ExperimentConfig
+from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
+from jaxfednas.example_args import ExampleParser
 from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
@@ -269,12 +270,12 @@ def random_control(run_dir: Path, n: int, train_seeds: int = 1) -> dict:
     cfg, algo, state = run.config, run.algorithm, run.state
     space = pf.make_space(cfg.algo, run.data.info)
     budgets = np.asarray(jax.device_get(state.resources.memory_budget)) if cfg.algo.memory_budget else None
-    k, width = state.policy.shape[0], state.policy.shape[-1]
+    k, width = state.policy_logits.shape[0], state.policy_logits.shape[-1]
     draws = []
     for i in range(n):
         choices = pf.random_subnets(rng.random_arch_key(cfg.run.seed, i), space, budgets, num_clients=k,
                                     batch_size=cfg.algo.batch_size)
-        st = state.replace(policy=pf.policies_for(jax.numpy.asarray(choices), width))
+        st = state.replace(policy_logits=pf.policies_for(jax.numpy.asarray(choices), width))
         ev = jax.device_get(algo.evaluate(st, run.data))
         _, pers = algo.personalize(st, run.data, rng.personalize_key(cfg.run.seed))
         draws.append({"choices": choices.tolist(),
@@ -328,11 +329,7 @@ def fednas_personalized(run_dir: Path) -> dict:
 def run(args) -> None:
     """One seed into ``--out`` or, with ``--seeds``, one run of every method per seed into
     ``--out/seed_<s>`` and the table over seeds (:func:`jaxfednas.seeds.over_seeds`)."""
-    overrides = parse_set(args.set)
-    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir),
-                       ("data.dataset", args.dataset)):
-        if value is not None:
-            overrides[key] = value
+    overrides = args.overrides
     if args.seeds is None:
         run_one(args, overrides, Path(args.out))
         return
@@ -607,44 +604,23 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("paper",), help="the paper's CIFAR-10 settings (a GPU; needs --data-dir)")
-    p.add_argument("--dataset", choices=DATASETS,
-                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
-                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
-    p.add_argument("--data-dir", help="prepared CIFAR-10 / CIFAR-100 (tfds data_dir) for --preset paper")
-    p.add_argument("--rounds", type=int, help="rounds of PerFedRLNAS and of the baselines (default 40 on digits, "
-                   "1500 with --preset paper)")
+    p = ExampleParser(__doc__)
+    p.add_preset(("paper",), help="the paper's CIFAR-10 settings (a GPU; needs --data-dir)")
+    p.add_data("prepared CIFAR-10 / CIFAR-100 (tfds data_dir) for --preset paper")
+    p.add_rounds("rounds of PerFedRLNAS and of the baselines (default 40 on digits, 1500 with --preset paper)")
     p.add_argument("--fednas-rounds", type=int, help="FedNAS's search rounds (default 10 on digits, 50 paper)")
     p.add_argument("--only", type=_methods, metavar="METHOD[,METHOD]",
                    help=f"the methods to run, of {', '.join(METHODS)} (default: all but perfedrlnas_nobudget; "
                         f"with --seeds: perfedrlnas)")
-    p.add_argument("--seeds", metavar="LIST", help="the whole job once per seed (e.g. 0,1,2 or 0-4), each into "
-                   "--out/seed_<s>; results.md gives mean ± std over seeds of learned vs random subnets")
-    p.add_argument("--random", type=int, default=3, metavar="N",
-                   help="the control: N draws of a random subnet per client (within its memory budget), tested "
-                        "like the learned argmax subnets (default 3; 0: none)")
-    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
-                   help="the control: the learned subnets' local epochs again with N training seeds in all (their "
-                        "std is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
-    p.add_argument("--out", default="runs/perfedrlnas")
-    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a PerFedRLNAS setting (see `jaxfednas run perfedrlnas --help`); data./run. fields "
-                   "apply to every method; repeatable")
-    args = p.parse_args(argv)
-    if args.random < 0:
-        p.error(f"--random {args.random}: must be >= 0")
-    if args.train_seeds < 2:
-        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
-    try:
-        parse_set(args.set)
-        if args.seeds is not None:
-            parse_seeds(args.seeds)
-    except ConfigError as e:
-        p.error(str(e))
-    if args.seeds is not None and "run.seed" in parse_set(args.set):
-        p.error("--seeds sets run.seed; leave out --set run.seed=...")
+    p.add_seeds("the whole job once per seed (e.g. 0,1,2 or 0-4), each into --out/seed_<s>; results.md gives "
+                "mean ± std over seeds of learned vs random subnets")
+    p.add_control(random=3, random_help="the control: N draws of a random subnet per client (within its memory "
+                  "budget), tested like the learned argmax subnets (default 3; 0: none)", min_train_seeds=2,
+                  train_seeds_help="the control: the learned subnets' local epochs again with N training seeds in all "
+                  "(their std is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
+    p.add_run_dir("runs/perfedrlnas", set_help="override a PerFedRLNAS setting (see `jaxfednas run perfedrlnas "
+                  "--help`); data./run. fields apply to every method")
+    args = p.parse(argv)
     if args.only is None:
         args.only = SEEDS_METHODS if args.seeds is not None else DEFAULT_METHODS
     return run_script("examples/perfedrlnas.py", lambda: run(args))

@@ -96,10 +96,11 @@ import numpy as np
 
 from jaxfednas.algorithms import spider as sp
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError, ExperimentConfig, parse_set
-from jaxfednas.data.datasets import DATASETS, load_dataset
+from jaxfednas.config import ConfigError, ExperimentConfig
+from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
+from jaxfednas.example_args import ExampleParser
 from jaxfednas.experiment import load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
@@ -207,11 +208,7 @@ def _row(method: str, runs: list[str], acc: np.ndarray, wall: float, params: flo
 def run(args) -> None:
     """The comparison once (into ``--out``), or once per seed of ``--seeds`` (into
     ``--out/seed_<s>``) with the table of mean ± std over seeds in ``--out/results.md``."""
-    overrides = parse_set(args.set)
-    for key, value in (("run.rounds", args.rounds), ("data.data_dir", args.data_dir),
-                       ("data.dataset", args.dataset)):
-        if value is not None:
-            overrides[key] = value
+    overrides = args.overrides
     if args.seeds is None:
         one_seed(args, overrides, Path(args.out))
         return
@@ -355,7 +352,7 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
     run = load_run(out / "spider")
     cfg, info, state = run.config.algo, run.data.info, run.state
     k = info.num_clients
-    arch = {c: np.asarray(a) for c, a in state.arch.items()}
+    arch = {c: np.asarray(a) for c, a in state.arch_masks.items()}
     params = state.variables["params"]
     size = (lambda m: sp.kept_parameters(cfg, params, m)) if match_size else None  # noqa: E731
     searched = [sp.kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS}) for i in range(k)]
@@ -524,47 +521,27 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("paper",), help="the paper's CIFAR-100 settings (a GPU; needs --data-dir)")
-    p.add_argument("--dataset", choices=DATASETS,
-                   help="dataset of every stage (default: the embedded digits, or the preset's); e.g. "
-                        "cluttered_digits, where the architecture matters more (docs/guides/data.md)")
-    p.add_argument("--data-dir", help="prepared CIFAR-100 (tfds data_dir) for --preset paper")
-    p.add_argument("--rounds", type=int, help="rounds of SPIDER and of every other method's training (default 30 "
-                   "on digits, 1000 with --preset paper)")
+    p = ExampleParser(__doc__)
+    p.add_preset(("paper",), help="the paper's CIFAR-100 settings (a GPU; needs --data-dir)")
+    p.add_data("prepared CIFAR-100 (tfds data_dir) for --preset paper")
+    p.add_rounds("rounds of SPIDER and of every other method's training (default 30 on digits, 1000 with "
+                 "--preset paper)")
     p.add_argument("--fednas-rounds", type=int, help="FedNAS-global's search rounds (default 15 on digits, 50 paper)")
     p.add_argument("--gain-epochs", type=int, help="fine-tuning epochs per entry of the personalization-gain "
                    "matrix (default 3 on digits, 30 with --preset paper)")
     p.add_argument("--only", type=_methods, default=METHODS, metavar="METHOD[,METHOD]",
                    help=f"run a subset of {', '.join(METHODS)}")
-    p.add_argument("--random", type=int, default=3, metavar="N",
-                   help="the control: N random masks of the space per client, fine-tuned with the gain matrix's "
-                   "recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)")
-    p.add_argument("--train-seeds", type=int, default=3, metavar="N",
-                   help="the control: fine-tune every client's searched mask with N training seeds in all (their std "
-                        "is the noise of the architecture signal-to-noise ratio; default 3, at least 2)")
-    p.add_argument("--match-size", action="store_true",
-                   help="draw each client's random masks with parameters within ±10 %% of its searched mask's")
-    p.add_argument("--seeds", metavar="LIST", help="the whole comparison once per seed (e.g. 0,1,2), each into "
-                   "--out/seed_<s>; results.md gives mean ± std over seeds")
-    p.add_argument("--out", default="runs/spider")
-    p.add_argument("--resume", action="store_true", help="continue interrupted runs in --out")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a SPIDER setting (see `jaxfednas run spider --help`); data./run. fields apply to "
-                   "every method; repeatable")
-    args = p.parse_args(argv)
-    try:
-        overrides = parse_set(args.set)
-        if args.seeds is not None:
-            parse_seeds(args.seeds)
-    except ConfigError as e:
-        p.error(str(e))
-    if args.random < 0:
-        p.error(f"--random {args.random}: must be >= 0")
-    if args.train_seeds < 2:
-        p.error(f"--train-seeds {args.train_seeds}: must be >= 2 (one seed has no spread)")
-    if args.seeds is not None and "run.seed" in overrides:
-        p.error("--seeds sets run.seed of every run: drop --set run.seed")
+    p.add_control(random=3, random_help="the control: N random masks of the space per client, fine-tuned with the "
+                  "gain matrix's recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)",
+                  min_train_seeds=2, train_seeds_help="the control: fine-tune every client's searched mask with N "
+                  "training seeds in all (their std is the noise of the architecture signal-to-noise ratio; default 3, "
+                  "at least 2)", match_size_help="draw each client's random masks with parameters within ±10 %% of "
+                  "its searched mask's")
+    p.add_seeds("the whole comparison once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
+                "mean ± std over seeds")
+    p.add_run_dir("runs/spider", set_help="override a SPIDER setting (see `jaxfednas run spider --help`); "
+                  "data./run. fields apply to every method")
+    args = p.parse(argv)
     return run_script("examples/spider.py", lambda: run(args))
 
 

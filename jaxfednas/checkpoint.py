@@ -5,10 +5,15 @@ A checkpoint file is one header line and a msgpack payload::
     jaxfednas-checkpoint-v2 bytes=<payload length> sha256=<hex digest of the payload>\\n
     <payload>
 
-The payload is ``{"format", "round", "config_sha256", "state"}``, where ``state``
-is ``flax.serialization.to_state_dict`` of the algorithm state pulled to host
+The payload is ``{"format", "round", "config_sha256", "schema", "state"}``, where
+``state`` is ``flax.serialization.to_state_dict`` of the algorithm state pulled to host
 (``tail -n +2 FILE | sha256sum`` checks it by hand). Files from before the header
 (the payload alone) are still read; only their msgpack structure can be checked.
+
+``schema`` numbers the state's field names. Schema 1 (a payload without the key) is
+every checkpoint written before the fields were named by meaning; a state class lists
+its former names with :func:`renamed_fields`, and :func:`read_checkpoint` reads an
+older schema's fields under today's names, so every older run directory resumes.
 
 Writes go to a temporary file in the same directory, are fsynced and renamed over
 the old file. Because a rename is not atomic everywhere (some network file
@@ -20,11 +25,13 @@ with a one-line warning naming the bad ones.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -36,6 +43,7 @@ import numpy as np
 from jaxfednas.files import write_bytes, write_text
 
 FORMAT = "jaxfednas-checkpoint-v1"  # the payload's layout (unchanged since v1)
+SCHEMA = 2  # the state's field names: 1 before renamed_fields (no "schema" key), 2 since
 HEADER = "jaxfednas-checkpoint-v2"  # the checksummed file around it
 KEEP = 2  # checkpoints kept: the newest and the one before it
 _HEADER_RE = re.compile(rb"jaxfednas-checkpoint-v2 bytes=(\d+) sha256=([0-9a-f]{64})\n")
@@ -136,6 +144,7 @@ def save_checkpoint(path: str | os.PathLike, state: Any, *, round: int, config_s
         "format": FORMAT,
         "round": int(round),
         "config_sha256": config_sha256,
+        "schema": SCHEMA,
         "state": flax.serialization.to_state_dict(host),
     })
     data = f"{HEADER} bytes={len(payload)} sha256={hashlib.sha256(payload).hexdigest()}\n".encode() + payload
@@ -221,7 +230,7 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
                            f"{raw['config_sha256'][:12]} != {accepted[0][:12]})")
             continue
         try:
-            state = _fit(template, raw["state"])
+            state = _fit(template, migrate(template, raw["state"], raw.get("schema", 1)))
         except ValueError as e:
             skipped.append(f"{p.name}: {e}")
             continue
@@ -236,6 +245,60 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
         msg = f"{path.parent}: skipped {'; '.join(skipped)}; using {found.name} (round {raw['round']})"
         (warn or (lambda s: print(f"warning: {s}", file=sys.stderr)))(msg)
     return state, int(raw["round"])
+
+
+def renamed_fields(**former: str) -> Callable[[type], type]:
+    """Class decorator of a state dataclass whose fields were renamed: ``former`` maps a
+    field's former name to where its value lives now (a field, or ``field.key`` inside
+    a dict field). Checkpoints of an older schema are read under the new names
+    (:func:`migrate`), and reading the former attribute still works for one release,
+    with a ``DeprecationWarning``::
+
+        @renamed_fields(policy="policy_logits")
+        @flax.struct.dataclass
+        class State:
+            policy_logits: jax.Array
+    """
+    def alias(old: str, new: str) -> property:
+        field, *key = new.split(".")
+        now = f".{field}" + (f"[{key[0]!r}]" if key else "")
+
+        def get(self):
+            warnings.warn(f"{type(self).__name__}.{old} is now {now}", DeprecationWarning, stacklevel=2)
+            value = getattr(self, field)
+            return value[key[0]] if key else value
+        return property(get)
+
+    def decorate(cls: type) -> type:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for old, new in former.items():
+            if new.split(".")[0] not in fields or old in fields:
+                raise TypeError(f"renamed_fields: {old!r} -> {new!r} does not match {cls.__name__}'s fields")
+            setattr(cls, old, alias(old, new))
+        cls.RENAMED = {**getattr(cls, "RENAMED", {}), **former}
+        return cls
+    return decorate
+
+
+def migrate(template: Any, state_dict: Any, schema: int) -> Any:
+    """``state_dict`` (a checkpoint's state, written under ``schema``) with the field names
+    of ``template``'s class today (its :func:`renamed_fields`). A state dict already of
+    ``SCHEMA`` is returned as it is; one of a later schema cannot be read."""
+    if schema > SCHEMA:
+        raise ValueError(f"written by a newer jaxfednas (state schema {schema} > {SCHEMA})")
+    renamed = getattr(type(template), "RENAMED", {})
+    if schema == SCHEMA or not renamed or not isinstance(state_dict, dict):
+        return state_dict
+    out = dict(state_dict)
+    for old, new in renamed.items():
+        if old not in out:
+            continue
+        field, *key = new.split(".")
+        if key:
+            out[field] = {**out.get(field, {}), key[0]: out.pop(old)}
+        else:
+            out[field] = out.pop(old)
+    return out
 
 
 def _fit(template: Any, state_dict: Any) -> Any:

@@ -701,15 +701,18 @@ def _suspects(cfg: ExperimentConfig, names: list[str]) -> str:
     run, algo = cfg.run, cfg.algo
     settings = []
     if any("arch" in n or "alpha" in n or "policy" in n for n in names):
-        settings += [f"algo.{f}={getattr(algo, f)}" for f in ("arch_lr", "policy_lr") if hasattr(algo, f)]
+        settings += [f"algo.{f}={getattr(algo, f)}" for f in ("arch_lr", "arch_server_lr", "policy_lr")
+                     if hasattr(algo, f)]
     if run.server_optimizer != "none":
         settings.append(f"run.server_lr={run.server_lr:g} (run.server_optimizer={run.server_optimizer})")
     if run.arch_server_optimizer != "none":
         settings.append(f"run.arch_server_lr={run.arch_server_lr:g}")
-    if hasattr(algo, "lr"):
-        settings.append(f"algo.lr={algo.lr}")
-    if hasattr(algo, "grad_clip"):
-        settings.append(f"algo.grad_clip={algo.grad_clip} (> 0 clips)")
+    for lr in ("lr", "server_lr"):  # (DP-FNAS has no client optimizer: its server's)
+        if hasattr(algo, lr):
+            settings.append(f"algo.{lr}={getattr(algo, lr)}")
+    for clip in ("grad_clip", "server_grad_clip"):
+        if hasattr(algo, clip):
+            settings.append(f"algo.{clip}={getattr(algo, clip)} (> 0 clips)")
     return ("Likely at fault: " + ", ".join(settings) + ": try smaller steps") if settings else \
         "Try smaller learning rates."
 

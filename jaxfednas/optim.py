@@ -1,9 +1,10 @@
 """Optimisation building blocks for architecture search (optax).
 
-* :func:`nas_optimizer` — one ``optax.partition`` over a ``{"params", "arch"}``
-  tree: SGD with momentum, weight decay and gradient-norm clipping for the
-  weights; Adam with (L2) weight decay for the architecture parameters. The
-  defaults are DARTS'/MiLeNAS' (docs/authors_code.md §0.5, §2.4).
+* :func:`darts_weight_optimizer` / :func:`darts_arch_optimizer` — DARTS' two steps as
+  optax: SGD with momentum, weight decay and gradient-norm clipping for the weights;
+  Adam with (L2) weight decay for the architecture parameters (docs/authors_code.md
+  §0.5, §2.4). ``optax.partition`` with :func:`arch_labels` steps a
+  ``{"params", "arch"}`` tree with both.
 * :func:`milenas_grads` — the mixed-level gradients of MiLeNAS (He et al.,
   "MiLeNAS: Efficient Neural Architecture Search via Mixed-Level
   Reformulation", CVPR 2020, arXiv:2003.12238), as used by FedNAS Eq. 4:
@@ -17,8 +18,6 @@
 * :func:`cosine_lr` — the library's one cosine annealing
   ``floor + (base − floor)(1 + cos(π min(t, T) / T)) / 2``: per local epoch (FedNAS, as
   DARTS' ``CosineAnnealingLR``), per round (DFNAS), per server iteration (DP-FNAS).
-* :func:`weight_optimizer` / :func:`arch_optimizer` — the two halves of
-  :func:`nas_optimizer`, for rules that step w and α separately.
 * :func:`active_momentum` — SGD momentum that moves only the leaves that ran this step
   (single-path supernets: PyTorch skips a parameter without a gradient).
 * :func:`darts_arch_grad` — the second-order DARTS architecture gradient (Liu et al.,
@@ -60,7 +59,7 @@ def arch_labels(tree: dict) -> dict:
     return {k: jax.tree.map(lambda _: ARCH if k == "arch" else WEIGHTS, v) for k, v in tree.items()}
 
 
-def nas_optimizer(
+def _nas_optimizer(
     *,
     w_lr: float | Callable = 0.025,
     w_momentum: float = 0.9,
@@ -71,14 +70,14 @@ def nas_optimizer(
     arch_b2: float = 0.999,
     arch_weight_decay: float = 1e-3,
 ) -> optax.GradientTransformation:
-    """Weights: :func:`weight_optimizer`; arch: :func:`arch_optimizer`, as one
-    ``optax.partition``. Apply it to ``{"params": g_w, "arch": g_α}``."""
-    w_tx = weight_optimizer(lr=w_lr, momentum=w_momentum, weight_decay=w_weight_decay, clip=w_clip)
-    a_tx = arch_optimizer(lr=arch_lr, b1=arch_b1, b2=arch_b2, weight_decay=arch_weight_decay)
+    """The former ``nas_optimizer`` (deprecated: nothing in the library used it, and its
+    keywords keep the dropped ``w_*`` names): both DARTS steps as one ``optax.partition``."""
+    w_tx = darts_weight_optimizer(lr=w_lr, momentum=w_momentum, weight_decay=w_weight_decay, clip=w_clip)
+    a_tx = darts_arch_optimizer(lr=arch_lr, b1=arch_b1, b2=arch_b2, weight_decay=arch_weight_decay)
     return optax.partition({WEIGHTS: w_tx, ARCH: a_tx}, arch_labels)
 
 
-def weight_optimizer(
+def darts_weight_optimizer(
     *, lr: float | Callable, momentum: float, weight_decay: float, clip: float | None
 ) -> optax.GradientTransformation:
     """Clip (global norm) → + wd·w → SGD(momentum): DARTS' weight step. Weight decay is
@@ -88,7 +87,7 @@ def weight_optimizer(
     return optax.chain(*parts)
 
 
-def arch_optimizer(*, lr: float, b1: float, b2: float, weight_decay: float) -> optax.GradientTransformation:
+def darts_arch_optimizer(*, lr: float, b1: float, b2: float, weight_decay: float) -> optax.GradientTransformation:
     """+ wd·α → Adam: DARTS' architecture step (L2 decay on the gradient, as PyTorch)."""
     return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr, b1=b1, b2=b2))
 
@@ -280,3 +279,23 @@ def darts_arch_grad(
     g_a, v = jax.grad(loss_fn, argnums=(1, 0))(params_prime, arch, val_batch)
     hv = arch_hessian_vector(loss_fn, params, arch, train_batch, v, method=method, eps_scale=eps_scale)
     return jax.tree.map(lambda a, h: a - xi * h, g_a, hv)
+
+
+_FORMER = {  # former public name -> (its object now, what to use)
+    "nas_optimizer": ("_nas_optimizer", "optax.partition({'weights': darts_weight_optimizer(...), "
+                      "'arch': darts_arch_optimizer(...)}, arch_labels)"),
+    "weight_optimizer": ("darts_weight_optimizer", "darts_weight_optimizer"),
+    "arch_optimizer": ("darts_arch_optimizer", "darts_arch_optimizer"),
+}
+
+
+def __getattr__(name: str):
+    """The former names (one release): ``arch_optimizer`` also named a server's optimizer
+    of α and a DP-FNAS setting, so the DARTS steps are ``darts_*`` now."""
+    if name in _FORMER:
+        import warnings  # noqa: PLC0415
+
+        now, use = _FORMER[name]
+        warnings.warn(f"jaxfednas.optim.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
+        return globals()[now]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

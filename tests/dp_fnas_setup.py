@@ -13,8 +13,8 @@ from jaxfednas.registry import make_config
 from jaxfednas.runtime import Placement
 
 # plain server SGD on W (no momentum, decay or clip) so updates can be written by hand
-TINY = dict(C=4, layers=1, nodes=1, primitives="tiny", eval_batch_size=64, momentum=0.0, weight_decay=0.0,
-            grad_clip=0.0, arch_weight_decay=0.0)
+TINY = dict(C=4, layers=1, nodes=1, primitives="tiny", eval_batch_size=64, server_momentum=0.0,
+            server_weight_decay=0.0, server_grad_clip=0.0, arch_server_weight_decay=0.0)
 
 
 def make_data2(num_train: int = 128):

@@ -44,8 +44,8 @@ def test_nonprivate_iteration_equals_a_manual_update_and_the_server_sums_H(data2
     crosses kinks, as in DARTS itself)."""
     xi, eta = 0.5, 1.0
     cfg = DPFNASConfig(**TINY, noise_multiplier=0.0, clip_norm=0.0, arch_clip_norm=0.0, sampling_prob=1.0,
-                       iterations_per_round=1, lr=xi, lr_min=xi, arch_optimizer="sgd", arch_lr=eta,
-                       arch_gradient="second_hvp")
+                       iterations_per_round=1, server_lr=xi, server_lr_min=xi, arch_server_optimizer="sgd",
+                       arch_server_lr=eta, arch_gradient="second_hvp")
     algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
     s1, m = algo.round(s0, data2, jax.random.PRNGKey(7))
     m = algo.with_host_metrics(s1, data2, m)
@@ -183,8 +183,8 @@ def test_weight_step_follows_the_cosine_decay_of_xi(data2, s0):
     W2 = W1 - xi_1 sum_k grad_W L_k^tr(W1, A1); the reported lr is xi_2 = lr_min."""
     xi0, xi1, eta = 0.5, 0.05, 1.0
     cfg = DPFNASConfig(**TINY, noise_multiplier=0.0, clip_norm=0.0, arch_clip_norm=0.0, sampling_prob=1.0,
-                       iterations_per_round=2, lr=xi0, lr_min=xi1, lr_decay_iterations=1, arch_gradient="first",
-                       arch_optimizer="sgd", arch_lr=eta)
+                       iterations_per_round=2, server_lr=xi0, server_lr_min=xi1, server_lr_decay_iterations=1,
+                       arch_gradient="first", arch_server_optimizer="sgd", arch_server_lr=eta)
     algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
     s2, m = algo.round(s0, data2, jax.random.PRNGKey(7))
     assert int(m["iterations"]) == 2 and float(m["lr"]) == pytest.approx(xi1)

@@ -63,3 +63,36 @@ def test_fednas_train_set_reaches_the_evaluation_stage_of_every_cell(tmp_path, m
             mod.main(bad + ["--out", str(tmp_path / "x")])
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and "Traceback" not in err, bad
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY))
+def test_every_example_refuses_a_wrong_shared_flag_in_the_same_line(name, tmp_path, monkeypatch, capsys):
+    """The shared flags (jaxfednas.example_args.ExampleParser) are checked in one place:
+    each wrong value is the same one-line usage error in every paper example."""
+    mod = _example(name)
+    monkeypatch.setattr(mod, ENTRY[name], lambda *a, **k: pytest.fail("a wrong flag reached the run"))
+    minimum = 1 if name == "fednas" else 2
+    for argv, message in ((["--random", "-1"], "--random -1: must be >= 0"),
+                          (["--train-seeds", str(minimum - 1)], f"--train-seeds {minimum - 1}: must be >= {minimum}"),
+                          (["--seeds", "0,x"], "seed"),
+                          (["--seeds", "0,1", "--set", "run.seed=3"], "--seeds sets run.seed of every run itself"),
+                          (["--set", "algo.lr"], "SECTION.FIELD=VALUE")):
+        with pytest.raises(SystemExit) as e:
+            mod.main([*argv, "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2, argv
+        assert ": error: " in err[-1] and message in err[-1] and "Traceback" not in "\n".join(err), (argv, err)
+
+
+def test_the_shared_flags_become_the_overrides_of_every_stage():
+    from jaxfednas.example_args import ExampleParser
+
+    p = ExampleParser("doc")
+    p.add_data("data dir")
+    p.add_rounds("rounds")
+    p.add_seed()
+    p.add_run_dir("runs/x", set_help="a setting")
+    args = p.parse(["--set", "algo.lr=0.5", "--rounds", "3", "--dataset", "cluttered_digits", "--seed", "7"])
+    assert args.overrides == {"algo.lr": "0.5", "run.rounds": 3, "data.dataset": "cluttered_digits", "run.seed": 7}
+    assert args.out == "runs/x" and not args.resume
+    assert p.parse([]).overrides == {}

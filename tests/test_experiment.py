@@ -324,6 +324,15 @@ def test_constructing_a_config_with_a_former_name_warns_and_maps():
         assert SpiderConfig(lam=0.5).prox_lambda == DittoConfig(lam=0.5).prox_lambda == 0.5
     with pytest.raises(ConfigError, match="both given"):
         DittoConfig(client_lr=0.1, lr=0.1)
+    from jaxfednas.algorithms import DPFNASConfig  # its settings are the server's: server_*
+
+    with pytest.warns(FutureWarning, match=r"algo\.lr is now algo\.server_lr"):
+        assert DPFNASConfig(lr=0.2).server_lr == 0.2
+    with pytest.warns(FutureWarning, match=r"algo\.w_lr is now algo\.server_lr"):
+        assert DPFNASConfig(w_lr=0.3).server_lr == 0.3
+    with pytest.warns(FutureWarning, match=r"algo\.arch_optimizer is now algo\.arch_server_optimizer"):
+        cfg = make_config("dp_fnas", overrides={"algo.arch_optimizer": "sgd", "algo.arch_lr": 0.5})
+    assert (cfg.algo.arch_server_optimizer, cfg.algo.arch_server_lr) == ("sgd", 0.5)
 
 
 def test_a_run_directory_written_with_former_names_resumes_to_the_same_end(tmp_path):

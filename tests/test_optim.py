@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxfednas.optim import cosine_lr, milenas_grads, nas_optimizer
+from jaxfednas import optim
+from jaxfednas.optim import arch_labels, cosine_lr, darts_arch_optimizer, darts_weight_optimizer, milenas_grads
 
 
 def _loss(params, arch, stats, batch):
@@ -110,12 +111,12 @@ def test_milenas_val_stats_returns_each_pass_update():
             np.testing.assert_array_equal(a, b)
 
 
-def test_nas_optimizer_matches_pytorch_style_first_step():
+def test_the_darts_steps_match_pytorch_style_first_step():
     params = {"w": jnp.array([3.0, 4.0])}
     arch = {"a": jnp.array([0.5, -0.5])}
     g = {"params": {"w": jnp.array([30.0, 40.0])}, "arch": {"a": jnp.array([0.1, 0.2])}}
-    tx = nas_optimizer(w_lr=0.1, w_momentum=0.9, w_weight_decay=0.01, w_clip=5.0, arch_lr=0.001,
-                       arch_weight_decay=0.1)
+    tx = optax.partition({"weights": darts_weight_optimizer(lr=0.1, momentum=0.9, weight_decay=0.01, clip=5.0),
+                          "arch": darts_arch_optimizer(lr=0.001, b1=0.5, b2=0.999, weight_decay=0.1)}, arch_labels)
     tree = {"params": params, "arch": arch}
     upd, _ = tx.update(g, tx.init(tree), tree)
     # weights: clip (norm 50 -> 5) then + wd*w, first momentum step = the gradient
@@ -124,6 +125,24 @@ def test_nas_optimizer_matches_pytorch_style_first_step():
     # arch: Adam's first step moves each coordinate by lr * sign(g + wd*a) (bias-corrected)
     ga = np.array([0.1, 0.2]) + 0.1 * np.array([0.5, -0.5])
     np.testing.assert_allclose(upd["arch"]["a"], -0.001 * np.sign(ga), rtol=1e-4)
+
+
+def test_the_former_optimizer_names_warn_and_give_the_same_steps():
+    with pytest.warns(DeprecationWarning, match="optim.arch_optimizer is deprecated: use darts_arch_optimizer"):
+        assert optim.arch_optimizer is darts_arch_optimizer
+    with pytest.warns(DeprecationWarning, match="weight_optimizer is deprecated"):
+        assert optim.weight_optimizer is darts_weight_optimizer
+    with pytest.warns(DeprecationWarning, match="nas_optimizer is deprecated: use optax.partition"):
+        former = optim.nas_optimizer(w_lr=0.1, arch_lr=0.01)
+    tree = {"params": {"w": jnp.array([3.0, 4.0])}, "arch": {"a": jnp.array([0.5, -0.5])}}
+    g = {"params": {"w": jnp.array([30.0, 40.0])}, "arch": {"a": jnp.array([0.1, 0.2])}}
+    now = optax.partition({"weights": darts_weight_optimizer(lr=0.1, momentum=0.9, weight_decay=3e-4, clip=5.0),
+                           "arch": darts_arch_optimizer(lr=0.01, b1=0.5, b2=0.999, weight_decay=1e-3)}, arch_labels)
+    for a, b in zip(jax.tree.leaves(former.update(g, former.init(tree), tree)[0]),
+                    jax.tree.leaves(now.update(g, now.init(tree), tree)[0])):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(AttributeError):
+        getattr(optim, "no_such_optimizer")  # noqa: B009
 
 
 def test_cosine_lr():

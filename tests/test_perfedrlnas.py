@@ -63,7 +63,7 @@ def _sampled(cfg, data, state, t):
     idx, keys = round_clients(round_key(0, t), data.info.num_clients, cfg.run.clients_per_round)
     valid = choice_mask(pf.make_space(cfg.algo, data.info).dims)
     choices = jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
-        policy_keys(keys), state.policy[idx])
+        policy_keys(keys), state.policy_logits[idx])
     return np.asarray(idx), keys, np.asarray(choices), valid
 
 
@@ -88,9 +88,9 @@ def _adam_step(state, idx, choices, r, valid):
     tx = optax.adam(0.5, b1=0.5, b2=0.999)
     out = []
     for j, i in enumerate(idx):
-        g = pf.policy_gradient(state.policy[i], choices[j], jnp.float32(r[j]), valid)
-        u, _ = tx.update(-g, jax.tree.map(lambda a: a[i], state.policy_opt))
-        out.append(np.asarray(state.policy[i] + u))
+        g = pf.policy_gradient(state.policy_logits[i], choices[j], jnp.float32(r[j]), valid)
+        u, _ = tx.update(-g, jax.tree.map(lambda a: a[i], state.opt_state))
+        out.append(np.asarray(state.policy_logits[i] + u))
     return np.stack(out)
 
 
@@ -153,9 +153,9 @@ def test_a_round_takes_the_reinforce_step_of_its_rewards(built, tiny_data):
     time = 0.05 * (rt - rt.min()) / rt.min()
     r = acc - acc.mean() - time
     assert np.abs(r).min() > 1e-3 and time.max() > 1e-3  # the time term moves the rewards
-    np.testing.assert_allclose(np.asarray(state1.policy)[idx], _adam_step(state0, idx, choices, r, valid), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state1.policy_logits)[idx], _adam_step(state0, idx, choices, r, valid), atol=1e-6)
     others = np.setdiff1d(np.arange(4), idx)
-    np.testing.assert_array_equal(np.asarray(state1.policy)[others], 0.0)  # unsampled policies untouched
+    np.testing.assert_array_equal(np.asarray(state1.policy_logits)[others], 0.0)  # unsampled policies untouched
     assert float(metrics["acc_baseline"]) == pytest.approx(acc.mean(), abs=1e-6)
     assert float(metrics["round_time_s"]) == pytest.approx(rt.max(), rel=1e-5)
     assert float(metrics["reward_time_share"]) == pytest.approx(time.sum() / np.abs(r).sum(), rel=1e-4)
@@ -180,7 +180,7 @@ def test_second_round_rewards_use_the_papers_baseline(built, second_round, tiny_
     assert float(metrics["acc_baseline"]) == pytest.approx(latest, abs=1e-6)
     rt = _round_time(cfg, tiny_data, state1, idx, choices)
     r = acc - latest - 0.05 * (rt - rt.min()) / rt.min()
-    np.testing.assert_allclose(np.asarray(state2.policy)[idx], _adam_step(state1, idx, choices, r, valid), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state2.policy_logits)[idx], _adam_step(state1, idx, choices, r, valid), atol=1e-6)
 
 
 def test_round_aggregates_batchnorm_statistics_by_hand(built, tiny_data):
@@ -297,7 +297,7 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
     rt = np.where(over, rt.max(), rt)
     phi = np.minimum(memory / budget, 1.0)
     r = acc - acc.mean() - 0.05 * (rt - rt.min()) / rt.min() - phi
-    np.testing.assert_allclose(np.asarray(s1.policy)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s1.policy_logits)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
     # the over-budget subnet stays out of the supernet: the same round with every budget
     # unbounded (the same program: budgets are state) aggregates it, and moves entries the
     # round above left at their start values -- those only the over-budget subnet covers
@@ -322,7 +322,7 @@ def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny
     s0 = algo.init(init_key(0))
     out = np.asarray(algo.evaluate(s0, tiny_data)["client_test_acc"])
     space = pf.make_space(cfg.algo, tiny_data.info)
-    best = pf.policy_argmax(s0.policy, choice_mask(space.dims))
+    best = pf.policy_argmax(s0.policy_logits, choice_mask(space.dims))
     zeros = jax.tree.map(jnp.zeros_like, s0.variables["batch_stats"])
 
     @jax.jit
@@ -344,7 +344,7 @@ def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny
                                     key=jax.random.key(5))
     valid = choice_mask(space.dims)
     choices = jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
-        jax.random.split(jax.random.fold_in(jax.random.key(5), 0), 4), s0.policy)
+        jax.random.split(jax.random.fold_in(jax.random.key(5), 0), 4), s0.policy_logits)
     got = [hand(choices[k], *jax.tree.map(lambda a: a[k], (train, test))) for k in range(4)]
     assert curve[0] == pytest.approx(np.mean([float(a) for a, _ in got]), abs=1e-6)
     assert abs(np.mean([float(a) for a, _ in got]) - np.mean([float(b) for _, b in got])) > 1e-3
@@ -463,12 +463,12 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
     test = tiny_data.clients("test", jnp.asarray(ids))
     score = jax.jit(lambda c, d: pf.subnet_accuracy(space, tiny_data.info, state1.variables, c, d, 500))
     zeros = jnp.zeros((2,) + valid.shape)
-    state = pf.PerFedRLNASState(policy=zeros, policy_opt=jax.vmap(optax.adam(0.5, b1=0.5).init)(zeros), **{
+    state = pf.PerFedRLNASState(policy_logits=zeros, opt_state=jax.vmap(optax.adam(0.5, b1=0.5).init)(zeros), **{
         k: None for k in ("variables", "acc", "best_acc", "seen", "resources", "round")})
     tx = optax.adam(0.5, b1=0.5, b2=0.999)
     for t in range(2):
         choices = np.asarray(jax.vmap(lambda k, a: jax.random.categorical(k, pf.masked_logits(a, valid)))(
-            jax.random.split(jax.random.fold_in(jax.random.key(5), t), 2), state.policy))
+            jax.random.split(jax.random.fold_in(jax.random.key(5), t), 2), state.policy_logits))
         acc = np.array([float(score(jnp.asarray(c), jax.tree.map(lambda a: a[j], test)))
                         for j, c in enumerate(choices)])
         assert first[t] == pytest.approx(acc.mean(), abs=1e-6)
@@ -479,11 +479,11 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
             picked = np.take_along_axis(_adam_step(state, np.arange(2), choices, r, valid), choices[..., None], -1)
             np.testing.assert_allclose(picked[..., 0], np.broadcast_to(0.5 * np.sign(r)[:, None], picked.shape[:2]),
                                        rtol=1e-4)
-        grads = jnp.stack([pf.policy_gradient(state.policy[j], choices[j], jnp.float32(r[j]), valid)
+        grads = jnp.stack([pf.policy_gradient(state.policy_logits[j], choices[j], jnp.float32(r[j]), valid)
                            for j in range(2)])
-        updates, opt = jax.vmap(tx.update)(-grads, state.policy_opt)
-        state = state.replace(policy=state.policy + updates, policy_opt=opt)
-    np.testing.assert_allclose(two, state.policy, atol=1e-6)
+        updates, opt = jax.vmap(tx.update)(-grads, state.opt_state)
+        state = state.replace(policy_logits=state.policy_logits + updates, opt_state=opt)
+    np.testing.assert_allclose(two, state.policy_logits, atol=1e-6)
 
 
 @pytest.mark.parametrize("over, match", [
@@ -548,15 +548,15 @@ def check_round_direction(cfg, data, s0, s1, m):
     one Adam step along r_i (δ_i − p), r_i = Acc_i − mean Acc − λ_time relative time; the first
     step moves every logit by ± lr, the sampled choice's with the sign of r_i."""
     idx, _, choices, valid = _sampled(cfg, data, s0, 0)
-    moved = np.abs(np.asarray(s1.policy - s0.policy)).sum((1, 2)) > 0
+    moved = np.abs(np.asarray(s1.policy_logits - s0.policy_logits)).sum((1, 2)) > 0
     assert moved[idx].all() and moved.sum() == len(idx)
     assert all(np.isfinite(float(v)) for v in m.values()), m  # dimensions of unequal size: padded policies
     acc = np.asarray(s1.acc)[idx]
     rt = _round_time(cfg, data, s0, idx, choices)
     r = acc - acc.mean() - cfg.algo.lambda_time * (rt - rt.min()) / rt.min()
     assert np.abs(r).min() > 1e-3
-    np.testing.assert_allclose(np.asarray(s1.policy)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
-    picked = np.take_along_axis(np.asarray(s1.policy)[idx], choices[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(s1.policy_logits)[idx], _adam_step(s0, idx, choices, r, valid), atol=1e-6)
+    picked = np.take_along_axis(np.asarray(s1.policy_logits)[idx], choices[..., None], -1)[..., 0]
     np.testing.assert_allclose(picked, np.broadcast_to(0.5 * np.sign(r)[:, None], picked.shape), rtol=1e-4)
     assert float(m["subnet_params"]) > 0
 
@@ -601,6 +601,6 @@ def test_a_round_with_validation_rewards_time_in_seconds_and_its_own_policy_opti
     assert float(m["reward_time_share"]) == pytest.approx(time.sum() / np.abs(r).sum(), rel=1e-4)
     tx = optax.adam(0.1, b1=0.5, b2=0.999)
     for j, i in enumerate(idx):
-        g = pf.policy_gradient(s0.policy[i], choices[j], jnp.float32(r[j]), valid)
-        u, _ = tx.update(-g, jax.tree.map(lambda a: a[i], s0.policy_opt))
-        np.testing.assert_allclose(np.asarray(s1.policy)[i], np.asarray(s0.policy[i] + u), atol=1e-6)
+        g = pf.policy_gradient(s0.policy_logits[i], choices[j], jnp.float32(r[j]), valid)
+        u, _ = tx.update(-g, jax.tree.map(lambda a: a[i], s0.opt_state))
+        np.testing.assert_allclose(np.asarray(s1.policy_logits)[i], np.asarray(s0.policy_logits[i] + u), atol=1e-6)

@@ -454,3 +454,16 @@ def test_privacy_imports_without_jax():
     )
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_former_module_name_still_imports_with_a_warning():
+    import importlib
+    import sys
+
+    from jaxfednas.privacy import dp_fnas
+
+    sys.modules.pop("jaxfednas.privacy.dpfnas", None)
+    with pytest.warns(DeprecationWarning, match="jaxfednas.privacy.dpfnas is now jaxfednas.privacy.dp_fnas"):
+        former = importlib.import_module("jaxfednas.privacy.dpfnas")
+    assert former.__all__ == dp_fnas.__all__
+    assert all(getattr(former, n) is getattr(dp_fnas, n) for n in dp_fnas.__all__)

@@ -389,13 +389,13 @@ def test_fine_tuned_accuracy_is_the_gain_recipe_for_any_masks_per_client(searche
     _, _, summary, _, run = searched
     cfg, info, state = run.config.algo, run.data.info, run.state
     p = sp.gain_matrix(cfg, info, state, run.data, epochs=1)
-    nxt = {c: jnp.roll(a, -1, axis=0) for c, a in state.arch.items()}
-    masks = {c: jnp.stack([state.arch[c], nxt[c]], axis=1) for c in CELLS}  # [K, 2, E, |O|]
+    nxt = {c: jnp.roll(a, -1, axis=0) for c, a in state.arch_masks.items()}
+    masks = {c: jnp.stack([state.arch_masks[c], nxt[c]], axis=1) for c in CELLS}  # [K, 2, E, |O|]
     acc = sp.fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=1)
     assert acc.shape == (4, 2)
     np.testing.assert_allclose(acc[:, 0], np.diag(p), atol=1e-6)
     np.testing.assert_allclose(acc[:, 1], [p[i, (i + 1) % 4] for i in range(4)], atol=1e-6)
-    sizes = [sp.kept_parameters(cfg, state.variables["params"], {c: state.arch[c][k] for c in CELLS})
+    sizes = [sp.kept_parameters(cfg, state.variables["params"], {c: state.arch_masks[c][k] for c in CELLS})
              for k in range(4)]
     assert np.mean(sizes) == pytest.approx(summary["final"]["personal_params_mean"])
     assert len(set(sizes)) > 1 or sizes[0] < summary["final"]["supernet_params"]
@@ -409,17 +409,18 @@ def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched
     s2, m2 = algo.round(s1, data, round_key(0, 1))
     for r, (a, b) in enumerate(((s0, s1), (s1, s2))):
         ids = set(_sampled(r).tolist())
-        for field in ("personal", "opt_state", "arch", "edge_done", "node_done", "clock"):
+        for field in ("personal", "opt_state", "arch_masks", "edge_done", "node_done", "client_rounds"):
             for k in range(4):
                 same = all(np.array_equal(np.asarray(x)[k], np.asarray(y)[k])
                            for x, y in zip(jax.tree.leaves(getattr(a, field)), jax.tree.leaves(getattr(b, field))))
                 if k not in ids:
                     assert same, (r, k, field)
-                elif field in ("personal", "clock", "edge_done"):
+                elif field in ("personal", "client_rounds", "edge_done"):
                     assert not same, (r, k, field)  # a sampled client trains and (t_s = 0) searches
-        np.testing.assert_array_equal(np.asarray(b.clock) - np.asarray(a.clock), [int(k in ids) for k in range(4)])
+        np.testing.assert_array_equal(np.asarray(b.client_rounds) - np.asarray(a.client_rounds),
+                                      [int(k in ids) for k in range(4)])
     # the search clock is the client's own: each sampled client made exactly its own number of choices
-    np.testing.assert_array_equal(np.asarray(s2.edge_done).sum((1, 2)), 2 * np.asarray(s2.clock))
+    np.testing.assert_array_equal(np.asarray(s2.edge_done).sum((1, 2)), 2 * np.asarray(s2.client_rounds))
     assert int(m2["searching_clients"]) == 2
 
 
@@ -436,11 +437,11 @@ def test_the_round_triggers_the_search_on_each_clients_own_clock_with_tau_above_
     clock = np.full(4, 4, np.int32)
     clock[a], clock[b] = 2, 3
     s0 = algo.init(init_key(0))
-    s0 = s0.replace(clock=jnp.asarray(clock), round=jnp.int32(5))
+    s0 = s0.replace(client_rounds=jnp.asarray(clock), round=jnp.int32(5))
     s1, m1 = algo.round(s0, data, round_key(0, 0))
     chose = np.asarray(s1.edge_done).sum((1, 2)) - np.asarray(s0.edge_done).sum((1, 2))
     np.testing.assert_array_equal(chose, [2 * (k == a) for k in range(4)])  # one choice per cell type
-    np.testing.assert_array_equal(np.asarray(s1.clock) - clock, [int(k in (a, b)) for k in range(4)])
+    np.testing.assert_array_equal(np.asarray(s1.client_rounds) - clock, [int(k in (a, b)) for k in range(4)])
     assert int(m1["searching_clients"]) == 1
 
 

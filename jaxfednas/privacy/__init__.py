@@ -3,7 +3,7 @@
 * :mod:`jaxfednas.privacy.accounting` — Gaussian-DP (the CLT of Bu et al.), μ-GDP ↔
   (ε, δ), PLD and RDP epsilons through dp-accounting, calibration, Poisson-batch
   overflow; NumPy/SciPy only.
-* :mod:`jaxfednas.privacy.dpfnas` — DP-FNAS's two mechanisms per party (Theorem 3.1),
+* :mod:`jaxfednas.privacy.dp_fnas` — DP-FNAS's two mechanisms per party (Theorem 3.1),
   the per-round accountant and the iteration budget of a target ε; host-side.
 * :mod:`jaxfednas.privacy.mechanism` — per-example clipping, Gaussian noise, Poisson
   sampling with a fixed physical batch, as JAX functions and an optax transformation.
@@ -31,7 +31,7 @@ from jaxfednas.privacy.accounting import (  # noqa: F401
     pld_epsilon,
     rdp_epsilon,
 )
-from jaxfednas.privacy.dpfnas import (  # noqa: F401
+from jaxfednas.privacy.dp_fnas import (  # noqa: F401
     NO_BUDGET,
     Accountant,
     DPFNASReport,
