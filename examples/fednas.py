@@ -71,12 +71,11 @@ from jaxfednas.algorithms.fednas import client_genotypes
 from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ConfigError, parse_set
-from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, load_run, run_script, run_stage
+from jaxfednas.experiment import inherited_accuracies, load_run, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
@@ -105,8 +104,10 @@ def _describe(row: dict) -> str:
     return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{acc}{ent}"
 
 
-def _stage(cfg, out: Path, resume: bool) -> dict:
-    return run_stage(cfg, out, resume=resume, describe=_describe)
+def _stage(runner: StageRunner, name: str, cfg) -> dict:
+    """Stage ``name`` (``--out/<name>``) run, resumed or found finished: its summary. Every
+    stage of a seed tests on the same local test rows (:class:`StageRunner` checks)."""
+    return runner.stage(name, cfg)[0]
 
 
 def _model_params(cfg, ds) -> int:
@@ -170,9 +171,8 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     preset = args.preset
     base = {} if preset else {**DIGITS, **SEARCH}
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
-    print(f"== FedNAS search: {search_cfg.data.dataset}, {search_cfg.data.num_clients} clients, "
-          f"{search_cfg.run.rounds} rounds -> {out / 'search'}", flush=True)
-    s = _stage(search_cfg, out / "search", args.resume)
+    runner = StageRunner(out, resume=args.resume, describe=_describe)
+    s = _stage(runner, "search", search_cfg)  # FedNAS, Algorithm 1
     genotype = json.dumps(s["architecture"], sort_keys=True)
 
     d = search_cfg.data
@@ -191,18 +191,14 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         train_over["run.rounds"] = args.train_rounds
     train_over.update(parse_set(args.train_set))  # e.g. algo.lr_schedule=cosine
     train_cfg = make_config("fednas_train", preset=preset, overrides=train_over)
-    print(f"== evaluation stage: FedAvg of the derived cell (C={train_cfg.algo.C}, {train_cfg.algo.layers} cells), "
-          f"{train_cfg.run.rounds} rounds -> {out / 'train'}", flush=True)
-    t = _stage(train_cfg, out / "train", args.resume)
+    t = _stage(runner, "train", train_cfg)  # the evaluation stage: FedAvg of the derived cell
     # the same cell again with other training seeds on the same partition: the seed noise
     repeats = [t["final"]["global_test_acc"]]
     for j in range(1, args.train_seeds):
         part_seed = d.partition_seed if d.partition_seed is not None else search_cfg.run.seed
         cfg = make_config("fednas_train", preset=preset, overrides={
             **train_over, "data.partition_seed": part_seed, "run.seed": repeat_seed(search_cfg.run.seed, j)})
-        print(f"== evaluation stage again, training seed {j + 1}/{args.train_seeds} -> {out / f'train_seed_{j}'}",
-              flush=True)
-        repeats.append(_stage(cfg, out / f"train_seed_{j}", args.resume)["final"]["global_test_acc"])
+        repeats.append(_stage(runner, f"train_seed_{j}", cfg)["final"]["global_test_acc"])
     ds = load_dataset(search_cfg.data.dataset, search_cfg.data.data_dir)
     searched_params = _model_params(train_cfg, ds)
 
@@ -220,8 +216,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         else:
             g = random_genotype(key, prims, steps)
         cfg = make_config("fednas_train", preset=preset, overrides={**train_over, "algo.genotype": g.to_json()})
-        print(f"== random cell {i + 1}/{args.random} -> {out / f'random_{i}'}", flush=True)
-        r = _stage(cfg, out / f"random_{i}", args.resume)
+        r = _stage(runner, f"random_{i}", cfg)
         randoms.append((g, r, _model_params(cfg, ds)))
     vs = versus_random(t["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r, _ in randoms])
     if randoms:  # the two diagnostics: can this task tell cells apart, and does the supernet rank them?
@@ -245,7 +240,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
          f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} ± {_fmt(t['final']['client_test_acc_std_unweighted'])}"),
         ("supernet parameters", f"{_model_params(search_cfg, ds):,}"),
         ("evaluation network parameters", f"{searched_params:,}"),
-        ("wall time search / evaluation stage (s)", f"{s['timing']['wall_time_s']:.0f} / {t['timing']['wall_time_s']:.0f}"),
+        ("wall time search / evaluation stage (s)", f"{runner.times['search']:.0f} / {runner.times['train']:.0f}"),
     ]
     if randoms:
         rows += [
@@ -302,11 +297,11 @@ def personalized(args, overrides: dict) -> None:
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
     if search_cfg.data.partition != "label_skew":
         print(f"note: partition is {search_cfg.data.partition} (the paper's Table 1 uses label_skew)")
-    print(f"== personalized FedNAS: search on {search_cfg.data.num_clients} clients -> {out / 'fednas'}", flush=True)
-    s = _stage(search_cfg, out / "fednas", args.resume)
+    runner = StageRunner(out, resume=args.resume, describe=_describe)  # (it checks the same local test rows)
+    _stage(runner, "fednas", search_cfg)
     t0 = time.perf_counter()
     run = load_run(out / "fednas")
-    algo, data, state, manifest, ds = run.algorithm, run.data, run.state, run.manifest, run.dataset
+    algo, data, state, ds = run.algorithm, run.data, run.state, run.dataset
     rows, pers = algo.personalize(state, data, personalize_key(search_cfg.run.seed))
     pers = jax.device_get(pers)
     genos = client_genotypes(search_cfg.algo, rows["arch"])
@@ -318,7 +313,7 @@ def personalized(args, overrides: dict) -> None:
         "test_acc_by_epoch": np.round(np.asarray(pers["client_test_acc_by_epoch"], np.float64), 6).tolist(),
     }
     atomic_write_text(out / "personal_selection.json", json.dumps(selection, indent=1) + "\n")
-    t_pers = time.perf_counter() - t0 + s["timing"]["wall_time_s"]
+    t_pers = time.perf_counter() - t0 + runner.times["fednas"]
     print(f"  local adaptation of w and α on every client: {time.perf_counter() - t0:.0f} s", flush=True)
 
     d = search_cfg.data
@@ -334,14 +329,9 @@ def personalized(args, overrides: dict) -> None:
     results = {"FedNAS (personalized)": (np.asarray(pers["client_test_acc"]), t_pers, _model_params(search_cfg, ds))}
     for name, extra in BASELINES.items():
         cfg = make_config(name, preset=preset, overrides={**shared, **({} if preset else extra)})
-        print(f"== {name} -> {out / name}", flush=True)
-        b = _stage(cfg, out / name, args.resume)
-        bman = part.load_manifest(out / name / "partition" / "manifest.json")
-        same = all(a["test"] == c["test"] for a, c in zip(manifest["clients"], bman["clients"]))
-        if not same:  # the comparison is only meaningful on identical local test sets
-            raise RuntimeError(f"{name}: local test splits differ from FedNAS's")
+        _stage(runner, name, cfg)  # on FedNAS's local test rows, or it stops
         acc = np.loadtxt(out / name / "clients.csv", delimiter=",", skiprows=1, usecols=4, ndmin=1)
-        results[name] = (acc, b["timing"]["wall_time_s"], _model_params(cfg, ds))
+        results[name] = (acc, runner.times[name], _model_params(cfg, ds))
 
     lines = ["| method | params | avg local test acc (mean ± std over clients) | min | max | wall time (s) |",
              "|---|---|---|---|---|---|"]

@@ -39,12 +39,12 @@ def test_fednas_train_set_reaches_the_evaluation_stage_of_every_cell(tmp_path, m
     class Stop(Exception):
         pass
 
-    def fake_stage(cfg, out, resume):
-        ran[out.name] = cfg
+    def fake_stage(runner, name, cfg):
+        ran[name] = cfg
         if cfg.algorithm == "fednas":
             return {"architecture": {"normal": [["skip_connect", 0]] * 2, "normal_concat": [2],
                                      "reduce": [["skip_connect", 0]] * 2, "reduce_concat": [2]}}
-        if out.name == "random_0":
+        if name == "random_0":
             raise Stop
         return {"final": {"global_test_acc": 0.5}}
 
