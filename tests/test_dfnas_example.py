@@ -1,6 +1,7 @@
 """The DFNAS example end to end on a tiny setting (3-block space, 1 round): the non-IID
 run and the FedAvg ShuffleNetV2 baseline, the all-3x3 child of the same space (IID runs only
 change the partition; left out to save a compilation), results table, resume, CLI."""
+import argparse
 import importlib.util
 import json
 import subprocess
@@ -141,8 +142,8 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
 
     monkeypatch.setattr(mod, "_stage", fake_stage)
     monkeypatch.setattr(mod, "_inherited_accuracies", fake_inherited)
-    args = mod.argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, resume=False, out=str(tmp_path),
-                                  train_seeds=3)
+    args = argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, resume=False, out=str(tmp_path),
+                              train_seeds=3)
     res = mod.one_seed(args, {"run.seed": 5, "algo.space": "tiny"}, tmp_path / "seed_5", control_only=True)
     assert [r[:2] for r in ran] == [("noniid-8", "dfnas"), ("searched-fedavg", "fedavg"),
                                     ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg"),

@@ -1,6 +1,7 @@
 """examples/dp_fnas.py end to end on the smoke preset shrunk to one cell and one node,
 one DP-FNAS row (Table 1) and one noise level (Table 2), so that the file stays near
 a minute on 2 cores."""
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -129,8 +130,8 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
 
     monkeypatch.setattr(ex, "_stage", fake_stage)
     monkeypatch.setattr(ex, "_inherited_accuracies", fake_inherited)
-    args = ex.argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None,
-                                 train_seeds=3)
+    args = argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None,
+                             train_seeds=3)
     res = ex.private_vs_random(args, {"run.seed": 7, "algo.nodes": 2, "algo.primitives": "tiny"}, tmp_path)
     search = ran.pop("dp-fnas-2p")
     assert search.algorithm == "dp_fnas" and search.data.num_clients == 2 and search.run.seed == 7
