@@ -51,7 +51,7 @@ _HEADER_RE = re.compile(rb"jaxfednas-checkpoint-v2 bytes=(\d+) sha256=([0-9a-f]{
 # save of ROUND ("partial": half the temporary file written; "rotated": the previous
 # checkpoint renamed aside, the new one not yet renamed into place; "torn": then half the
 # new file written in place, as a non-atomic rename or a copy cut short leaves it).
-# See tests/test_checkpoint_robustness.py.
+# See tests/unit/jaxfednas/test_checkpoint_robustness.py.
 _KILL_ENV = "JAXFEDNAS_TEST_KILL_IN_SAVE"
 
 

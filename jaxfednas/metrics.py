@@ -3,7 +3,7 @@
 ``round`` and ``evaluate`` return dicts of metrics, ``host_metrics`` and ``personalize``
 too; run directories keep them in ``metrics.jsonl``. Each name below means the same thing
 in every algorithm that reports it, so a table across algorithms compares like with like
-(tests/test_contract.py checks every name each algorithm reports is here).
+(tests/integration/algorithms/test_contract.py checks every name each algorithm reports is here).
 
 A per-client metric (a vector with one entry per client, NaN where the client has no
 examples in that split) comes with four summaries named by a suffix (:data:`SUFFIXES`):

@@ -445,7 +445,7 @@ class BatchNorm(nn.Module):
     running-average update) whose training-mode gradient is :func:`batch_norm_affine_train`'s
     closed form. ``mask``: ``None`` or booleans of shape ``[B, 1, ..., 1]`` (or ``[B]``),
     padded rows excluded from the statistics. Same results as Flax's up to float rounding
-    (``tests/test_nn.py``). The ShuffleNet blocks use it: DFNAS' cross_silo local search
+    (``tests/unit/jaxfednas/test_nn.py``). The ShuffleNet blocks use it: DFNAS' cross_silo local search
     (batch 64, 2-core CPU, ``benchmarks/dfnas_cost.py``) 1.00 -> 0.83 s/step, XLA temp
     2216 -> 1366 MiB, 21.7k -> 18.1k fusions in a round; compile time unchanged."""
 

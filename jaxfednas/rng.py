@@ -33,7 +33,7 @@ under the same parent: ``CLIENT`` and ``DP_ITERATIONS`` both fold 1 into a round
 so DP-FNAS's iteration j key equals client j's round key. DP-FNAS never uses the
 round's client keys (its parties' keys are drawn one level down, from the iteration
 key), so no two of its draws share randomness; an algorithm that used both streams
-would have to give one of them a new tag (tests/test_rng.py pins this).
+would have to give one of them a new tag (tests/unit/jaxfednas/test_rng.py pins this).
 """
 from __future__ import annotations
 

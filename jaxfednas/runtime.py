@@ -357,7 +357,7 @@ class Placement:
     def jit_init(self, init: Callable, rows: tuple[str, ...] = ()) -> Callable:
         """``jit(init)`` with its state placed where rounds return theirs. Otherwise
         round 2, whose inputs carry the mesh sharding round 1 gave them, would compile the
-        round a second time (tests/test_contract.py counts the traces). ``rows``: the
+        round a second time (tests/integration/algorithms/test_contract.py counts the traces). ``rows``: the
         state's per-client fields (see :meth:`state_shardings`)."""
         if self.state_sharding() is None:
             return jit(init)

@@ -3,7 +3,7 @@ and XLA's optimisations mostly off.
 
 Compiling, not running, dominates the suite on CPU (a DARTS supernet's gradient takes
 7-15 s to compile on 2 cores): with ``JAX_DISABLE_MOST_OPTIMIZATIONS`` the suite's
-programs compile ~20 % faster (tests/test_spider.py + test_dfnas.py cold: 216 s -> 174 s)
+programs compile ~20 % faster (tests/integration/algorithms/test_spider.py + test_dfnas.py cold: 216 s -> 174 s)
 and run slower, which tiny test settings do not notice. Examples and benchmarks run
 fully optimised. Set ``JAXFEDNAS_TEST_OPTIMIZE=1`` to test the optimised programs.
 
@@ -28,6 +28,7 @@ import contextlib  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 _CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax")
 _CACHE = os.environ.get("JAXFEDNAS_TEST_CACHE", _CACHE)
@@ -187,19 +188,17 @@ def _installed_names_only():
     assert not stray, f"imported outside the jaxfednas namespace: {stray}"
 
 
-# The fast tier (``python -m pytest -m fast``, about a minute on 2 cores): unit tests of the
-# engine on tiny inputs -- data, partitions, random streams, runtime, checkpoints,
-# privacy accounting, optimizers, sampling, packaging. Marked by file here so a
-# new test in one of these files joins the tier without a decorator.
-FAST_FILES = {
-    "test_rng.py", "test_privacy.py", "test_data_partition.py", "test_data_federated.py", "test_nn.py",
-    "test_optim.py", "test_sampling.py", "test_package.py", "test_checkpoint_robustness.py",
-    "test_runtime.py", "test_readme.py", "test_cifar_archives.py",
-    "test_strategies_plugin.py",
-}
+# The layout: a module's tests are found from its path. ``tests/unit/<path>/test_<module>*.py``
+# holds the fast tier (``python -m pytest -m fast`` or ``python -m pytest tests/unit``, about a
+# minute on 2 cores): unit tests of the engine on tiny inputs -- data, partitions, random
+# streams, runtime, checkpoints, privacy accounting, optimizers, sampling, packaging, the
+# README. ``tests/integration/<path>/`` holds the rest: compiled rounds and whole runs of the
+# algorithms, the search spaces' networks, the examples. A test joins the fast tier by the
+# folder it is in, never by a list of names.
+UNIT = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in FAST_FILES and item.get_closest_marker("slow") is None:
+        if UNIT in item.path.parents and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.fast)

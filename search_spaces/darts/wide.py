@@ -32,7 +32,7 @@ Measured on the 2-core CPU (C=8, 5 cells, batch 32, the MiLeNAS step of
 ``batch_stats`` ``edges``, or ``input_edges`` / ``node_edges`` in a reduction cell, with a
 leading edge axis) are those of the scanned layout, so checkpoints, masks and
 :func:`~jaxfednas.search_spaces.darts.search.unroll_variables` are unchanged; results equal the
-scanned cell's to float rounding (``tests/test_darts_wide.py``).
+scanned cell's to float rounding (``tests/integration/search_spaces/test_darts_wide.py``).
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ scans a functional :class:`ChoiceBlock` over them with the per-block path index 
 back under ``block{l}``; checkpoints, :func:`~jaxfednas.search_spaces.shufflenet.child_variables`,
 the cost tables and DFNAS' masks are the same either way. ``all_paths`` and ``remat``
 networks and children scan too. Outputs, statistics and gradients equal the unrolled
-network's to float rounding (tests/test_shufflenet.py). Off by default: on the
+network's to float rounding (tests/integration/search_spaces/test_shufflenet.py). Off by default: on the
 ``cross_silo`` DFNAS local search (2 CPU cores, batch 64, three runs under load ~3) it
 halved trace + lowering (38-44 s -> 22-24 s) but XLA's compile barely moved (74-85 s ->
 64-82 s), and a step got 15-27 % slower (1.62-1.77 -> 1.92-2.06 s); the cause was not

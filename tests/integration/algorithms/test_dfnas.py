@@ -346,7 +346,7 @@ def test_scan_blocks_round_equals_unrolled(data2, monkeypatch):
     equals the unrolled round. "tiny" has no run of identical blocks, so this uses a
     4-block, 2-candidate space whose blocks 2 and 3 are identical. Opt-in (~30 s in the
     suite): the round reads the network only through its logits, new BatchNorm statistics
-    and gradients w.r.t. weights and gates, which tests/test_shufflenet.py's
+    and gradients w.r.t. weights and gates, which tests/integration/search_spaces/test_shufflenet.py's
     test_scanned_blocks_equal_unrolled checks equal for the same kind of space."""
     space = ShuffleSpace("scan_test", ("k3", "xception"), (1, 3), (8, 16), (1, 2), stem_channels=8, last_channels=32)
     monkeypatch.setitem(SPACES, space.name, space)

@@ -9,7 +9,7 @@ adaptation by hand, a round on the elastic (and, opt-in, hybrid) space, and one-
 config errors.
 
 One compilation per round and bit-exact resume (policies and their Adam states included)
-are checked in tests/test_contract.py.
+are checked in tests/integration/algorithms/test_contract.py.
 """
 import functools
 

@@ -15,7 +15,7 @@ from jaxfednas.seeds import repeat_seed
 from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DIGITS_TEST = 360  # scikit-learn's digits: 1437 training and 360 test images
 SMOKE = ["--preset", "smoke", "--rounds", "1", "--train-rounds", "1", "--arch-gradient", "first",
          "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "augment.layers=1"]

@@ -22,7 +22,7 @@ from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement, round_clients
 from jaxfednas.search_spaces.models import make_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "fedavg_normbound"
 
 

@@ -131,7 +131,7 @@ def test_every_metric_name_is_in_the_glossary(run):
     assert metrics.unknown(names) == [], f"{name}: add these to jaxfednas.metrics.GLOSSARY (one meaning each)"
 
 
-GOLDEN = Path(__file__).parent / "golden" / "contract_rounds.json"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "contract_rounds.json"
 
 
 def _summary(s1, m1, e1) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_summary_consistent
 from jaxfednas.seeds import repeat_seed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--rounds", "1", "--iid-clients", "--set", "algo.space=tiny", "--set", "algo.local_epochs=1",
         "--set", "algo.bn_recalibration_batches=1", "--set", "algo.batch_size=128"]
 # --set reaches only the DFNAS runs' algo fields; the FedAvg baseline (5 local epochs of

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 # example -> the function main hands its overrides to (replaced here: nothing trains)
 ENTRY = {"fednas": "global_search", "dfnas": "one_seed", "spider": "one_seed", "perfedrlnas": "run_one",
          "dp_fnas": "table1"}

@@ -78,7 +78,7 @@ def test_registration_reaches_the_config_and_unknown_names_are_refused(max_repor
         make_config("fedavg", overrides={"run.aggregator": "max_reporting"})
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def docs_example() -> str:

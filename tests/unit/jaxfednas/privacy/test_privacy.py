@@ -9,6 +9,7 @@ import doctest
 import math
 import os
 import subprocess
+from pathlib import Path
 import sys
 import warnings
 
@@ -21,7 +22,7 @@ from jaxfednas import cli
 from jaxfednas import privacy as P
 from jaxfednas.privacy import accounting
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[4])
 PRIVACY_FILE = os.path.join(ROOT, "jaxfednas", "privacy", "accounting.py")
 
 

@@ -7,7 +7,7 @@ resume of the finished runs. One call of main does all runs (every program compi
 Both are opt-in ``slow`` tests (the suite's 10-minute budget): SPIDER with one baseline
 (Ditto: the other split, the table, the gain, resume; ~60 s cold on 2 cores) and every
 method together (seven runs, ~165 s). SPIDER itself runs through the runner to final
-genotypes in the default suite (tests/test_spider.py)."""
+genotypes in the default suite (tests/integration/algorithms/test_spider.py)."""
 import importlib.util
 import json
 from pathlib import Path
@@ -25,7 +25,7 @@ from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
 from jaxfednas.search_spaces.darts.masks import CELLS, genotype_from_mask
 from jaxfednas.search_spaces.sampling import random_mask
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--rounds", "3", "--fednas-rounds", "1", "--gain-epochs", "1",
         "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "algo.primitives=tiny",
         "--set", "algo.warmup_rounds=0", "--set", "algo.recovery_rounds=1"]

@@ -5,7 +5,7 @@ import tomllib
 import jaxfednas.algorithms as algorithms
 from jaxfednas import registry
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _source_packages():

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 K = 6
 TINY = ["--rounds", "2", "--fednas-rounds", "1", "--set", f"data.num_clients={K}", "--set", "run.clients_per_round=3",
         "--set", "algo.C=4", "--set", "algo.layers=1", "--set", "algo.nodes=1", "--set", "algo.primitives=tiny",

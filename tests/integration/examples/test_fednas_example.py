@@ -1,7 +1,7 @@
 """The FedNAS example end to end on a tiny setting: global search + evaluation stage (the
 README's main job), and the personalized comparison (FedNAS personalization vs the three
-baselines; opt-in ``slow``: its parts are tested in tests/test_fednas.py and
-tests/test_personalized_baselines.py, and its four compilations cost ~35 s cold)."""
+baselines; opt-in ``slow``: its parts are tested in tests/integration/algorithms/test_fednas.py and
+tests/integration/algorithms/test_personalized_baselines.py, and its four compilations cost ~35 s cold)."""
 import importlib.util
 import json
 from pathlib import Path
@@ -16,7 +16,7 @@ from jaxfednas.seeds import kendall_tau, mean_std, repeat_seed
 from jaxfednas.search_spaces.darts import Genotype, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "--set", "algo.nodes=1",
         "--set", "algo.layers=1", "--set", "algo.personalize_epochs=1", "--set", "data.num_clients=4"]
 

@@ -22,7 +22,7 @@ from jaxfednas.checkpoint import (CheckpointError, checkpoint_files, load_checkp
 from jaxfednas.experiment import _dict_hash, run_experiment
 from jaxfednas.registry import build_algorithm, make_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 # fedavg's smoke preset on 4 synthetic clients: the cheapest real run
 FLAGS = ["--preset", "smoke", "--dataset", "synthetic", "--clients", "4", "--clients-per-round", "2",
          "--placement", "vmap", "--rounds", "4"]

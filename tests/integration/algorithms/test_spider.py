@@ -5,8 +5,8 @@ the search schedule at the paper's t_s and τ, per-client rows under client samp
 search to final genotypes through the runner (files, phase 3), the personalization gain of
 Eq. 6, and one-line config errors.
 
-The masked forward equals the hand-pruned network in tests/test_darts_masks.py; one
-compilation per round and bit-exact resume of every per-client row in tests/test_contract.py.
+The masked forward equals the hand-pruned network in tests/integration/search_spaces/test_darts_masks.py; one
+compilation per round and bit-exact resume of every per-client row in tests/integration/algorithms/test_contract.py.
 """
 import json
 import warnings
