@@ -590,9 +590,15 @@ def round_metrics(metrics: dict, scores: Scores, costs: jax.Array, reported: jax
         "reward_mean": (scores.reward * reported).sum() / per_reported,
         "acc_baseline": scores.baseline, "round_time_s": jnp.max(jnp.where(reported, scores.round_time, 0.0)),
         "subnet_params": (costs[:, 0] * reported).sum() / per_reported,
-        "over_budget": (~scores.fits).sum(), "policy_entropy": policy_entropy(policy, valid),
+        "over_budget": (~scores.fits).sum(), **_entropy(policy_entropy(policy, valid)),
         "server_update_skipped": nothing_to_aggregate(weights),
     }
+
+
+def _entropy(h: jax.Array) -> dict:
+    """The policies' entropy under the name every algorithm uses, ``arch_entropy``, and under
+    its former name ``policy_entropy`` (the same number; goes in the next release)."""
+    return {"arch_entropy": h, "policy_entropy": h}
 
 
 def evaluate_policies(cfg: PerFedRLNASConfig, space, info: DataInfo, placement: Placement,
@@ -619,7 +625,7 @@ def evaluate_policies(cfg: PerFedRLNASConfig, space, info: DataInfo, placement: 
     out.update({
         "reported_acc_mean": (state.acc * state.seen).sum() / seen,
         "best_reported_acc_mean": (state.best_acc * state.seen).sum() / seen,  # the code's logged number
-        "policy_entropy": policy_entropy(state.policy_logits, valid),
+        **_entropy(policy_entropy(state.policy_logits, valid)),
         "personal_params_mean": costs[:, 0].mean(), "personal_macs_mean": costs[:, 1].mean(),
         "client_memory_budget_mb": state.resources.memory_budget / 2**20,
         "client_throughput_gmacs": state.resources.throughput / 1e9,

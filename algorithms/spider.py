@@ -456,13 +456,13 @@ def spider(
         }
 
     def logits_of_subnet(v):
-        return lambda x: Subnet(net, v["arch"]).apply(
+        return lambda x: Subnet(net, v["arch_masks"]).apply(
             {"params": v["params"], "batch_stats": v["batch_stats"]}, info.normalize(x), train=False)
 
     def evaluate(state: SpiderState, data: FederatedData):
-        supernet = {**state.variables, "arch": full}
+        supernet = {**state.variables, "arch_masks": full}
         out = global_accuracy(logits_of_subnet(supernet), data, cfg.eval_batch_size)
-        out.update(client_accuracies(logits_of_subnet, {**state.personal, "arch": state.arch_masks}, data,
+        out.update(client_accuracies(logits_of_subnet, {**state.personal, "arch_masks": state.arch_masks}, data,
                                      cfg.eval_batch_size, placement=placement, personal=True))
         sizes = jax.vmap(lambda a: _kept_parameters(a, state.variables["params"], primitives, cfg))(state.arch_masks)
         out.update({"edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),

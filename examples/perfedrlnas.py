@@ -162,7 +162,7 @@ LOCAL_PLOT = Path("plots") / "searched_vs_random_local_epochs.png"
 
 
 def _describe(row: dict) -> str:
-    parts = [f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "reward_acc", "policy_entropy",
+    parts = [f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "reward_acc", "arch_entropy",
                                            "client_test_acc_mean_unweighted") if k in row]
     if "over_budget" in row:
         parts.append(f"over budget {int(row['over_budget'])}")
@@ -449,7 +449,7 @@ def run_one(args, overrides: dict, out: Path) -> dict:
                     "local_epochs": _versus_random(local["client_test_acc"],
                                                    [d["local_epochs"] for d in rand["draws"]]),
                     "diagnostics": diagnostics(_client_acc(out / method), np.asarray(local["client_test_acc"]), rand)}}
-            entropy = [m["policy_entropy"] for m in metrics]
+            entropy = [m.get("arch_entropy", m.get("policy_entropy")) for m in metrics]  # (former name)
             rows.append(_row(method, [method], _client_acc(out / method), wall, f["personal_params_mean"],
                              memory_budget=cfgs[method].algo.memory_budget, local_training=local,
                              reported_acc_mean=f["reported_acc_mean"],

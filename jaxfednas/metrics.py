@@ -90,7 +90,8 @@ GLOSSARY: dict[str, str] = {
     "acc_baseline": "PerFedRLNAS: the reward baseline (mean accuracy of Eq. 8)",
     "round_time_s": "PerFedRLNAS: simulated round time in seconds: the slowest reporting client's compute + transfer",
     "over_budget": "PerFedRLNAS: the round's clients whose subnet exceeds their memory budget",
-    "policy_entropy": "PerFedRLNAS: mean entropy (nats) of the clients' policies",
+    "policy_entropy": "PerFedRLNAS: former name of arch_entropy (the clients' policies; the same number, "
+                      "removed in the next release)",
     "subnet_params": "PerFedRLNAS: mean parameters of the reporting clients' sampled subnets",
     "reported_acc_mean": "PerFedRLNAS: mean over the clients seen so far of their latest reported accuracy",
     "best_reported_acc_mean": "PerFedRLNAS: mean over the clients seen so far of their best reported accuracy "
