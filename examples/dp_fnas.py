@@ -68,7 +68,7 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import apply_overrides
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, make_partition, run_script, run_stage
+from jaxfednas.experiment import inherited_accuracies, make_partition, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
@@ -96,8 +96,15 @@ def _describe(row: dict) -> str:
     return f"train loss {row['train_loss']:.4f}{acc}{eps}"
 
 
-def _stage(cfg, out: Path, resume: bool) -> dict:
-    return run_stage(cfg, out, resume=resume, describe=_describe)
+def _stage(runner: StageRunner, name: str, cfg) -> dict:
+    """Stage ``name`` (a run directory under the runner's ``--out``) run, resumed or found
+    finished: its summary (wall times kept across ``--resume`` in ``wall_times.json``)."""
+    return runner.stage(name, cfg)[0]
+
+
+def _runner(out: Path, args) -> StageRunner:
+    # the Table 1 rows differ in parties, so in partition, on purpose: no same-test-rows check
+    return StageRunner(out, resume=args.resume, describe=_describe, same_test_rows=False)
 
 
 def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_cache: dict):
@@ -122,7 +129,7 @@ def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_
     return cfg
 
 
-def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name: str | None = None,
+def _augment(runner: StageRunner, search_cfg, genotype: dict, args, overrides: dict, name: str | None = None,
              seed: int | None = None) -> dict:
     """Train the genotype from scratch on the whole training pool (one party, no DP), into
     ``out/name`` (default: ``augment-<hash of the genotype>``); ``seed``: another training
@@ -132,7 +139,7 @@ def _augment(search_cfg, genotype: dict, out: Path, args, overrides: dict, name:
     if seed is not None:
         cfg = apply_overrides(cfg, {"run.seed": seed})
     tag = hashlib.sha256(text.encode()).hexdigest()[:10]
-    return _stage(cfg, out / (name or f"augment-{tag}"), args.resume)
+    return _stage(runner, name or f"augment-{tag}", cfg)
 
 
 def _augment_config(search_cfg, text: str, args, overrides: dict):
@@ -161,6 +168,7 @@ def _eps(final: dict) -> tuple[str, str]:
 
 def table1(args, overrides: dict) -> None:
     out = Path(args.out)
+    runner = _runner(out, args)
     search_over = {k: v for k, v in overrides.items() if not k.startswith("augment.")}
     cache: dict = {}
     lines = ["| method | parties | p (train / val) | supernet test acc | augmented test acc | ε (PLD, δ=1e-5) "
@@ -173,22 +181,22 @@ def table1(args, overrides: dict) -> None:
         cfg = _search_config(args.preset, parties, noise if noise == 0 else args.noise, search_over, cache)
         name = _row_name(method, parties, 0)
         print(f"== {method}, {parties} parties, noise {cfg.algo.noise_multiplier:g}, p = "
-              f"{cfg.algo.sampling_prob:.4f} -> {out / name}", flush=True)
-        s = _stage(cfg, out / name, args.resume)
-        a = _augment(cfg, s["architecture"], out, args, overrides)
+              f"{cfg.algo.sampling_prob:.4f}", flush=True)
+        s = _stage(runner, name, cfg)
+        a = _augment(runner, cfg, s["architecture"], args, overrides)
         eps, mu = _eps(s["final"])
         normal = " ".join(f"{op}<-{i}" for op, i in s["architecture"]["normal"])
         lines.append(f"| {method} | {parties} | {cfg.algo.sampling_prob:.3f} / {cfg.algo.p_val:.3f} "
                      f"| {s['final']['global_test_acc']:.4f} | {a['final']['global_test_acc']:.4f} | {eps} | {mu} "
-                     f"| {normal} | {s['timing']['wall_time_s']:.0f} |")
+                     f"| {normal} | {runner.times[name]:.0f} |")
         results.append({"method": method, "parties": parties, "noise_multiplier": cfg.algo.noise_multiplier,
                         "sampling_prob": cfg.algo.sampling_prob, "iterations": int(s["final"]["iterations"]),
                         "supernet_test_acc": s["final"]["global_test_acc"],
                         "augmented_test_acc": a["final"]["global_test_acc"],
                         "epsilon_pld": s["final"].get("epsilon_pld"), "mu_train": s["final"].get("mu_train"),
                         "mu_val": s["final"].get("mu_val"), "architecture": s["architecture"],
-                        "search_wall_s": s["timing"]["wall_time_s"]})
-    table = "\n".join(lines) + "\n" + _random_control(cfg, results, out, args, overrides)
+                        "search_wall_s": runner.times[name]})
+    table = "\n".join(lines) + "\n" + _random_control(runner, cfg, results, args, overrides)
     atomic_write_text(out / "results.md", f"# DP-FNAS Table 1 analogue ({cfg.data.dataset}, "
                       f"{results[0]['iterations']} iterations)\n\n{table}")
     atomic_write_text(out / "results.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -196,13 +204,13 @@ def table1(args, overrides: dict) -> None:
     print(f"results: {out / 'results.md'}; cell diagrams in each search run's plots/")
 
 
-def _random_control(search_cfg, results: list[dict], out: Path, args, overrides: dict) -> str:
+def _random_control(runner: StageRunner, search_cfg, results: list[dict], args, overrides: dict) -> str:
     """``args.random`` cells drawn uniformly from the searched space (keys
     ``rng.random_arch_key(seed, i)``), each through the same augmentation stage into
     ``random-<i>/``; every searched row's augmented accuracy against theirs."""
     if not args.random:
         return ""
-    accs = [r["final"]["global_test_acc"] for _, r in _random_cells(search_cfg, out, args, overrides)]
+    accs = [r["final"]["global_test_acc"] for _, r in _random_cells(runner, search_cfg, args, overrides)]
     lines = [f"\nSearched vs random cells, trained alike (the augmentation stage): {args.random} random cells of the "
              f"same space reach {mean_std(accs)[0]:.4f} ± {mean_std(accs)[1]:.4f} "
              f"({', '.join(f'{a:.4f}' for a in accs)}).\n",
@@ -218,15 +226,14 @@ def _random_control(search_cfg, results: list[dict], out: Path, args, overrides:
     return "\n".join(lines) + "\n"
 
 
-def _random_cells(search_cfg, out: Path, args, overrides: dict) -> list[tuple[Genotype, dict]]:
+def _random_cells(runner: StageRunner, search_cfg, args, overrides: dict) -> list[tuple[Genotype, dict]]:
     """``args.random`` cells drawn uniformly from the searched space (keys
     ``rng.random_arch_key(seed, i)``), each through the augmentation stage into ``random-<i>/``."""
     prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
     cells = []
     for i in range(args.random):
         g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.nodes)
-        print(f"== random cell {i + 1}/{args.random} -> {out / f'random-{i}'}", flush=True)
-        cells.append((g, _augment(search_cfg, g.to_dict(), out, args, overrides, name=f"random-{i}")))
+        cells.append((g, _augment(runner, search_cfg, g.to_dict(), args, overrides, name=f"random-{i}")))
     return cells
 
 
@@ -284,17 +291,14 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
     cfg = _search_config(args.preset, parties, args.noise,
                          {k: v for k, v in overrides.items() if not k.startswith("augment.")}, cache)
     name = _row_name("DP-FNAS", parties, 0)
-    print(f"== DP-FNAS, {parties} parties, noise {cfg.algo.noise_multiplier:g}, seed {cfg.run.seed} -> {out / name}",
-          flush=True)
-    s = _stage(cfg, out / name, args.resume)
-    a = _augment(cfg, s["architecture"], out, args, overrides)
+    runner = _runner(out, args)
+    s = _stage(runner, name, cfg)  # the private search (Algorithm 1)
+    a = _augment(runner, cfg, s["architecture"], args, overrides)
     repeats = [a["final"]["global_test_acc"]]  # the searched cell again with other training seeds: the seed noise
     for j in range(1, args.train_seeds):
-        print(f"== the searched cell's augmentation again, training seed {j + 1}/{args.train_seeds} -> "
-              f"{out / f'augment-seed_{j}'}", flush=True)
-        repeats.append(_augment(cfg, s["architecture"], out, args, overrides, name=f"augment-seed_{j}",
+        repeats.append(_augment(runner, cfg, s["architecture"], args, overrides, name=f"augment-seed_{j}",
                                 seed=repeat_seed(cfg.run.seed, j))["final"]["global_test_acc"])
-    randoms = _random_cells(cfg, out, args, overrides)
+    randoms = _random_cells(runner, cfg, args, overrides)
     vs = versus_random(a["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r in randoms])
     searched = Genotype.from_dict(s["architecture"])
     snr = signal_to_noise([r["final"]["global_test_acc"] for _, r in randoms], repeats)
@@ -332,6 +336,7 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
 
 def sweep_noise(args, overrides: dict) -> None:
     out = Path(args.out)
+    runner = _runner(out, args)
     overrides = {k: v for k, v in overrides.items() if not k.startswith("augment.")}
     cache: dict = {}
     lines = ["| noise multiplier | search-val acc (supernet) | supernet test acc | ε (PLD, δ=1e-5) "
@@ -341,11 +346,10 @@ def sweep_noise(args, overrides: dict) -> None:
     for noise in NOISES:
         cfg = _search_config(args.preset, parties, noise, overrides, cache)
         name = _row_name("DP-FNAS", parties, noise)
-        print(f"== DP-FNAS, {parties} parties, noise {noise:g} -> {out / name}", flush=True)
-        s = _stage(cfg, out / name, args.resume)
+        s = _stage(runner, name, cfg)
         f = s["final"]
         lines.append(f"| {noise:g} | {f['client_val_acc_mean_weighted']:.4f} | {f['global_test_acc']:.4f} "
-                     f"| {f['epsilon_pld']:.3f} | {f['mu_train']:.3f} | {s['timing']['wall_time_s']:.0f} |")
+                     f"| {f['epsilon_pld']:.3f} | {f['mu_train']:.3f} | {runner.times[name]:.0f} |")
         results.append({"noise_multiplier": noise, "val_acc": f["client_val_acc_mean_weighted"],
                         "test_acc": f["global_test_acc"], "epsilon_pld": f["epsilon_pld"], "mu_train": f["mu_train"]})
     table = "\n".join(lines) + "\n"
