@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxfednas.algorithms.common import AUGMENTS, make_batch_grad
+from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_batch_grad
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm
 from jaxfednas.checkpoint import renamed_fields
@@ -82,7 +82,7 @@ from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
                                resolve_clients_per_round, scatter_rows)
 from jaxfednas.server import Server, tolerate_missing_server_state
-from jaxfednas.search_spaces.darts import (DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
+from jaxfednas.search_spaces.darts import (BN_MOMENTUM, DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
                                  plot_genotype, PRIMITIVE_SETS, primitives_param, supernet_of)
 from jaxfednas.search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
 
@@ -617,6 +617,49 @@ def fine_tuned_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, mask
     return np.stack([
         np.asarray(row(stacked[i], combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i),
                        keys[i]))
+        for i in range(info.num_clients)
+    ])
+
+
+def inherited_accuracy(cfg: SpiderConfig, info: DataInfo, variables: dict, masks: dict, data: FederatedData, *,
+                       placement: Placement = Placement(), max_batches: int = 10) -> np.ndarray:
+    """``acc[i, j]``: client i's local test accuracy of the architecture ``masks[c][i, j]``
+    (as :func:`fine_tuned_accuracy`'s) with the weights it inherits from ``variables`` (the
+    global supernet's; none moves) and its BatchNorm statistics recalibrated under that mask
+    on client i's train + validation data (:func:`~jaxfednas.algorithms.common.client_batch_statistics`:
+    the exact mean and variance of up to ``max_batches`` batches, nothing left of the
+    supernet's own statistics). The weight-sharing estimate a supernet-based search ranks
+    architectures by (issue 49's ranking diagnostic)."""
+    net = supernet_of(cfg, info.num_classes)
+    params = variables["params"]
+    zeros = jax.tree.map(jnp.zeros_like, variables["batch_stats"])
+
+    def score(mask, client: ClientData, test: ClientData):
+        subnet = Subnet(net, unstack_cells(mask))
+
+        def stats_of(stats, x, m):
+            return subnet.apply({"params": params, "batch_stats": stats}, info.normalize(x), train=True, mask=m,
+                                mutable=["batch_stats"])[1]["batch_stats"]
+
+        stats, _ = client_batch_statistics(stats_of, zeros, client, batch_size=cfg.eval_batch_size,
+                                           max_batches=max_batches, momentum=BN_MOMENTUM)
+        logits = lambda x: subnet.apply({"params": params, "batch_stats": stats},  # noqa: E731
+                                        info.normalize(x), train=False)
+        r = evaluate_examples(logits, test.x, test.y, test.count, batch_size=cfg.eval_batch_size)
+        return r["correct"] / jnp.maximum(r["count"], 1)
+
+    @jit
+    def row(row_masks, client: ClientData, test: ClientData):  # acc[i, :] for one client i
+        return map_clients(lambda mask, _: score(mask, client, test), row_masks, placement=placement)
+
+    def one(split: str, i: int) -> ClientData:
+        return jax.tree.map(lambda a: a[0], data.clients(split, jnp.asarray([i])))
+
+    stacked = jnp.stack([jnp.asarray(masks[c], jnp.float32) for c in CELLS], axis=2)  # [K, n, 2, E, |O|]
+    if stacked.ndim != 5 or stacked.shape[0] != info.num_clients:
+        raise ValueError(f"masks must be [K={info.num_clients}, n, E, |O|] per cell, got {masks[CELLS[0]].shape}")
+    return np.stack([
+        np.asarray(row(stacked[i], combined_split(one("train", i), one("val", i), jnp.asarray(True)), one("test", i)))
         for i in range(info.num_clients)
     ])
 

@@ -53,11 +53,12 @@ one beats (``results.md``), and ``plots/searched_vs_random.png`` (x: kept parame
 searched mask's parameters (``sampling.matched``).
 Every client's searched mask is fine-tuned again with ``--train-seeds`` - 1 other training
 seeds (other minibatches; 3 seeds in all by default) and every mask is scored with the
-global supernet's weights (BatchNorm statistics re-estimated on the client's data, no
-weight moved), for the two diagnostics on client means: the architecture signal-to-noise
-ratio (std over the random draws / std of the searched masks over training seeds) and the
-supernet's ranking (Kendall's τ and Spearman's ρ between inherited and fine-tuned accuracy
-over the searched masks and the draws).
+global supernet's weights (BatchNorm statistics recalibrated under the mask on the client's
+train + validation data, no weight moved: ``sp.inherited_accuracy``), for the two
+diagnostics on client means: the architecture signal-to-noise ratio (std over the random
+draws / std of the searched masks over training seeds) and the supernet's ranking
+(Kendall's τ and Spearman's ρ between inherited and fine-tuned accuracy over the searched
+masks and the draws).
 ``--seeds 0,1,2`` runs the whole comparison once per seed (``run.seed``, which also draws
 the partition) into ``seed_<s>/`` and writes mean ± std over seeds of every number.
 
@@ -84,7 +85,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import sys
 import time
@@ -336,8 +336,10 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
     client's searched mask's parameters). With ``draws`` and ``train_seeds`` > 1, also the two
     diagnostics' inputs: every client's searched mask fine-tuned again with ``train_seeds`` - 1
     other training seeds (``repeats``) and every mask's inherited accuracy (``inherited``:
-    the global supernet's weights under the mask, BatchNorm statistics re-estimated by one
-    epoch of the client's data at learning rate 0, no weight moved)."""
+    the global supernet's weights under the mask, BatchNorm statistics recalibrated exactly
+    on the client's data under it, no weight moved: ``sp.inherited_accuracy``). A result
+    whose inherited accuracies were measured the earlier way (one epoch at learning rate 0,
+    running statistics) gets them measured again on ``--resume``, nothing else."""
     path = out / "gain.json"
     rounds = json.loads((out / "spider" / "summary.json").read_text())["rounds"]
     if resume and path.exists():
@@ -345,6 +347,9 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
         if g["epochs"] == epochs and g["spider_rounds"] == rounds and g.get("random", {}).get("draws", 0) == draws \
                 and g.get("random", {}).get("match_size", False) == match_size \
                 and g.get("random", {}).get("train_seeds", 1) == (train_seeds if draws else 1):
+            if "inherited" in g["random"] and g["random"].get("inherited_bn") != INHERITED_BN:
+                g["random"].update(_inherited(load_run(out / "spider"), g))
+                atomic_write_text(path, json.dumps(g, indent=1) + "\n")
             return g
     print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client"
           + (f", and {draws} random masks per client" if draws else ""), flush=True)
@@ -370,11 +375,8 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
         repeats = [sp.fine_tuned_accuracy(cfg, info, state.variables, own, run.data, epochs=epochs, placement=place,
                                           training_seed=repeat_seed(run.config.run.seed, j))[:, 0]
                    for j in range(1, train_seeds)]
-        candidates = {c: np.concatenate([own[c], rand[c]], axis=1) for c in CELLS}  # searched, then the draws
-        inherited = sp.fine_tuned_accuracy(dataclasses.replace(cfg, personal_lr=0.0), info, state.variables,
-                                           candidates, run.data, epochs=1, placement=place)
         diagnostics = {"train_seeds": train_seeds, "repeats": [r.round(6).tolist() for r in repeats],
-                       "inherited": inherited.round(6).tolist()}
+                       **_inherited(run, {"random": {"masks": _masks_json(own, rand)}})}
     result = {"epochs": epochs, "spider_rounds": run.rounds, "matrix": p.round(6).tolist(), "gain": g.round(6).tolist(),
               "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1),
               "random": {"draws": draws, "match_size": match_size, "seed": run.config.run.seed,
@@ -385,6 +387,35 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")
     plot_gain(p, g, out / "plots" / "gain_matrix.png", epochs)
     return result
+
+
+INHERITED_BN = "recalibrated"  # gain.json's inherited accuracies: BN statistics measured exactly under each mask
+
+
+def _masks_json(own: dict, rand: dict) -> dict:
+    """Each client's candidates for the ranking (its searched mask, then its random draws) as
+    lists: what :func:`_inherited` scores, kept in gain.json so a later call can score them again."""
+    return {c: np.concatenate([own[c], rand[c]], axis=1).astype(np.int8).tolist() for c in CELLS}
+
+
+def _inherited(run, g: dict) -> dict:
+    """``{"inherited": acc[i, j], "inherited_bn", "masks"}``: client i's candidate j (its
+    searched mask, then its random draws: ``g["random"]["masks"]``, rebuilt from the run's
+    masks and the draws' keys when an older gain.json lacks them) with the global supernet's
+    weights, BN statistics recalibrated under it (``sp.inherited_accuracy``)."""
+    cfg, info, state = run.config.algo, run.data.info, run.state
+    masks = g["random"].get("masks")
+    if masks is None:  # written before the masks were kept: the same draws again from their keys
+        params = state.variables["params"]
+        arch = {c: np.asarray(a) for c, a in state.arch_masks.items()}
+        k, draws = info.num_clients, g["random"]["draws"]
+        searched = [sp.kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS}) for i in range(k)]
+        size = (lambda m: sp.kept_parameters(cfg, params, m)) if g["random"].get("match_size") else None  # noqa: E731
+        rand = random_masks(cfg, run.config.run.seed, k, draws, size=size, targets=searched)
+        masks = _masks_json({c: arch[c][:, None] for c in CELLS}, rand)
+    acc = sp.inherited_accuracy(cfg, info, state.variables, {c: np.asarray(m, np.float32) for c, m in masks.items()},
+                                run.data, placement=Placement.from_run(run.config.run))
+    return {"inherited": acc.round(6).tolist(), "inherited_bn": INHERITED_BN, "masks": masks}
 
 
 def versus(g: dict) -> dict:
@@ -505,8 +536,9 @@ def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -
             lines += ["", f"Diagnostics (client means): the searched masks fine-tuned with {d['train_seeds']} training "
                       f"seeds (other minibatches) spread by {d['seed_std']:.4f} (std), the random draws by "
                       f"{m['random_std']:.4f}: architecture signal-to-noise {d['signal_to_noise']:.2f}. With the "
-                      "global supernet's weights under each mask (BatchNorm statistics re-estimated on the client's "
-                      f"data, no weight moved) the masks reach {', '.join(f'{x:.4f}' for x in d['inherited'])} "
+                      "global supernet's weights under each mask (BatchNorm statistics recalibrated under it on the "
+                      "client's train + validation data, no weight moved) the masks reach "
+                      f"{', '.join(f'{x:.4f}' for x in d['inherited'])} "
                       f"(searched first): supernet ranking Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ "
                       f"{d['spearman']:+.3f} over {d['n']} architectures."]
     return "\n".join(lines) + "\n"

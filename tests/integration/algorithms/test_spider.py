@@ -401,6 +401,38 @@ def test_fine_tuned_accuracy_is_the_gain_recipe_for_any_masks_per_client(searche
     assert len(set(sizes)) > 1 or sizes[0] < summary["final"]["supernet_params"]
 
 
+def test_inherited_accuracy_recalibrates_batchnorm_exactly_under_each_mask(searched):
+    """Each mask with the global supernet's weights (none moves) and BatchNorm statistics
+    measured under that mask on the client's train + validation examples, by hand: the
+    subnet in training mode on all of them as one batch, from zero statistics (Flax BN:
+    ``(1 - m) x`` the batch's statistics), then the client's test split in evaluation mode."""
+    from jaxfednas.evaluation import evaluate_examples
+    from jaxfednas.search_spaces.darts import BN_MOMENTUM
+    from jaxfednas.search_spaces.darts.masks import Subnet
+
+    _, _, _, _, run = searched
+    cfg, info, state = run.config.algo, run.data.info, run.state
+    nxt = {c: jnp.roll(a, -1, axis=0) for c, a in state.arch_masks.items()}
+    masks = {c: jnp.stack([state.arch_masks[c], nxt[c]], axis=1) for c in CELLS}  # [K, 2, E, |O|]
+    got = sp.inherited_accuracy(cfg, info, state.variables, masks, run.data, max_batches=1000)
+    net, params = supernet_of(cfg, info.num_classes), state.variables["params"]
+    zeros = jax.tree.map(jnp.zeros_like, state.variables["batch_stats"])
+    for i in range(4):
+        one = lambda split: jax.tree.map(lambda a: a[0], run.data.clients(split, jnp.asarray([i])))  # noqa: E731
+        train, val, test = one("train"), one("val"), one("test")
+        x = jnp.concatenate([train.x[:int(train.count)], val.x[:int(val.count)]])
+        for j in range(2):
+            subnet = Subnet(net, {c: masks[c][i, j] for c in CELLS})
+            moved = subnet.apply({"params": params, "batch_stats": zeros}, info.normalize(x), train=True,
+                                 mutable=["batch_stats"])[1]["batch_stats"]
+            stats = jax.tree.map(lambda a: a / (1.0 - BN_MOMENTUM), moved)
+            logits = lambda v: subnet.apply({"params": params, "batch_stats": stats},  # noqa: E731, B023
+                                            info.normalize(v), train=False)
+            r = evaluate_examples(logits, test.x, test.y, test.count, batch_size=64)
+            np.testing.assert_allclose(got[i, j], float(r["correct"] / r["count"]), atol=1e-6, err_msg=(i, j))
+    assert got.shape == (4, 2) and ((got >= 0) & (got <= 1)).all()
+
+
 def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched):
     _, _, _, _, run = searched
     algo, data = run.algorithm, run.data

@@ -91,6 +91,22 @@ def test_spider_example_spider_against_ditto(tmp_path, capsys):
     assert ex.main(TINY + ["--only", "spider,ditto", "--out", str(out), "--resume"]) == 0
     assert "round 1/3" not in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["gain"] == g
+    # every mask's inherited accuracy: BN recalibrated under it (sp.inherited_accuracy), first candidate
+    # each client's searched mask
+    assert r["inherited_bn"] == "recalibrated"
+    state = ex.load_run(out / "spider").state
+    for c in ("normal", "reduce"):
+        np.testing.assert_array_equal(np.asarray(r["masks"][c])[:, 0], np.asarray(state.arch_masks[c]))
+    # a gain.json of the earlier recipe (one epoch at learning rate 0, masks not kept): --resume
+    # measures the inherited accuracies again, from the same draws, and nothing else
+    stale = json.loads((out / "gain.json").read_text())
+    del stale["random"]["inherited_bn"], stale["random"]["masks"]
+    stale["random"]["inherited"] = [[0.0] * 4] * 8
+    (out / "gain.json").write_text(json.dumps(stale))
+    assert ex.main(TINY + ["--only", "spider,ditto", "--out", str(out), "--resume"]) == 0
+    again = json.loads((out / "results.json").read_text())["gain"]
+    assert again["random"]["inherited"] == r["inherited"] and again["random"]["masks"] == r["masks"]
+    assert {k: v for k, v in again.items() if k != "random"} == {k: v for k, v in g.items() if k != "random"}
 
 
 @pytest.mark.slow
