@@ -29,6 +29,7 @@ def _example():
     return mod
 
 
+@pytest.mark.slow  # a whole run (30-100 s cold): CI's slow tier
 def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     out = tmp_path / "d"
     assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--out", str(out)]) == 0

@@ -28,6 +28,7 @@ def _example():
     return mod
 
 
+@pytest.mark.slow  # a whole run (30-100 s cold): CI's slow tier
 def test_table1_row_and_noise_sweep(tmp_path, capsys):
     ex = _example()
     ex.TABLE1 = [("DP-FNAS", 2, 1.0)]

@@ -90,6 +90,7 @@ def _check_perfedrlnas(out: Path, method: str, row: dict, budget: bool) -> None:
     assert d["seed_std"] == pytest.approx(abs(np.mean(again) - np.mean(local["client_test_acc"])) / 2 ** 0.5)
 
 
+@pytest.mark.slow  # a whole run (30-100 s cold): CI's slow tier
 def test_perfedrlnas_example_against_local_only(tmp_path, capsys):
     ex, out = _example(), tmp_path / "p"
     assert ex.main(TINY + ["--only", "perfedrlnas,local_only", "--out", str(out)]) == 0

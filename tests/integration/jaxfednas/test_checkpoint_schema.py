@@ -123,6 +123,7 @@ def test_migrate_moves_only_former_names_of_an_older_schema():
 
 
 
+@pytest.mark.slow  # a whole run (30-100 s cold): CI's slow tier
 def test_a_dp_fnas_run_directory_from_before_both_renames_resumes_to_the_same_end(tmp_path):
     """Former config names in config.json (``algo.lr``, ``algo.arch_optimizer`` ...) and former
     state names in a schema-1 checkpoint (``w_opt_state`` / ``a_opt_state``): the run
