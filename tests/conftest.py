@@ -156,6 +156,17 @@ def poison_algorithms(monkeypatch, round_fn=None, evaluate=None) -> None:
     monkeypatch.setattr(exp, "build_algorithm", build)
 
 
+def load_example(name: str):
+    """``examples/<name>.py`` imported as a fresh module (the examples are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", Path(__file__).resolve().parents[1]
+                                                  / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def tiny_federation(name: str, **overrides):
     """``(config, data)`` of test_contract.py's run of algorithm ``name``: 4 synthetic 8x8x1
     clients (256 training, 64 test examples), 2 per round (every party for

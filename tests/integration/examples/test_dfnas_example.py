@@ -2,7 +2,6 @@
 run and the FedAvg ShuffleNetV2 baseline, the all-3x3 child of the same space (IID runs only
 change the partition; left out to save a compilation), results table, resume, CLI."""
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_summary_consistent
+from conftest import assert_summary_consistent, load_example
 from jaxfednas.seeds import repeat_seed
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,9 +21,7 @@ FEDAVG_TINY = {"algo.local_epochs": 1, "algo.batch_size": 128}
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("example_dfnas", ROOT / "examples" / "dfnas.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_example("dfnas")
     mod.FEDAVG = {**mod.FEDAVG, **FEDAVG_TINY}
     return mod
 

@@ -2,13 +2,12 @@
 one DP-FNAS row (Table 1) and one noise level (Table 2), so that the file stays near
 a minute on 2 cores."""
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_accuracy
+from conftest import assert_accuracy, load_example
 from jaxfednas import privacy
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import repeat_seed
@@ -22,10 +21,7 @@ SMOKE = ["--preset", "smoke", "--rounds", "1", "--train-rounds", "1", "--arch-gr
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("example_dp_fnas", ROOT / "examples" / "dp_fnas.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("dp_fnas")
 
 
 @pytest.mark.slow  # a whole run (30-100 s cold): CI's slow tier

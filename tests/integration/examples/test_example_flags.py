@@ -1,10 +1,11 @@
 """Every paper example takes ``--dataset NAME`` (one of ``DATASETS``, e.g. the cluttered
 digits) into the configuration of every stage it runs; a name that is not a dataset is a
 one-line usage error."""
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from conftest import load_example
 
 ROOT = Path(__file__).resolve().parents[3]
 # example -> the function main hands its overrides to (replaced here: nothing trains)
@@ -13,10 +14,7 @@ ENTRY = {"fednas": "global_search", "dfnas": "one_seed", "spider": "one_seed", "
 
 
 def _example(name):
-    spec = importlib.util.spec_from_file_location(f"example_{name}_flags", ROOT / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example(name)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRY))

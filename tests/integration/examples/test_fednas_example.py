@@ -2,14 +2,13 @@
 README's main job), and the personalized comparison (FedNAS personalization vs the three
 baselines; opt-in ``slow``: its parts are tested in tests/integration/algorithms/test_fednas.py and
 tests/integration/algorithms/test_personalized_baselines.py, and its four compilations cost ~35 s cold)."""
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import assert_accuracy, assert_summary_consistent
+from conftest import assert_accuracy, assert_summary_consistent, load_example
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import kendall_tau, mean_std, repeat_seed
@@ -22,10 +21,7 @@ TINY = ["--preset", "smoke", "--rounds", "1", "--set", "algo.primitives=tiny", "
 
 
 def _example(name):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example(name)
 
 
 def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):

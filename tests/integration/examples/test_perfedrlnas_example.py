@@ -7,12 +7,13 @@ finished runs. One call of main does all runs.
 The default suite runs PerFedRLNAS (memory budget) with local-only training, the cheapest
 baseline; every method (two PerFedRLNAS runs, FedAvg + fine-tuning, local-only, FedNAS
 search + personalization) is the opt-in ``slow`` test."""
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import load_example
 
 ROOT = Path(__file__).resolve().parents[3]
 K = 6
@@ -22,10 +23,7 @@ TINY = ["--rounds", "2", "--fednas-rounds", "1", "--set", f"data.num_clients={K}
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("example_perfedrlnas", ROOT / "examples" / "perfedrlnas.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("perfedrlnas")
 
 
 def _manifest(out: Path, run: str) -> list[dict]:

@@ -8,7 +8,6 @@ Both are opt-in ``slow`` tests (the suite's 10-minute budget): SPIDER with one b
 (Ditto: the other split, the table, the gain, resume; ~60 s cold on 2 cores) and every
 method together (seven runs, ~165 s). SPIDER itself runs through the runner to final
 genotypes in the default suite (tests/integration/algorithms/test_spider.py)."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxfednas.algorithms.spider import personalization_gain
-from conftest import assert_accuracy
+from conftest import assert_accuracy, load_example
 from jaxfednas.config import ConfigError
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
@@ -33,10 +32,7 @@ RUNS = ["spider", "local_nas", "fednas/search", "fednas/train", "ditto", "perfed
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("example_spider", ROOT / "examples" / "spider.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("spider")
 
 
 def _manifest(out: Path, run: str) -> list[dict]:
