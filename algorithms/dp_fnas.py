@@ -97,7 +97,7 @@ from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas.precision import compute_in
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import jit, Placement, map_clients, step_if
+from jaxfednas.runtime import jit, Placement, map_clients
 from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
 from jaxfednas.search_spaces.darts.genotypes import Genotype
@@ -511,20 +511,22 @@ def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placeme
         keys = client_keys(key, jnp.arange(info.num_clients))
         train, val = data.all_clients("train"), data.all_clients("val")
 
-        def run(c):
-            variables, w_state, a_state, it = c
-            params, arch = variables["params"], variables["arch"]
-            g_k, st_g = map_clients(party_G, (train, keys), (params, arch), placement=placement)  # every party: G_k
-            xi = xi_schedule(it)  # the step size of this W update (Eq. 5's xi)
-            new_params, w_state = server_step(w_tx, aggregate(g_k), w_state, params)  # W' = W − ξ Σ_k G_k
-            h_k, st_h = map_clients(party_H, (train, val, keys), (params, new_params, arch, xi),
-                                    placement=placement)  # every party: H_k (Eq. 5-7)
-            new_arch, a_state = server_step(a_tx, aggregate(h_k), a_state, arch)  # A ← A − η Σ_k H_k
-            stats = {k: v.sum() for k, v in {**st_g, **st_h}.items()}
-            stats["iterations_run"] = jnp.int32(1)
-            return ({"params": new_params, "arch": new_arch}, w_state, a_state, it + 1), stats
-
-        return step_if(carry[3] < cap, run, carry)
+        variables, w_state, a_state, it = carry
+        params, arch = variables["params"], variables["arch"]
+        # Past the budget the parties skip their work (each inside its own client slot: no
+        # lax.cond around map_clients, see its docstring) and the carry is kept as it was.
+        go = it < cap
+        g_k, st_g = map_clients(party_G, (train, keys), (params, arch), placement=placement,
+                                active=go)  # every party: G_k
+        xi = xi_schedule(it)  # the step size of this W update (Eq. 5's xi)
+        new_params, new_w_state = server_step(w_tx, aggregate(g_k), w_state, params)  # W' = W − ξ Σ_k G_k
+        h_k, st_h = map_clients(party_H, (train, val, keys), (params, new_params, arch, xi),
+                                placement=placement, active=go)  # every party: H_k (Eq. 5-7)
+        new_arch, new_a_state = server_step(a_tx, aggregate(h_k), a_state, arch)  # A ← A − η Σ_k H_k
+        stats = {k: v.sum() for k, v in {**st_g, **st_h}.items()}
+        stats["iterations_run"] = go.astype(jnp.int32)
+        stepped = ({"params": new_params, "arch": new_arch}, new_w_state, new_a_state, it + 1)
+        return jax.tree.map(lambda new, old: jnp.where(go, new, old), stepped, carry), stats
 
     def init(key):
         return init_state(model, info, w_tx, a_tx, key)

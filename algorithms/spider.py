@@ -414,15 +414,12 @@ def spider(
         # Algorithm 1, line 10 / Algorithm 2, line 3 (on each client's own clock)
         trigger = search_due(cfg, t, edge_done.all((1, 2)) & node_done.all((1, 2)))
 
-        def searched(args):
-            def one(c, _):
-                v, mk, ed, nd, vd, k, go = c
-                return jax.lax.cond(go, lambda: search(v, mk, ed, nd, vd, k), lambda: (mk, ed, nd))
+        def one(c, _):
+            v, mk, ed, nd, vd, k, go = c
+            return jax.lax.cond(go, lambda: search(v, mk, ed, nd, vd, k), lambda: (mk, ed, nd))
 
-            return map_clients(one, (personal, *args, val, rng.search_keys(keys), trigger), placement=placement)
-
-        mask, edge_done, node_done = jax.lax.cond(
-            trigger.any(), searched, lambda args: args, (mask, edge_done, node_done))
+        mask, edge_done, node_done = map_clients(
+            one, (personal, mask, edge_done, node_done, val, rng.search_keys(keys), trigger), placement=placement)
         final = edge_done.all((1, 2)) & node_done.all((1, 2))
         train_data = jax.vmap(combined_split)(data.clients("train", idx), val, final & cfg.final_on_val) \
             if cfg.final_on_val else data.clients("train", idx)

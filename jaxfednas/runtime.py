@@ -493,13 +493,30 @@ def map_clients(
     shared: Any = None,
     *,
     placement: Placement = Placement(),
+    active: Any = None,
 ) -> Any:
     """``[fn(c, shared) for c in per_client]`` stacked on a leading client axis.
 
     ``per_client`` is a pytree whose leaves share a leading axis (one row per
     client); ``shared`` is broadcast to every client. The result does not depend
     on the placement (up to float reassociation inside batched kernels).
+
+    ``active`` (a bool per client, or one for all): a client whose flag is false skips
+    ``fn`` and its row is zeros. Use it, never a ``lax.cond`` around ``map_clients``, to
+    skip work on a condition: across several devices the result is gathered by a
+    collective, and a collective inside a data-dependent branch deadlocked XLA:CPU's
+    devices of one process now and then (SPIDER's search, about one run in three on 2
+    cores: each device thread waiting at a different collective). Here the branch is per
+    client, inside each device's own work, and the collectives run unconditionally.
     """
+    if active is not None:
+        flags = jnp.broadcast_to(jnp.asarray(active, bool), (_leading_size(per_client),))
+        work = fn
+
+        def fn(c, sh):
+            return step_if(c[1], lambda args: (args, work(*args)), (c[0], sh))[1]
+
+        per_client = (per_client, flags)
     mode = placement.resolved()
     if mode in ("vmap", "map"):
         return _run_local(fn, per_client, shared, mode, placement.client_chunk_size)

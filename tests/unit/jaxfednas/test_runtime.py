@@ -186,6 +186,30 @@ def test_shard_map_padding_rows_skip_the_work_when_clients_run_in_turn():
             np.testing.assert_allclose(out["y"][i], _fn({"x": xs["x"][i]}, 2.0)["y"], rtol=1e-6)
 
 
+@pytest.mark.parametrize("active", [[True, False, True, False, True], False])
+def test_map_clients_inactive_clients_skip_the_work_and_give_zeros(active):
+    """``active``: per client or one flag for all; an inactive row is zeros and, clients in
+    turn within a device, ``fn`` does not run for it."""
+    calls = []
+
+    def fn(c, shared):
+        jax.debug.callback(lambda: calls.append(1))
+        return _fn(c, shared)
+
+    xs = {"x": jax.random.normal(jax.random.PRNGKey(1), (5, 5))}
+    flags = np.broadcast_to(active, (5,))
+    for p in [Placement("vmap"), Placement("map"), Placement("shard_map"), Placement("shard_map", within="map")]:
+        calls.clear()
+        out = jax.jit(lambda t, a: map_clients(fn, t, 2.0, placement=p, active=a))(xs, jnp.asarray(active))
+        jax.block_until_ready(out)
+        jax.effects_barrier()
+        for i in range(5):
+            want = _fn({"x": xs["x"][i]}, 2.0)["y"] if flags[i] else np.zeros(5)
+            np.testing.assert_allclose(out["y"][i], want, rtol=1e-6)
+        if p.mode == "map" or p.within == "map":
+            assert len(calls) == flags.sum(), p
+
+
 def _round_params(data, placement, m=3):
     algo = fedavg(FedAvgConfig(batch_size=16), data.info, clients_per_round=m, placement=placement)
     state = algo.init(jax.random.PRNGKey(0))
