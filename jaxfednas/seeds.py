@@ -59,7 +59,15 @@ def seed_table(rows: Mapping[int, Mapping[str, float]], metrics: Sequence[str] |
                digits: int = 4) -> str:
     """A Markdown table: one row per metric, ``mean ± std`` over the seeds (sample std), then
     each seed's value. ``rows`` maps seed -> {metric: value}; ``metrics`` picks and orders
-    the rows (default: every metric of the first seed)."""
+    the rows (default: every metric of the first seed). An infinite value (a ratio over a
+    zero spread) stays in its seed's cell and is left out of the mean ± std, which says so.
+
+    >>> print(seed_table({0: {"ratio": 2.0}, 1: {"ratio": float("inf")}, 2: {"ratio": 4.0}}, digits=2))
+    | metric | mean ± std over seeds | seed 0 | seed 1 | seed 2 |
+    |---|---|---|---|---|
+    | ratio | 3.00 ± 1.41 (1 seed inf: left out) | 2.00 | inf | 4.00 |
+    <BLANKLINE>
+    """
     seeds = list(rows)
     if not seeds:
         raise ValueError("seed_table needs at least one seed")
@@ -70,9 +78,11 @@ def seed_table(rows: Mapping[int, Mapping[str, float]], metrics: Sequence[str] |
     lines = []
     for m in metrics:
         vals = [rows[s].get(m) for s in seeds]
-        mean, std = mean_std([v for v in vals if v is not None])
+        infinite = sum(v is not None and math.isinf(float(v)) for v in vals)
+        mean, std = mean_std([v for v in vals if v is not None and not math.isinf(float(v))])
+        left_out = f" ({infinite} seed{'s' * (infinite > 1)} inf: left out)" if infinite else ""
         cells = ["—" if v is None else fmt.format(float(v)) for v in vals]
-        lines.append(f"| {m} | {fmt.format(mean)} ± {fmt.format(std)} | " + " | ".join(cells) + " |\n")
+        lines.append(f"| {m} | {fmt.format(mean)} ± {fmt.format(std)}{left_out} | " + " | ".join(cells) + " |\n")
     return head + "".join(lines)
 
 
