@@ -193,6 +193,7 @@ def test_round_fixes_blocks_and_freezes_their_alpha(data4, algo_and_states):
     assert str(algo.export(s2)).startswith("tiny[")
 
 
+@pytest.mark.slow
 def test_single_path_is_a_real_branch_unless_vmapped(data4, algo_and_states):
     """Mapped clients keep ``lax.switch`` a conditional (one path runs); vmapped clients
     turn it into a select over every candidate (DESIGN invariant 3)."""
@@ -288,6 +289,7 @@ def test_macs_off_builds_no_penalty(data2, monkeypatch):
         make_local_search(on, data2.info, make_supernet(on, data2.info), 1)
 
 
+@pytest.mark.slow
 def test_macs_penalty_moves_alpha_to_cheap_candidates_and_leaves_w_alone(data4, algo_and_states, count_traces):
     """A large λ and a target below the cheapest child: after one round the most
     expensive candidate of every block loses α against the cheapest (a sign error

@@ -326,6 +326,7 @@ def test_evaluation_stage_trains_the_derived_network(data2):
     assert_accuracy(out["global_test_acc"], data2.server_y.shape[0])
 
 
+@pytest.mark.slow
 def test_run_directory_has_architecture_and_cell_diagrams(tmp_path):
     overrides = {"data.dataset": "synthetic", "data.num_clients": 2, "run.rounds": 1, "run.placement": "map"}
     overrides.update({f"algo.{k}": v for k, v in TINY.items()})

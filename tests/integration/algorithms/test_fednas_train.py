@@ -99,6 +99,7 @@ def test_local_training_without_options_is_the_plain_loop(data2):
     assert all(a.tobytes() == b.tobytes() for a, b in zip(_leaves(got), _leaves(want)))
 
 
+@pytest.mark.slow
 def test_drop_path_round_changes_the_update_and_is_deterministic(data2):
     off = fednas_train(BASE, data2.info, placement=Placement("map"))
     ramp = fednas_train(dataclasses.replace(BASE, drop_path_prob=0.4), data2.info, placement=Placement("map"), rounds=2)
@@ -118,6 +119,7 @@ def test_drop_path_round_changes_the_update_and_is_deterministic(data2):
     assert np.isfinite(float(m["train_loss"]))
 
 
+@pytest.mark.slow
 def test_cosine_lr_schedule_is_the_constant_rate_times_the_rounds_cosine(data2):
     """Round t of T = 4 with lr_schedule=cosine is, from the same state, the constant-rate
     round at lr · (1 + cos(π t / 4)) / 2 (rounds 1 and 3: 0.85355 and 0.14645 of it); round 0

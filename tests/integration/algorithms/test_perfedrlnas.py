@@ -266,6 +266,7 @@ def test_accuracy_baselines_by_hand():
     assert float(first) == pytest.approx(0.8)
 
 
+@pytest.mark.slow
 def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_data):
     """Eq. 9 with every budget 30 % of the way from the smallest to the largest subnet's
     memory (budget_range (0.3, 0.3)): a sampled subnet needing more scores Acc = 0, φ = 1,
@@ -311,6 +312,7 @@ def test_memory_budget_zeroes_accuracy_and_skips_clients_that_do_not_fit(tiny_da
     assert only_over > 0
 
 
+@pytest.mark.slow
 def test_without_bn_aggregation_evaluation_measures_each_subnets_statistics(tiny_data):
     """``aggregate_bn=false`` leaves the server's BatchNorm statistics at init, so evaluation
     (and new-client adaptation) gives each client's argmax (sampled) subnet the statistics
@@ -437,6 +439,7 @@ def test_argmax_breaks_exact_ties_pseudo_randomly_not_to_the_first_op():
     np.testing.assert_array_equal(pf.policy_argmax(jnp.array([[0.1, 0.3, 0.2]]), valid[:1]), [1])
 
 
+@pytest.mark.slow
 def test_export_personalize_and_new_client_adaptation(built, tiny_data):
     cfg, algo, _, state1, _ = built
     rows, pers = algo.personalize(state1, tiny_data, jax.random.key(3))
@@ -528,6 +531,7 @@ def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
 
 
 # the hybrid round compiles for ~90 s on 2 busy cores: opt-in (-m slow)
+@pytest.mark.slow
 @pytest.mark.parametrize("space", ["elastic", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_a_round_on_another_space(space, tiny_data):
     """The same algorithm over another space (tiny preset; its dimensions have 2 or 3 choices,

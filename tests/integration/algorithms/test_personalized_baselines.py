@@ -230,6 +230,7 @@ def test_perfedavg_round_by_hand(tiny_data):
 # --- through the experiment runner ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["local_adaptation", "ditto", "perfedavg"])
 def test_runs_two_rounds(tmp_path, name):
     from jaxfednas.registry import make_config

@@ -322,6 +322,7 @@ def _sampled(r):
     return np.asarray(round_clients(round_key(0, r), 4, 2)[0])
 
 
+@pytest.mark.slow
 def test_a_run_searches_every_client_to_a_genotype_and_writes_its_files(searched):
     cfg, out, summary, rows, _ = searched
     final = summary["final"]
@@ -346,6 +347,7 @@ def test_a_run_searches_every_client_to_a_genotype_and_writes_its_files(searched
     assert [row["searching_clients"] for row in rows] == searching
 
 
+@pytest.mark.slow
 def test_phase_three_trains_on_train_plus_validation(searched):
     """A client whose architecture is final trains on its train and validation rows."""
     _, _, _, rows, run = searched
@@ -364,6 +366,7 @@ def test_phase_three_trains_on_train_plus_validation(searched):
     np.testing.assert_array_equal(both.y[n_t:n_t + n_v], run.data.val.y[0, :n_v])
 
 
+@pytest.mark.slow
 def test_gain_matrix_and_eq6(searched):
     _, _, _, _, run = searched
     p = sp.gain_matrix(run.config.algo, run.data.info, run.state, run.data, epochs=1)
@@ -380,6 +383,7 @@ def test_gain_matrix_and_eq6(searched):
         sp.personalization_gain(np.ones((2, 3)))
 
 
+@pytest.mark.slow
 @pytest.mark.slow  # ~45 s on 2 cores: the suite's time is at its 10-minute limit
 def test_fine_tuned_accuracy_is_the_gain_recipe_for_any_masks_per_client(searched):
     """Each client's own mask fine-tuned alone gives the gain matrix's diagonal (the same
@@ -401,6 +405,7 @@ def test_fine_tuned_accuracy_is_the_gain_recipe_for_any_masks_per_client(searche
     assert len(set(sizes)) > 1 or sizes[0] < summary["final"]["supernet_params"]
 
 
+@pytest.mark.slow
 def test_inherited_accuracy_recalibrates_batchnorm_exactly_under_each_mask(searched):
     """Each mask with the global supernet's weights (none moves) and BatchNorm statistics
     measured under that mask on the client's train + validation examples, by hand: the
@@ -433,6 +438,7 @@ def test_inherited_accuracy_recalibrates_batchnorm_exactly_under_each_mask(searc
     assert got.shape == (4, 2) and ((got >= 0) & (got <= 1)).all()
 
 
+@pytest.mark.slow
 def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched):
     _, _, _, _, run = searched
     algo, data = run.algorithm, run.data
@@ -456,6 +462,7 @@ def test_unsampled_clients_rows_are_untouched_and_clocks_are_per_client(searched
     assert int(m2["searching_clients"]) == 2
 
 
+@pytest.mark.slow
 def test_the_round_triggers_the_search_on_each_clients_own_clock_with_tau_above_one(searched):
     """t_s = 2, τ = 2 and unequal clocks: of the round's two sampled clients, the one whose
     own clock is 2 (>= t_s, a multiple of τ) makes a choice and the one at 3 does not; the

@@ -24,6 +24,7 @@ def _example(name):
     return load_example(name)
 
 
+@pytest.mark.slow
 def test_fednas_example_global_search_then_evaluation_stage(tmp_path, capsys):
     out = tmp_path / "g"
     assert _example("fednas").main(TINY + ["--train-rounds", "1", "--random", "2", "--out", str(out)]) == 0

@@ -208,6 +208,7 @@ def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
     assert not all(np.array_equal(m[c], other[c]) for c in CELLS)
 
 
+@pytest.mark.slow
 def test_size_matched_random_masks_are_within_ten_percent_of_each_clients_target():
     """--match-size: each client's draws are rejection-sampled to its own target (here a
     stand-in cost: 1 + the number of sep_conv ops kept); an unreachable one is a one-line error."""

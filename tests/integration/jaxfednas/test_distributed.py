@@ -119,6 +119,7 @@ def _same_run(a: Path, b: Path) -> None:
     assert (a / "checkpoint.msgpack").read_bytes() == (b / "checkpoint.msgpack").read_bytes()
 
 
+@pytest.mark.slow
 def test_fedavg_two_processes_equal_one_and_resume_in_one(tmp_path):
     # 1 process x 4 devices, 3 rounds: the reference
     _run(FEDAVG, tmp_path / "one", processes=1, devices=4, rounds=3)
@@ -143,6 +144,7 @@ def test_fednas_two_processes_equal_one_device_count(tmp_path):
     _same_run(tmp_path / "one", tmp_path / "two")
 
 
+@pytest.mark.slow
 def test_rows_split_over_processes(tmp_path):
     # local-only keeps a model per client, split across the two processes; 2 of 4 clients
     # per round, so each round gathers rows from the other process and scatters them back
@@ -178,6 +180,7 @@ def test_every_algorithm_two_processes(tmp_path, name):
     _same_run(tmp_path / "one", tmp_path / "two")
 
 
+@pytest.mark.slow
 def test_a_dead_process_stops_the_others(tmp_path):
     # (the two processes find each other as the tasks of a SLURM job step)
     out = tmp_path / "run"
@@ -212,6 +215,7 @@ def test_sharded_federated_data_equals_whole():
     assert {s.data.shape[0] for s in x.addressable_shards} == {8 // jax.device_count()}
 
 
+@pytest.mark.slow
 def test_memory_budget_picks_clients_in_flight(tiny_data):
     # placement map on one device: 4 clients, candidates 1, 2, 4 in flight
     cfg = make_config("fedavg", overrides={"data.dataset": "synthetic", "data.num_clients": 4, "run.placement": "map",
@@ -283,6 +287,7 @@ def test_cli_reports_bad_multiprocess_flags(capsys):
     assert "missing process_id" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_per_client_rows_split_along_the_mesh(count_traces):
     # Ditto's personal models (8 clients, 8 devices): each device keeps its own client's
     # row between rounds; round 2 compiles nothing; the values are those of one device

@@ -270,6 +270,7 @@ def test_versus_random_by_hand_with_ties_and_missing_values():
     assert nan["random_mean"] == pytest.approx(0.5) and (nan["beats"], nan["ties"], nan["random_n"]) == (1, 0, 3)
 
 
+@pytest.mark.slow
 def test_cli_seeds_runs_each_seed_in_its_directory_and_tables_them(tmp_path, capsys):
     argv = ["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "1", "--no-progress",
             "--set", "run.placement=vmap", "--set", "algo.batch_size=64", "--out", str(tmp_path)]

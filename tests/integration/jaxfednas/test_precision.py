@@ -155,6 +155,7 @@ def test_dp_fnas_bf16_refuses_the_finite_difference():
         build_algorithm(cfg, tiny_federation("dp_fnas")[1].info)
 
 
+@pytest.mark.slow
 def test_bf16_fedavg_reaches_fp32_accuracy_on_digits():
     """FedAvg's smoke preset (5 rounds) on the embedded digits, the same seed, fp32 and bf16.
 

@@ -53,6 +53,7 @@ def same_train_and_test():
     return make_federated_data(ds, {"train": [idx], "val": [idx[:8]], "test": [idx[:8]]})
 
 
+@pytest.mark.slow
 def test_inherited_accuracy_is_the_masked_supernet_with_the_clients_statistics(same_train_and_test):
     """With the test set equal to the one client's training set, taken in one batch, BN
     statistics recalibrated on the training set are that batch's own statistics: the
@@ -81,6 +82,7 @@ def test_inherited_accuracy_is_the_masked_supernet_with_the_clients_statistics(s
     assert len(set(accs)) > 1  # the genotype reaches the network
 
 
+@pytest.mark.slow
 def test_dp_fnas_inherited_accuracy_is_the_masked_supernet_whatever_its_alpha(same_train_and_test):
     """DP-FNAS normalises per example: nothing to recalibrate, so the inherited accuracy is the
     masked supernet in evaluation mode on the test set, by hand, and α does not enter it."""

@@ -38,7 +38,8 @@ def _run(net, variables, x, y, mask):
 @pytest.mark.parametrize("primitives", [
     # one op of every kind the grouped cell builds differently: pooling, skip (identity and
     # FactorizedReduce), a two-block separable conv, a dilated one, the 7x1/1x7 pair
-    ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_5x5", "conv_7x1_1x7"),
+    pytest.param(("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3", "dil_conv_5x5", "conv_7x1_1x7"),
+                 marks=pytest.mark.slow),  # (~40 s cold; the depthwise forms' unit test: tests/unit/jaxfednas/test_nn.py)
     ("none", "avg_pool_3x3", "skip_connect"),  # parameter-free edges only
     pytest.param(PRIMITIVES + ("conv_7x1_1x7",), marks=pytest.mark.slow),  # every op (opt-in: ~40 s)
 ])

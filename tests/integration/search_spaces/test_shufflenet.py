@@ -176,6 +176,7 @@ def _compile(fn, *args):
     return lowered.compile(), "stablehlo.while" in lowered.as_text()
 
 
+@pytest.mark.slow
 def test_scanned_blocks_equal_unrolled():
     """``scan_blocks``: the identical blocks of a stage as one ``lax.scan`` over their
     stacked variables give the unrolled network's logits, new BatchNorm statistics and
@@ -227,6 +228,7 @@ def test_scanned_blocks_equal_unrolled():
         assert np.abs(np.asarray(g_gate0)).min() > 0
 
 
+@pytest.mark.slow
 def test_scanned_blocks_child_all_paths_and_remat():
     """Children scan runs of equal consecutive choices; ``all_paths`` and ``remat``
     supernets scan too; all equal their unrolled forms (train mode: logits and new

@@ -49,6 +49,7 @@ def test_milenas_update_equals_eq4():
     np.testing.assert_allclose(new["params"]["w2"], params["w2"] - eta_w * grads["params"]["w2"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_milenas_passes_loop_equals_inline_on_a_grouped_darts_cell():
     # the loop form (one compiled pass; the validation pass skips its kernel gradients)
     # against the two inline passes, on a supernet with convolutions, BatchNorm and masks

@@ -174,6 +174,7 @@ def test_auto_model_is_the_small_cnn():
     assert isinstance(make_model("auto", 10, "cluttered_digits"), CNN)
 
 
+@pytest.mark.slow
 def test_cli_run_fedavg_on_cluttered_digits(tmp_path, capsys):
     from jaxfednas import cli
 
