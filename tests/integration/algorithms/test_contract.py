@@ -121,8 +121,8 @@ def test_no_client_map_runs_under_a_branch(run):
     # search, ~1 run in 3 with 2 devices): map_clients' `active` skips work per client instead
     name, _, data, algo, s0, *_ = run
     assert jax.device_count() > 1  # (the test session's fake devices: rounds use shard_map)
-    jaxpr = jax.make_jaxpr(algo.round)(s0, data, round_key(0, 0)).jaxpr
-    assert _branched_client_maps(jaxpr) == []
+    for fn, args in ((algo.round, (s0, data, round_key(0, 0))), (algo.evaluate, (s0, data))):
+        assert _branched_client_maps(jax.make_jaxpr(fn)(*args).jaxpr) == [], fn
 
 
 def test_evaluation_counts_whole_test_examples(run):
