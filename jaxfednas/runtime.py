@@ -502,14 +502,20 @@ def map_clients(
     on the placement (up to float reassociation inside batched kernels).
 
     ``active`` (a bool per client, or one for all): a client whose flag is false skips
-    ``fn`` and its row is zeros. Use it, never a ``lax.cond`` around ``map_clients``, to
+    ``fn`` and its row is zeros (per-client flags skip only where clients run in turn -- a
+    vmapped branch is a select --; one flag for all skips each device's whole share, vmapped
+    or not). Use it, never a ``lax.cond`` around ``map_clients``, to
     skip work on a condition: across several devices the result is gathered by a
     collective, and a collective inside a data-dependent branch deadlocked XLA:CPU's
     devices of one process now and then (SPIDER's search, about one run in three on 2
     cores: each device thread waiting at a different collective). Here the branch is per
     client, inside each device's own work, and the collectives run unconditionally.
     """
-    if active is not None:
+    everyone = None  # one flag for all: each device's whole share is one branch
+    if active is not None and jnp.ndim(active) == 0:
+        everyone = jnp.asarray(active, bool)
+        shared = (shared, everyone)
+    elif active is not None:
         flags = jnp.broadcast_to(jnp.asarray(active, bool), (_leading_size(per_client),))
         work = fn
 
@@ -517,9 +523,16 @@ def map_clients(
             return step_if(c[1], lambda args: (args, work(*args)), (c[0], sh))[1]
 
         per_client = (per_client, flags)
+
+    def local(f, pc, sh, how):
+        if everyone is None:
+            return _run_local(f, pc, sh, how, placement.client_chunk_size)
+        sh, go = sh
+        return step_if(go, lambda a: (a, _run_local(f, a[0], a[1], how, placement.client_chunk_size)), (pc, sh))[1]
+
     mode = placement.resolved()
     if mode in ("vmap", "map"):
-        return _run_local(fn, per_client, shared, mode, placement.client_chunk_size)
+        return local(fn, per_client, shared, mode)
     mesh = client_mesh()
     n_dev = mesh.devices.size
     m = _leading_size(per_client)
@@ -540,7 +553,7 @@ def map_clients(
         padded = (padded, jnp.arange(target) < m)
 
     def on_device(pc, sh):
-        return _run_local(run, pc, sh, within, placement.client_chunk_size)
+        return local(run, pc, sh, within)
 
     out = jax.shard_map(
         on_device,

@@ -186,10 +186,10 @@ def test_shard_map_padding_rows_skip_the_work_when_clients_run_in_turn():
             np.testing.assert_allclose(out["y"][i], _fn({"x": xs["x"][i]}, 2.0)["y"], rtol=1e-6)
 
 
-@pytest.mark.parametrize("active", [[True, False, True, False, True], False])
+@pytest.mark.parametrize("active", [[True, False, True, False, True], False, True])
 def test_map_clients_inactive_clients_skip_the_work_and_give_zeros(active):
     """``active``: per client or one flag for all; an inactive row is zeros and, clients in
-    turn within a device, ``fn`` does not run for it."""
+    turn within a device, ``fn`` does not run for it; one flag false skips it vmapped too."""
     calls = []
 
     def fn(c, shared):
@@ -208,6 +208,8 @@ def test_map_clients_inactive_clients_skip_the_work_and_give_zeros(active):
             np.testing.assert_allclose(out["y"][i], want, rtol=1e-6)
         if p.mode == "map" or p.within == "map":
             assert len(calls) == flags.sum(), p
+        if np.ndim(active) == 0 and not active:
+            assert calls == [], p
 
 
 def _round_params(data, placement, m=3):
