@@ -482,6 +482,15 @@ def _run_local(fn, per_client, shared, mode: str, chunk: int | None):
     return jax.lax.map(lambda pc: fn(pc, shared), per_client, batch_size=chunk if chunk and chunk > 1 else None)
 
 
+def _flagged(fn):
+    """``fn`` on ``(row, flag)`` rows: a row whose flag is false skips ``fn`` (zeros)."""
+    def run(c, sh):
+        row, flag = c
+        return step_if(flag, lambda args: (args, fn(*args)), (row, sh))[1]
+
+    return run
+
+
 def client_mesh() -> Mesh:
     """A 1-D mesh named ``clients`` over every visible device."""
     return Mesh(np.array(jax.devices()), (CLIENT_AXIS,))
@@ -516,13 +525,8 @@ def map_clients(
         everyone = jnp.asarray(active, bool)
         shared = (shared, everyone)
     elif active is not None:
-        flags = jnp.broadcast_to(jnp.asarray(active, bool), (_leading_size(per_client),))
-        work = fn
-
-        def fn(c, sh):
-            return step_if(c[1], lambda args: (args, work(*args)), (c[0], sh))[1]
-
-        per_client = (per_client, flags)
+        fn = _flagged(fn)
+        per_client = (per_client, jnp.broadcast_to(jnp.asarray(active, bool), (_leading_size(per_client),)))
 
     def local(f, pc, sh, how):
         if everyone is None:
@@ -541,14 +545,9 @@ def map_clients(
     within = placement.resolved_within()
     skip_padding = target > m and within == "map"
 
-    def run(c, sh):
-        if not skip_padding:
-            return fn(c, sh)
-        # a padding row skips the work (its output is dropped below): devices that share
-        # processors -- XLA:CPU's simulated devices -- do not pay for clients that do not exist
-        pc, real = c
-        return step_if(real, lambda args: (args, fn(*args)), (pc, sh))[1]
-
+    # a padding row skips the work (its output is dropped below): devices that share
+    # processors -- XLA:CPU's simulated devices -- do not pay for clients that do not exist
+    run = _flagged(fn) if skip_padding else fn
     if skip_padding:
         padded = (padded, jnp.arange(target) < m)
 
