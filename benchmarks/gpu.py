@@ -18,13 +18,16 @@ the reference before it is timed. Parts, in the order they run (``--parts``):
 * ``step``    -- one client's FedNAS local search (``make_local_search``: a ``lax.scan`` of
   ``--steps`` MiLeNAS steps) at the paper's shapes (C=16, 8 cells, B=64, CIFAR-sized input)
   for each formulation of the separable and dilated convolutions (``algo.dw_impl``: grouped,
-  hybrid, slices, fused; the edge scan and unrolled edges; the grouped-by-source cells) in
-  the default precision, then the fastest in fp32-highest, bf16 and the authors' 3-pass
-  order. The reference is the grouped formulation in fp32 at highest precision: each
-  variant's one-step update of the weights and its loss must match it (relative L2; the
-  tolerance grows with the precision) or it is not timed.
-  Right after the formulations, the fastest one runs once more under ``jax.profiler``: its
-  top kernels and their share of device time.
+  fused, hybrid, slices; the grouped-by-source cells; unrolled edges) in the default
+  precision, then the fastest in fp32-highest, bf16 and the authors' 3-pass order. The
+  reference is the grouped formulation in fp32 at highest precision: each variant's one-step
+  update of the weights and its loss must match it (relative L2; the tolerance grows with the
+  precision) or it is not timed. At these shapes a variant costs about a minute of
+  compilation on an H200 (and half a minute of first call): the variants are first compiled
+  side by side, ``--compile-jobs`` processes at a time, into the compilation cache, which the
+  timing process then reads (``--cache-dir``, else a temporary one). The first formulation
+  timed, and the fastest, run once more under ``jax.profiler``: their top kernels and their
+  share of device time.
 * ``round``   -- a FedNAS round of ``--round-clients`` clients (``--steps`` local steps each,
   the fastest formulation) with clients one at a time (``lax.map``) and in vmapped chunks
   (``--chunks``; a chunk of every client is plain ``vmap``); ``jaxfednas plan``'s
@@ -36,10 +39,15 @@ the reference before it is timed. Parts, in the order they run (``--parts``):
 
 Each part runs in its own process and appends its rows to a JSON-lines log as they come, so
 a part cut off by ``--budget-s`` (or a killed run) keeps what it measured; a part that
-would start with less than a minute left is skipped, and the table says so.
+would start with less than a minute left is skipped, and the table says so. One lease of a
+GPU (15 minutes) holds two calls: the first (9 minutes of budget) measures the floors, the
+PyTorch step and the formulations; the second, on the still-warm machine with the same
+cache, the rounds and presets with the formulation the first found fastest.
 
-    PYTHONPATH=. python benchmarks/gpu.py --out $OUT/gpu.md     # on the GPU machine (~8 min)
-    PYTHONPATH=. python benchmarks/gpu.py --quick               # CPU: every code path, tiny shapes
+    PYTHONPATH=. python benchmarks/gpu.py --out $OUT/gpu.md --cache-dir .cache/gpu-xla  # GPU, ~9 min
+    PYTHONPATH=. python benchmarks/gpu.py --parts round,presets --round-formulation fused \
+        --budget-s 240 --out $OUT/gpu2.md --cache-dir .cache/gpu-xla                    # then, warm
+    PYTHONPATH=. python benchmarks/gpu.py --quick                                        # CPU: every code path
 """
 from __future__ import annotations
 
@@ -61,11 +69,11 @@ NODES = {"q": 1}
 # FedNAS config fields of each formulation (the default precision); order = priority
 FORMULATIONS = {
     "grouped": {"dw_impl": "grouped", "group_edges": "off"},
-    "hybrid": {"dw_impl": "hybrid", "group_edges": "off"},
-    "grouped/unrolled": {"dw_impl": "grouped", "group_edges": "off", "scan_edges": False},
-    "slices": {"dw_impl": "slices", "group_edges": "off"},
     "fused": {"dw_impl": "fused", "group_edges": "off"},
+    "hybrid": {"dw_impl": "hybrid", "group_edges": "off"},
+    "slices": {"dw_impl": "slices", "group_edges": "off"},
     "fused/grouped-cells": {"dw_impl": "fused", "group_edges": "on"},
+    "grouped/unrolled": {"dw_impl": "grouped", "group_edges": "off", "scan_edges": False},
 }
 PRECISIONS = ("default", "highest", "bf16")  # default: TF32 on GPUs, exact float32 on CPU
 # relative L2 of the one-step weight update (and of the loss) against the reference
@@ -76,9 +84,9 @@ PRESETS = (("dfnas", "cross-silo", {"run.placement": "map"}), ("spider", "paper"
            ("dp_fnas", "paper", {"run.placement": "map"}))
 QUICK_PRESETS = (("perfedrlnas", "smoke", {}),)  # --quick: one preset, the quickest to compile
 # share of --budget-s each part may take (the last part run takes what is left)
-BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.5, "round": 0.3, "presets": 1.0}
+BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.6, "round": 0.3, "presets": 1.0}
 PAPER_ROUNDS, PAPER_EPOCHS = 50, 5
-QUICK = {"config": "q", "steps": 1, "repeats": 1, "round_clients": 2, "chunks": "1,2", "round_repeats": 1,
+QUICK = {"config": "q", "steps": 1, "repeats": 1, "compile_jobs": 2, "round_clients": 2, "chunks": "1,2", "round_repeats": 1,
          "local_steps": 1, "budget_s": 0.0, "matmul_n": 512, "copy_mib": 16}
 
 
@@ -87,14 +95,17 @@ def parse_args(argv=None):
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list from {PARTS}")
     p.add_argument("--config", default="paper", help=f"step/round shapes: {sorted(CONFIGS)} (C, cells, batch)")
     p.add_argument("--formulations", default=",".join(FORMULATIONS), help=f"comma list from {tuple(FORMULATIONS)}")
-    p.add_argument("--steps", type=int, default=5, help="MiLeNAS steps per timed call (and per client in a round)")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls after the warm-up (median reported)")
+    p.add_argument("--steps", type=int, default=2, help="MiLeNAS steps per timed call (and per client in a round)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls after the warm-up (median reported)")
+    p.add_argument("--compile-jobs", type=int, default=8, help="the step part compiles its variants in this many "
+                   "processes at once into the compilation cache before timing them one after another (1: "
+                   "one after another in the timing process)")
     p.add_argument("--round-clients", type=int, default=4, help="clients of the `round` part")
     p.add_argument("--chunks", default="1,2,4,8", help="clients in flight of the `round` part (1: lax.map, one at "
                    "a time; every client: vmap); sizes above --round-clients are left out")
     p.add_argument("--round-repeats", type=int, default=3, help="timed rounds per placement")
     p.add_argument("--local-steps", type=int, default=2, help="local-step slots plan measures before extrapolating")
-    p.add_argument("--budget-s", type=float, default=450.0, help="stop starting parts after this many seconds "
+    p.add_argument("--budget-s", type=float, default=540.0, help="stop starting parts after this many seconds "
                    "(0: no limit); a running part is cut off at the budget and keeps the rows it wrote")
     p.add_argument("--matmul-n", type=int, default=8192, help="size of the square matmuls of the `floors` part")
     p.add_argument("--copy-mib", type=int, default=1024, help="MiB copied to measure the bandwidth")
@@ -106,13 +117,16 @@ def parse_args(argv=None):
                        "smoke configuration, no time budget")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--log", help=argparse.SUPPRESS)
-    p.add_argument("--best", default="", help=argparse.SUPPRESS)  # the step part's fastest, for later parts
+    p.add_argument("--round-formulation", dest="best", default="", help="the formulation of the `round` part "
+                   "(default: the step part's fastest in this run, else grouped); for a second call that runs "
+                   "`--parts round,presets` after the step part's")
+    p.add_argument("--variant", default="", help=argparse.SUPPRESS)  # the precompile worker's variant
     args = bu.parse_with_quick(p, argv, QUICK)
     bu.check_choices(p, args.parts, PARTS, "part")
     bu.check_choices(p, args.formulations, tuple(FORMULATIONS), "formulation")
     if args.config not in CONFIGS:
         p.error(f"unknown config {args.config!r}; choose from {sorted(CONFIGS)}")
-    for name in ("steps", "repeats", "round_clients", "round_repeats", "local_steps", "matmul_n", "copy_mib"):
+    for name in ("steps", "repeats", "compile_jobs", "round_clients", "round_repeats", "local_steps", "matmul_n", "copy_mib"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
@@ -121,6 +135,8 @@ def parse_args(argv=None):
         p.error(f"--chunks must be a comma list of integers, got {args.chunks!r}")
     if args.chunk_list[0] < 1:
         p.error(f"--chunks must be >= 1, got {args.chunks!r}")
+    if args.best and args.best.partition("@")[0].removesuffix("+3pass") not in FORMULATIONS:
+        p.error(f"--round-formulation must be one of {tuple(FORMULATIONS)}, got {args.best!r}")
     if not (args.budget_s >= 0 and math.isfinite(args.budget_s)):
         p.error(f"--budget-s must be a finite number >= 0, got {args.budget_s}")
     return args
@@ -254,20 +270,88 @@ def build_step(args, name: str, info):
     return cfg, model, local, precision
 
 
-def worker_step(args) -> None:
+def step_inputs(args, key):
+    """The data, starting variables and key every variant of the step part is lowered with
+    (the timing process and the compile processes build the same arguments, hence the same
+    program and cache key)."""
     import jax
     import jax.numpy as jnp
+
+    C, layers, batch = CONFIGS[args.config]
+    info, train, val = fs._single_client_data(args.steps * batch, batch, args.seed)
+    one_step = train.replace(count=jnp.asarray(batch, train.count.dtype))  # the same program, one real step
+    _, model, _, _ = build_step(args, "grouped", info)
+    x0 = jnp.zeros((1,) + info.image_shape)
+    variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(key))
+    return info, train, one_step, val, variables
+
+
+def variant_start(cfg, variables) -> dict:
+    """``variables`` in variant ``cfg``'s layout (the same values; unrolled edges split the scan's)."""
+    from jaxfednas.search_spaces.darts import unroll_variables
+
+    if cfg.scan_edges:
+        return variables
+    return {"params": unroll_variables(variables["params"]), "arch": variables["arch"],
+            "batch_stats": unroll_variables(variables["batch_stats"])}
+
+
+def worker_precompile(args) -> None:
+    """Lower and compile one variant (``--variant``) into the persistent compilation cache,
+    for the step part to read back: compiling is the costly part of a variant at the paper's
+    shapes (about a minute each on an H200), and separate processes compile side by side."""
+    import jax
+
+    key = jax.random.PRNGKey(args.seed)
+    info, _, one_step, val, variables = step_inputs(args, key)
+    cfg, _, local, precision = build_step(args, args.variant, info)
+    t0 = time.perf_counter()
+    with matmul_precision(precision):
+        lowered = local.lower(variant_start(cfg, variables), one_step, val, key)
+    t1 = time.perf_counter()
+    lowered.compile()
+    emit(args, {"part": "precompile", "variant": args.variant, "lower_s": t1 - t0,
+                "compile_s": time.perf_counter() - t1})
+
+
+def precompile(args, names: list[str]) -> None:
+    """Compile ``names`` into the compilation cache, ``--compile-jobs`` processes at a time
+    (before this process touches the device: the compile processes' autotuning needs its
+    memory; they allocate only what they use). A variant that fails to compile here is
+    compiled, and its error reported, by the timing process."""
+    if args.compile_jobs < 2 or len(names) < 2:
+        return
+    env = dict(fs.worker_env(), XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    base = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", "precompile", "--log", args.log,
+            "--cache-dir", args.cache_dir]
+    waiting, running = list(names), []
+    while waiting or running:
+        while waiting and len(running) < args.compile_jobs:
+            running.append(subprocess.Popen(base + ["--variant", waiting.pop(0)], env=env,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        running[0].wait()
+        running = [r for r in running if r.poll() is None]
+
+
+def worker_step(args) -> None:
+    import tempfile
+
+    import jax
     import numpy as np
+
+    if not args.cache_dir:  # the compile processes hand their programs over through the cache
+        args.cache_dir = tempfile.mkdtemp(prefix="jaxfednas-gpu-cache-")
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    formulations = args.formulations.split(",")
+    precompile(args, ["grouped@highest"] + [f for f in formulations if f != "grouped@highest"])
 
     from jaxfednas.runtime import release_memory_after_compiles
     from jaxfednas.search_spaces.darts import unroll_variables
 
     release_memory_after_compiles()
-    C, layers, batch = CONFIGS[args.config]
-    info, train, val = fs._single_client_data(args.steps * batch, batch, args.seed)
-    one_step = train.replace(count=jnp.asarray(batch, train.count.dtype))  # the same program, one real step
     key = jax.random.PRNGKey(args.seed)
-    variables = None
+    info, train, one_step, val, variables = step_inputs(args, key)
     reference = None
     runners = {}  # variant -> one timed call of its compiled program (for the profile)
 
@@ -279,14 +363,9 @@ def worker_step(args) -> None:
         return np.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
 
     def run_variant(name: str, time_it: bool = True) -> dict:
-        nonlocal variables, reference
-        cfg, model, local, precision = build_step(args, name, info)
-        if variables is None:  # one set of starting variables for every variant (the first one's layout)
-            x0 = jnp.zeros((1,) + info.image_shape)
-            variables = dict(jax.jit(lambda k: model.init({"params": k}, x0, train=False))(key))
-        start = variables if cfg.scan_edges else {  # the same values in the unrolled edges' layout
-            "params": unroll_variables(variables["params"]), "arch": variables["arch"],
-            "batch_stats": unroll_variables(variables["batch_stats"])}
+        nonlocal reference
+        cfg, _, local, precision = build_step(args, name, info)
+        start = variant_start(cfg, variables)
         row = {"part": "step", "variant": name, "precision": precision}
         t0 = time.perf_counter()
         with matmul_precision(precision):
@@ -318,7 +397,8 @@ def worker_step(args) -> None:
 
     run_variant("grouped@highest")  # the reference (also a timed row)
     rows = []
-    for name in args.formulations.split(","):
+    profiled = ""
+    for name in formulations:
         try:
             rows.append(run_variant(name))
         except Exception as e:  # noqa: BLE001 -- a formulation that does not build is a row, not the end
@@ -326,26 +406,33 @@ def worker_step(args) -> None:
                 raise
             emit(args, {"part": "step", "variant": name, "precision": "default",
                         "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
+        if not profiled and name in runners:  # where the first one's time goes, before a cut-off can come
+            profiled = name
+            try:
+                profile_compiled(args, name, runners[name])
+            except Exception as e:  # noqa: BLE001 -- a profiler that fails costs its table only
+                emit(args, {"part": "profile_error", "error": f"{type(e).__name__}: {e}"[:300]})
     timed_rows = [r for r in rows if "s_per_step" in r]
     if not timed_rows:
         return
     best = min(timed_rows, key=lambda r: r["s_per_step"])["variant"]
     try:
-        profile_compiled(args, best, runners[best])
+        if best != profiled:
+            profile_compiled(args, best, runners[best])
     except Exception as e:  # noqa: BLE001 -- a profiler that fails costs its table only
         emit(args, {"part": "profile_error", "error": f"{type(e).__name__}: {e}"[:300]})
     for name in list(runners):
         if name != best:
             del runners[name]  # the other programs' memory back before the next compiles
-    for suffix in ("@highest", "@bf16", "+3pass"):
-        if best + suffix == "grouped@highest":
-            continue
+    suffixed = [best + suffix for suffix in ("@highest", "@bf16", "+3pass") if best + suffix != "grouped@highest"]
+    precompile(args, suffixed)  # with less device memory free than the first time: one that fails compiles here
+    for name in suffixed:
         try:
-            run_variant(best + suffix)
+            run_variant(name)
         except Exception as e:  # noqa: BLE001
             if args.quick:  # tiny shapes: an error is a broken code path, not a limit
                 raise
-            emit(args, {"part": "step", "variant": best + suffix, "error": f"{type(e).__name__}: {e}"[:300]})
+            emit(args, {"part": "step", "variant": name, "error": f"{type(e).__name__}: {e}"[:300]})
 
 
 def profile_compiled(args, name: str, run) -> None:
@@ -538,7 +625,7 @@ def worker_presets(args) -> None:
         emit(args, row)
 
 
-WORKERS = {"floors": worker_floors, "step": worker_step, "torch": worker_torch,
+WORKERS = {"floors": worker_floors, "step": worker_step, "precompile": worker_precompile, "torch": worker_torch,
            "round": worker_round, "presets": worker_presets}
 
 
@@ -562,7 +649,7 @@ def spawn(args, part: str, log: Path, timeout: float | None, best: str = "") -> 
     env = fs.worker_env()
     cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", part, "--log", str(log)]
     if best:
-        cmd += ["--best", best]
+        cmd += ["--round-formulation", best]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -640,26 +727,32 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
         out += ["", "Floor of a step (the larger of FLOPs / rate and traffic / bandwidth): " +
                 ", ".join(f"{p} {_ms(s)} ms" for p, s in floor_s.items()) + "."]
     steps = by("step")
+    compiled_apart = {r["variant"]: r["compile_s"] for r in by("precompile")}
     if steps or torch_row:
         torch_s = torch_row["s_per_step"] if torch_row else None
         table = []
         for r in steps:
             if "error" in r:
-                table.append([r["variant"], r.get("precision", ""), "error: " + r["error"], "", "", "", "", ""])
+                table.append([r["variant"], r.get("precision", ""), "error: " + r["error"], "", "", "", "", "", ""])
                 continue
             check = r["check"] if r["check"] == "reference" else \
                 f"{r['check']} ({max(r['rel_err'], r['loss_rel_err']):.1e} <= {r['tolerance']:g})"
             s = r.get("s_per_step")
-            table.append([r["variant"], r["precision"], check, f"{r['compile_s']:.1f}",
+            compile_s = f"{r['compile_s']:.1f}"
+            if r["variant"] in compiled_apart:
+                compile_s = f"{compiled_apart[r['variant']]:.1f} ({r['compile_s']:.1f})"
+            table.append([r["variant"], r["precision"], check, compile_s, f"{r['first_call_s']:.1f}",
                           _gib(r, "xla_gib"), _ms(s), _x(torch_s, s),
                           _x(s, floor_s.get(r["precision"]))])
         if torch_row:
-            table.append([torch_row["variant"], "torch default", "-", "-",
+            table.append([torch_row["variant"], "torch default", "-", "-", "-",
                           _gib(torch_row, "peak_gib"), _ms(torch_s), "1.00x", "n/a"])
         out += ["", "**One MiLeNAS step** (one client; check: relative L2 of the one-step weight update and of "
-                "the loss against the reference)", "",
-                bu.markdown_table(["variant", "precision", "check", "compile s", "memory GiB", "ms/step",
-                                   "speed vs torch", "vs floor"], table)]
+                "the loss against the reference; compile s: in a compile process of their own, side by side "
+                f"(--compile-jobs {args.compile_jobs}), and in brackets the timing process' read of it from the "
+                "cache; first call s: the first run of the compiled program, one step)", "",
+                bu.markdown_table(["variant", "precision", "check", "compile s", "first call s", "memory GiB",
+                                   "ms/step", "speed vs torch", "vs floor"], table)]
     for r in by("profile"):
         out += ["", f"**Where the time goes**: {r['variant']}, {r['where']}, one call of {args.steps} steps, "
                 f"{r['total_ms']:.1f} ms of kernels", "",
@@ -719,7 +812,7 @@ def main(argv=None) -> int:
             import jax
 
             jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.cache_dir))
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         WORKERS[args.worker](args)
         return 0
     out = bu.results_path(args)
