@@ -25,7 +25,8 @@ the reference before it is timed. Parts, in the order they run (``--parts``):
   precision) or it is not timed. At these shapes a variant costs about a minute of
   compilation on an H200 (and half a minute of first call): the variants are first compiled
   side by side, ``--compile-jobs`` processes at a time, into the compilation cache, which the
-  timing process then reads (``--cache-dir``, else a temporary one). The first formulation
+  timing process then reads (``--cache-dir``, else a temporary one); so are the rounds of
+  the ``round`` part and the presets of the ``presets`` part. The first formulation
   timed, and the fastest, run once more under ``jax.profiler``: their top kernels and their
   share of device time.
 * ``round``   -- a FedNAS round of ``--round-clients`` clients (``--steps`` local steps each,
@@ -82,7 +83,8 @@ TOLERANCE = {"highest": 1e-3, "default": 3e-2, "bf16": 1.5e-1}
 PRESETS = (("dfnas", "cross-silo", {"run.placement": "map"}), ("spider", "paper", {"run.placement": "map"}),
            ("perfedrlnas", "paper", {"algo.space": "darts", "run.placement": "map"}),
            ("dp_fnas", "paper", {"run.placement": "map"}))
-QUICK_PRESETS = (("perfedrlnas", "smoke", {}),)  # --quick: one preset, the quickest to compile
+# --quick: the quickest to compile; two, so that their compile processes run too
+QUICK_PRESETS = (("perfedrlnas", "smoke", {}), ("fedavg", "smoke", {}))
 # share of --budget-s each part may take (the last part run takes what is left)
 BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.6, "round": 0.3, "presets": 1.0}
 PAPER_ROUNDS, PAPER_EPOCHS = 50, 5
@@ -297,21 +299,44 @@ def variant_start(cfg, variables) -> dict:
 
 
 def worker_precompile(args) -> None:
-    """Lower and compile one variant (``--variant``) into the persistent compilation cache,
-    for the step part to read back: compiling is the costly part of a variant at the paper's
-    shapes (about a minute each on an H200), and separate processes compile side by side."""
+    """Lower and compile one program (``--variant``: a step variant, ``round:CHUNK`` or
+    ``preset:INDEX``) into the persistent compilation cache, for the timing process to read
+    back: compiling is the costly part at the paper's shapes (about a minute a program on an
+    H200), and separate processes compile side by side."""
     import jax
 
-    key = jax.random.PRNGKey(args.seed)
-    info, _, one_step, val, variables = step_inputs(args, key)
-    cfg, _, local, precision = build_step(args, args.variant, info)
     t0 = time.perf_counter()
-    with matmul_precision(precision):
-        lowered = local.lower(variant_start(cfg, variables), one_step, val, key)
-    t1 = time.perf_counter()
-    lowered.compile()
-    emit(args, {"part": "precompile", "variant": args.variant, "lower_s": t1 - t0,
-                "compile_s": time.perf_counter() - t1})
+    kind, _, which = args.variant.partition(":")
+    if kind == "round":
+        from jaxfednas.plan import plan_data
+
+        cfg, n_train, _ = round_setup(args, int(which))
+        round_program(args, cfg, plan_data(cfg, num_train=n_train, num_test=args.round_clients))[0].compile()
+    elif kind == "preset":
+        from jaxfednas.plan import plan_run
+
+        plan_run(preset_config(args, int(which)), measure=False, probe_chunk=False, precisions=(), macs=False)
+    else:
+        key = jax.random.PRNGKey(args.seed)
+        info, _, one_step, val, variables = step_inputs(args, key)
+        cfg, _, local, precision = build_step(args, args.variant, info)
+        with matmul_precision(precision):
+            lowered = local.lower(variant_start(cfg, variables), one_step, val, key)
+        lowered.compile()
+    emit(args, {"part": "precompile", "variant": args.variant, "compile_s": time.perf_counter() - t0})
+
+
+def ensure_cache(args) -> None:
+    """A compilation cache for this part (``--cache-dir``, else a temporary one): the compile
+    processes hand their programs over through it."""
+    import tempfile
+
+    import jax
+
+    if not args.cache_dir:
+        args.cache_dir = tempfile.mkdtemp(prefix="jaxfednas-gpu-cache-")
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def precompile(args, names: list[str]) -> None:
@@ -334,15 +359,10 @@ def precompile(args, names: list[str]) -> None:
 
 
 def worker_step(args) -> None:
-    import tempfile
-
     import jax
     import numpy as np
 
-    if not args.cache_dir:  # the compile processes hand their programs over through the cache
-        args.cache_dir = tempfile.mkdtemp(prefix="jaxfednas-gpu-cache-")
-        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    ensure_cache(args)
     formulations = args.formulations.split(",")
     precompile(args, ["grouped@highest"] + [f for f in formulations if f != "grouped@highest"])
 
@@ -549,16 +569,32 @@ def round_config(args, chunk: int | None, placement: str):
     }), K * 2 * args.steps * batch
 
 
-def measure_one_round(args, cfg, data, chunk: int) -> dict:
-    from jaxfednas.plan import measure_round
+def round_setup(args, chunk: int):
+    """``(config, training examples, placement)`` of the round part with ``chunk`` clients in
+    flight: one at a time (``lax.map``), chunks of the map, or every client vmapped."""
+    K = args.round_clients
+    placement = "vmap" if chunk == K and chunk > 1 else "map"
+    cfg, n_train = round_config(args, None if placement == "vmap" or chunk == 1 else chunk, placement)
+    return cfg, n_train, placement
+
+
+def round_program(args, cfg, data):
+    """``(lowered round, state, key)``: the round of ``cfg`` lowered on ``data``."""
     from jaxfednas.registry import build_algorithm
     from jaxfednas.rng import init_key, round_key
 
     algo = build_algorithm(cfg, data.info)
     state, key = algo.init(init_key(args.seed)), round_key(args.seed, 0)
+    return algo.round.lower(state, data, key), state, key
+
+
+def measure_one_round(args, cfg, data, chunk: int) -> dict:
+    from jaxfednas.plan import measure_round
+
     row = {"client_steps": int(sum(-(-int(n) // cfg.algo.batch_size) for n in data.train.counts))}
     t0 = time.perf_counter()
-    compiled = algo.round.lower(state, data, key).compile()
+    lowered, state, key = round_program(args, cfg, data)
+    compiled = lowered.compile()
     row["compile_s"] = time.perf_counter() - t0
     row["xla_gib"] = xla_gib(compiled)
     row["first_call_s"], _ = bu.timed(lambda: compiled(state, data, key))
@@ -577,6 +613,10 @@ def worker_round(args) -> None:
     from jaxfednas.registry import make_config
     from jaxfednas.runtime import release_memory_after_compiles
 
+    ensure_cache(args)
+    K = args.round_clients
+    chunks = [c for c in args.chunk_list if c <= K]
+    precompile(args, [f"round:{c}" for c in chunks])
     release_memory_after_compiles()
     # the paper's search: every client's local-step slots over 5 epochs and 50 rounds
     paper = make_config("fednas", preset="paper")
@@ -584,14 +624,11 @@ def worker_round(args) -> None:
     slots = sum(-(-len(ids) // paper.algo.batch_size) for ids in splits["train"])
     emit(args, {"part": "paper", "client_steps_per_round": int(slots * PAPER_EPOCHS),
                 "rounds": PAPER_ROUNDS})
-    K = args.round_clients
-    chunks = [c for c in args.chunk_list if c <= K]
     data = None
     for c in chunks:
-        placement = "vmap" if c == K and c > 1 else "map"
+        cfg, n_train, placement = round_setup(args, c)
         row = {"part": "round", "placement": placement, "chunk": c, "clients": K}
         try:
-            cfg, n_train = round_config(args, None if placement == "vmap" or c == 1 else c, placement)
             if data is None:
                 data = plan_data(cfg, num_train=n_train, num_test=K)
             row.update(measure_one_round(args, cfg, data, c))
@@ -602,14 +639,23 @@ def worker_round(args) -> None:
         emit(args, row)
 
 
-def worker_presets(args) -> None:
-    from jaxfednas.plan import plan_run
+def preset_config(args, i: int):
     from jaxfednas.registry import make_config
 
-    for algo, preset, extra in (QUICK_PRESETS if args.quick else PRESETS):
+    algo, preset, extra = (QUICK_PRESETS if args.quick else PRESETS)[i]
+    return make_config(algo, preset=preset, overrides=extra)
+
+
+def worker_presets(args) -> None:
+    from jaxfednas.plan import plan_run
+
+    presets = QUICK_PRESETS if args.quick else PRESETS
+    ensure_cache(args)
+    precompile(args, [f"preset:{i}" for i in range(len(presets))])
+    for i, (algo, preset, _) in enumerate(presets):
         row = {"part": "presets", "algorithm": algo, "preset": preset}
         try:
-            cfg = make_config(algo, preset=preset, overrides=extra)
+            cfg = preset_config(args, i)
             plan = plan_run(cfg, local_steps=args.local_steps, probe_chunk=False, precisions=(), macs=False)
         except Exception as e:  # noqa: BLE001 -- one preset's failure is its row
             if args.quick:  # tiny shapes: an error is a broken code path, not a limit
@@ -706,7 +752,7 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
     out = [f"Config: C={C}, {layers} cells, {NODES.get(args.config, 4)} nodes, batch {batch}, 32x32x3, "
            f"{args.steps} steps per timed call, median of {args.repeats}"
            + (f"; persistent compilation cache {args.cache_dir} (compile times may be cache reads)." if args.cache_dir
-              else "; no compilation cache."),
+              else "; a temporary compilation cache per part (its compile processes fill it)."),
            "Machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()) + "."]
     floor_s = {}
     if "step" in floors:
@@ -769,11 +815,17 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
                 continue
             plan = ("" if "plan_round_s" not in r else
                     f"{r['plan_round_s']:.3g} s ({100 * (r['plan_round_s'] / r['round_s'] - 1):+.0f}%)")
+            compile_s = f"{r['compile_s']:.1f}"
+            if f"round:{r['chunk']}" in compiled_apart:
+                compile_s = f"{compiled_apart['round:' + str(r['chunk'])]:.1f} ({r['compile_s']:.1f})"
             table.append([r["placement"] if r["placement"] == "vmap" else f"map, chunk {r['chunk']}",
-                          f"{r['compile_s']:.1f}", _gib(r, "xla_gib"), f"{r['round_s']:.3g}",
+                          compile_s, _gib(r, "xla_gib"), f"{r['round_s']:.3g}",
                           _ms(r["s_per_client_step"]), plan])
         out += ["", f"**A FedNAS round** of {rounds[0]['clients']} clients, {args.steps} local steps each "
                 f"(formulation {args.best or 'grouped'})", "",
+                *(["compile s: in a compile process of its own, side by side, and in brackets the timing "
+                   "process' read of it from the cache", ""] if any(k.startswith("round:") for k in compiled_apart)
+                  else []),
                 bu.markdown_table(["clients in flight", "compile s", "memory GiB", "round s",
                                    "ms per client-step", "plan's estimate (vs measured)"], table)]
         paper = next(iter(by("paper")), None)
@@ -790,11 +842,12 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
     presets = by("presets")
     if presets:
         table = [[r["algorithm"], r["preset"], r.get("placement", ""),
-                  "error: " + r["error"] if "error" in r else f"{r.get('compile_s') or 0:.1f}",
+                  "error: " + r["error"] if "error" in r else f"{r.get('compile_s') or 0:.1f}" + (
+                      f" (apart {compiled_apart[f'preset:{i}']:.1f})" if f"preset:{i}" in compiled_apart else ""),
                   "" if r.get("xla_gib") is None else f"{r['xla_gib']:.2f}",
                   "" if r.get("round_s") is None else f"{r['round_s']:.3g}",
                   "" if r.get("run_s") is None else f"{r['run_s'] / 3600:.2f} h ({r.get('rounds')} rounds)",
-                  r.get("method") or ""] for r in presets]
+                  r.get("method") or ""] for i, r in enumerate(presets)]
         out += ["", "**The other papers' presets** (`jaxfednas plan`, steady state)", "",
                 bu.markdown_table(["algorithm", "preset", "placement", "compile s", "memory GiB", "round s",
                                    "run estimate", "how"], table)]
