@@ -15,6 +15,11 @@ the reference before it is timed. Parts, in the order they run (``--parts``):
 * ``torch``   -- the same step in ``benchmarks/torch_darts.py`` (the authors' MiLeNAS order:
   three forward and backward passes), ``cudnn.benchmark`` on, in its own process on the
   same device. Skipped with a note where torch is not installed.
+* ``ops``     -- each convolution of a search edge (sep_conv 3x3 and 5x5, dil_conv 3x3 and
+  5x5, with their train-mode BN) alone, forward and backward, at the first and the last
+  stage's shapes (32x32 with C, 8x8 with 4C), in every depthwise formulation (checked
+  against the grouped one) and, in the ``torch`` part, in the authors' modules: which op and
+  which formulation a step's time comes from, for seconds of compilation.
 * ``step``    -- one client's FedNAS local search (``make_local_search``: a ``lax.scan`` of
   ``--steps`` MiLeNAS steps) at the paper's shapes (C=16, 8 cells, B=64, CIFAR-sized input)
   for each formulation of the separable and dilated convolutions (``algo.dw_impl``: grouped,
@@ -64,7 +69,7 @@ from pathlib import Path
 import _bench_util as bu
 import fednas_search as fs  # its synthetic client, worker environment and torch check
 
-PARTS = ("floors", "torch", "step", "round", "presets")
+PARTS = ("floors", "torch", "ops", "step", "round", "presets")
 CONFIGS = {"paper": (16, 8, 64), "q": (4, 1, 8)}  # C, cells, batch
 NODES = {"q": 1}
 # FedNAS config fields of each formulation (the default precision); order = priority
@@ -86,7 +91,11 @@ PRESETS = (("dfnas", "cross-silo", {"run.placement": "map"}), ("spider", "paper"
 # --quick: the quickest to compile; two, so that their compile processes run too
 QUICK_PRESETS = (("perfedrlnas", "smoke", {}), ("fedavg", "smoke", {}))
 # share of --budget-s each part may take (the last part run takes what is left)
-BUDGET_SHARE = {"floors": 0.08, "torch": 0.1, "step": 0.6, "round": 0.3, "presets": 1.0}
+BUDGET_SHARE = {"floors": 0.08, "torch": 0.12, "ops": 0.12, "step": 0.6, "round": 0.3, "presets": 1.0}
+# the `ops` part: the search edge's convolutions alone, forward + backward, at a cell's shapes
+CONV_OPS = ("sep_conv_3x3", "sep_conv_5x5", "dil_conv_3x3", "dil_conv_5x5")
+DW_IMPLS = ("grouped", "fused", "hybrid", "slices")  # the first is the reference of the others
+OP_CALLS = 20  # calls per timed repeat, back to back (device time, not dispatch, dominates)
 PAPER_ROUNDS, PAPER_EPOCHS = 50, 5
 QUICK = {"config": "q", "steps": 1, "repeats": 1, "compile_jobs": 2, "round_clients": 2, "chunks": "1,2", "round_repeats": 1,
          "local_steps": 1, "budget_s": 0.0, "matmul_n": 512, "copy_mib": 16}
@@ -254,6 +263,66 @@ def worker_floors(args) -> None:
     min_bytes = 2 * saved_bytes(both) + 2 * saved_bytes(arch_only) + input_bytes + 6 * param_bytes
     emit(args, {"part": "floors", "what": "step", "flops": 2.0 * (w_and_a + a_only), "bytes": float(min_bytes),
                 "params": int(param_bytes // 4)})
+
+
+# --- worker: the edge's convolutions alone -----------------------------------------------------
+
+
+def op_shapes(args) -> list[tuple[int, int]]:
+    """``(H=W, C)`` of the first stage's cells and of the last (C doubles, H halves per reduction)."""
+    C, layers, _ = CONFIGS[args.config]
+    stages = 1 + (layers >= 3) * 2  # DARTS reduces at layers // 3 and 2 * layers // 3
+    return [(32, C)] if stages == 1 else [(32, C), (32 // 4, 4 * C)]
+
+
+def worker_ops(args) -> None:
+    """Each convolution of a search edge (affine-free BN in training mode, as in the
+    supernet) forward and backward, in every depthwise formulation, checked against the
+    grouped one (input and parameter gradients, relative L2) before it is timed: where a
+    step's time goes, op by op, in seconds of compilation."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxfednas.search_spaces.darts.operations import make_op
+
+    batch = CONFIGS[args.config][2]
+    key = jax.random.PRNGKey(args.seed)
+    for hw, C in op_shapes(args):
+        kx, kc = jax.random.split(jax.random.fold_in(key, hw))
+        x = jax.random.normal(kx, (batch, hw, hw, C))
+        ct = jax.random.normal(kc, (batch, hw, hw, C))
+        for op in CONV_OPS:
+            ref = None
+            for impl in DW_IMPLS:
+                row = {"part": "ops", "variant": impl, "op": op, "hw": hw, "C": C, "batch": batch}
+                module = make_op(op, C, 1, False, dw_impl=impl)
+                variables = module.init(key, x, train=True)
+                stats = variables.get("batch_stats", {})
+
+                def loss(params, x, module=module, stats=stats):
+                    out, _ = module.apply({"params": params, "batch_stats": stats}, x, train=True,
+                                          mutable=["batch_stats"])
+                    return jnp.vdot(out, ct)
+
+                t0 = time.perf_counter()
+                compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(variables["params"], x).compile()
+                row["compile_s"] = time.perf_counter() - t0
+                value, grads = compiled(variables["params"], x)
+                got = np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(grads)])
+                if ref is None:
+                    ref = got
+                    row["check"] = "reference"
+                else:
+                    row["rel_err"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+                    row["check"] = "ok" if row["rel_err"] <= TOLERANCE["default"] else "FAILED"
+                if row["check"] != "FAILED":
+                    def calls(params=variables["params"], compiled=compiled):
+                        return [compiled(params, x) for _ in range(OP_CALLS)]
+                    bu.timed(calls)
+                    times = [bu.timed(calls)[0] / OP_CALLS for _ in range(args.repeats)]
+                    row.update(times=times, s_per_call=bu.median(times))
+                emit(args, row)
 
 
 # --- worker: the step in every formulation ------------------------------------------------
@@ -553,6 +622,28 @@ def worker_torch(args) -> None:
         row["cuda"] = torch.version.cuda
     emit(args, row)
 
+    # the `ops` part's convolutions in the authors' modules (NCHW, cuDNN), forward + backward
+    for hw, C in op_shapes(args):
+        xo = torch.randn(batch, C, hw, hw, generator=g).to(dev).requires_grad_(True)
+        cto = torch.randn(batch, C, hw, hw, generator=g).to(dev)
+        for op in CONV_OPS:
+            module = td.make_op(op, C, 1).to(dev).train()
+
+            def calls(k: int, module=module, x=xo, ct=cto) -> float:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    module(x).backward(ct)
+                if cuda:
+                    torch.cuda.synchronize()
+                return time.perf_counter() - t0
+
+            calls(3)
+            times = [calls(OP_CALLS) / OP_CALLS for _ in range(args.repeats)]
+            emit(args, {"part": "ops", "variant": "torch", "op": op, "hw": hw, "C": C, "batch": batch,
+                        "times": times, "s_per_call": bu.median(times)})
+
 
 # --- worker: rounds and the plan's extrapolation -------------------------------------------
 
@@ -671,8 +762,8 @@ def worker_presets(args) -> None:
         emit(args, row)
 
 
-WORKERS = {"floors": worker_floors, "step": worker_step, "precompile": worker_precompile, "torch": worker_torch,
-           "round": worker_round, "presets": worker_presets}
+WORKERS = {"floors": worker_floors, "ops": worker_ops, "step": worker_step, "precompile": worker_precompile,
+           "torch": worker_torch, "round": worker_round, "presets": worker_presets}
 
 
 # --- driver -------------------------------------------------------------------------------
@@ -772,6 +863,23 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
                                  st["bytes"] / floors["copy"]["bytes_per_s"])
         out += ["", "Floor of a step (the larger of FLOPs / rate and traffic / bandwidth): " +
                 ", ".join(f"{p} {_ms(s)} ms" for p, s in floor_s.items()) + "."]
+    ops = by("ops")
+    if ops:
+        cells = {}
+        for r in ops:
+            cell = cells.setdefault((r["hw"], r["C"], r["op"]), {})
+            if "s_per_call" in r:
+                cell[r["variant"]] = f"{1e3 * r['s_per_call']:.3f}"
+            elif r.get("check") == "FAILED":
+                cell[r["variant"]] = f"FAILED ({r['rel_err']:.1e})"
+        cols = [v for v in (*DW_IMPLS, "torch") if any(v in c for c in cells.values())]
+        batch_ = ops[0]["batch"]
+        table = [[f"{op}, {hw}x{hw}x{C}", *[c.get(v, "") for v in cols]] for (hw, C, op), c in cells.items()]
+        worst = max((r.get("rel_err", 0.0) for r in ops), default=0.0)
+        out += ["", f"**The edge's convolutions alone** (batch {batch_}, forward + backward with train-mode BN, "
+                f"ms per call, median of {args.repeats} x {OP_CALLS} calls; every formulation's gradients within "
+                f"{worst:.1e} of grouped's, relative L2)", "",
+                bu.markdown_table(["op, input", *cols], table)]
     steps = by("step")
     compiled_apart = {r["variant"]: r["compile_s"] for r in by("precompile")}
     if steps or torch_row:
