@@ -271,8 +271,8 @@ def worker_floors(args) -> None:
 def op_shapes(args) -> list[tuple[int, int]]:
     """``(H=W, C)`` of the first stage's cells and of the last (C doubles, H halves per reduction)."""
     C, layers, _ = CONFIGS[args.config]
-    stages = 1 + (layers >= 3) * 2  # DARTS reduces at layers // 3 and 2 * layers // 3
-    return [(32, C)] if stages == 1 else [(32, C), (32 // 4, 4 * C)]
+    # DARTS reduces at layers // 3 and 2 * layers // 3: two reductions from 3 cells on
+    return [(32, C)] if layers < 3 else [(32, C), (32 // 4, 4 * C)]
 
 
 def worker_ops(args) -> None:
@@ -308,7 +308,7 @@ def worker_ops(args) -> None:
                 t0 = time.perf_counter()
                 compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(variables["params"], x).compile()
                 row["compile_s"] = time.perf_counter() - t0
-                value, grads = compiled(variables["params"], x)
+                _, grads = compiled(variables["params"], x)
                 got = np.concatenate([np.asarray(g, np.float64).ravel() for g in jax.tree.leaves(grads)])
                 if ref is None:
                     ref = got
