@@ -224,7 +224,11 @@ class StageRunner:
 
     Wall times survive ``--resume`` in ``out/wall_times.json``: a run that was finished
     keeps the time it took; an interrupted one counts the call that finished it; a finished
-    run extended to more rounds adds this call's time::
+    run extended to more rounds adds this call's time. With ``--resume`` a finished stage
+    (its ``summary.json`` at the configured rounds, ``config.json`` the same configuration,
+    the partition recomputed now the one in ``partition/manifest.json``) is read, not
+    loaded: a finished job's tables are rewritten in seconds, and a stage's text files alone
+    (no checkpoint) are enough to do so::
 
         runner = StageRunner(out, resume=args.resume, describe=_describe)
         summary, wall_s = runner.stage("spider", cfg)
@@ -238,6 +242,7 @@ class StageRunner:
         path = self.out / self.WALL_TIMES
         self.times: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
         self.test_splits: tuple[str, list] | None = None  # (first stage, its clients' test indices)
+        self._datasets: dict[tuple, Dataset] = {}  # (dataset, data_dir) -> loaded, for finished stages' checks
 
     def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
         """Run (or resume, or find finished) stage ``name``: its ``summary.json`` and wall time."""
@@ -247,7 +252,11 @@ class StageRunner:
         resumed = self.resume and holds_run(d)
         done = resumed and (d / "summary.json").exists() and \
             json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
-        s = run_stage(cfg, d, resume=self.resume, describe=self.describe)
+        s = self._finished(d, cfg) if done else None
+        if s is None:
+            s = run_stage(cfg, d, resume=self.resume, describe=self.describe)
+        else:
+            print(f"  [{name}] finished: its summary.json", flush=True)
         if not (done and name in self.times):
             before = self.times.get(name, 0.0) if resumed else 0.0
             self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
@@ -260,6 +269,24 @@ class StageRunner:
         elif tests != self.test_splits[1]:
             raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
         return s, self.times[name]
+
+    def _finished(self, d: Path, cfg: ExperimentConfig) -> dict | None:
+        """The summary of the finished run in ``d`` if it is ``cfg``'s run at ``cfg``'s rounds
+        on the partition ``cfg`` gives now; None where :func:`run_stage` must decide."""
+        summary = json.loads((d / "summary.json").read_text())
+        manifest_path = d / "partition" / "manifest.json"
+        if summary["rounds"] != cfg.run.rounds or not manifest_path.exists() or \
+                config_hash(config_from_dict(json.loads((d / "config.json").read_text()))) != config_hash(cfg):
+            return None
+        if part.load_manifest(manifest_path)["sha256"] != make_partition(cfg, self._dataset(cfg))["sha256"]:
+            return None  # (run_stage says what differs)
+        return summary
+
+    def _dataset(self, cfg: ExperimentConfig) -> Dataset:
+        key = (cfg.data.dataset, cfg.data.data_dir)
+        if key not in self._datasets:
+            self._datasets[key] = load_dataset(*key)
+        return self._datasets[key]
 
 
 @dataclasses.dataclass(frozen=True)

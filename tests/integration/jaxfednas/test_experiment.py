@@ -182,6 +182,33 @@ def test_stage_runner_keeps_wall_times_and_checks_test_splits(tmp_path, capsys):
     assert "round 1/1" not in capsys.readouterr().out
 
 
+def test_stage_runner_reads_a_finished_stage_from_its_text_files(tmp_path, capsys, monkeypatch):
+    """--resume on a finished stage reads its summary.json (no checkpoint needed); a stage whose
+    partition or configuration no longer matches goes to run_stage, which says why."""
+    from jaxfednas.checkpoint import checkpoint_files
+    from jaxfednas.experiment import CHECKPOINT, StageRunner
+
+    describe = lambda row: f"loss {row['train_loss']:.3f}"  # noqa: E731
+    first = StageRunner(tmp_path, resume=False, describe=describe).stage("a", _cfg(1))[0]
+    for f in checkpoint_files(tmp_path / "a" / CHECKPOINT):
+        f.unlink()
+    capsys.readouterr()
+    again = StageRunner(tmp_path, resume=True, describe=describe)
+    s, _ = again.stage("a", _cfg(1))
+    assert "[a] finished: its summary.json" in capsys.readouterr().out
+    assert s["final"] == json.loads(json.dumps(first["final"])) and s["rounds"] == 1
+    # a partition that differs from the recorded one (the partitioner changed) is not finished
+    import jaxfednas.experiment as exp
+
+    real = exp.make_partition
+    monkeypatch.setattr(exp, "make_partition", lambda cfg, ds: {**real(cfg, ds), "sha256": "0" * 64})
+    with pytest.raises(ValueError, match="partition recomputed now differs"):
+        again.stage("a", _cfg(1))
+    monkeypatch.setattr(exp, "make_partition", real)
+    with pytest.raises(ConfigError, match="configuration differs"):
+        again.stage("a", _cfg(1, **{"algo.lr": 0.5}))
+
+
 @pytest.mark.parametrize("under", [False, True])
 def test_cli_out_naming_a_file_is_one_line(tmp_path, capsys, under):
     f = tmp_path / "afile"
