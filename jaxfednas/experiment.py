@@ -250,9 +250,9 @@ class StageRunner:
         print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{cfg.run.rounds} rounds -> {d}", flush=True)
         resumed = self.resume and holds_run(d)
-        done = resumed and (d / "summary.json").exists() and \
-            json.loads((d / "summary.json").read_text())["rounds"] >= cfg.run.rounds
-        s = self._finished(d, cfg) if done else None
+        summary = json.loads((d / "summary.json").read_text()) if resumed and (d / "summary.json").exists() else None
+        done = summary is not None and summary["rounds"] >= cfg.run.rounds
+        s = self._finished(d, cfg, summary) if done else None
         if s is None:
             s = run_stage(cfg, d, resume=self.resume, describe=self.describe)
         else:
@@ -270,10 +270,10 @@ class StageRunner:
             raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
         return s, self.times[name]
 
-    def _finished(self, d: Path, cfg: ExperimentConfig) -> dict | None:
-        """The summary of the finished run in ``d`` if it is ``cfg``'s run at ``cfg``'s rounds
-        on the partition ``cfg`` gives now; None where :func:`run_stage` must decide."""
-        summary = json.loads((d / "summary.json").read_text())
+    def _finished(self, d: Path, cfg: ExperimentConfig, summary: dict) -> dict | None:
+        """``summary`` (``d``'s ``summary.json``) if the run in ``d`` is ``cfg``'s run at
+        ``cfg``'s rounds on the partition ``cfg`` gives now; None where :func:`run_stage` must
+        decide."""
         manifest_path = d / "partition" / "manifest.json"
         if summary["rounds"] != cfg.run.rounds or not manifest_path.exists() or \
                 config_hash(config_from_dict(json.loads((d / "config.json").read_text()))) != config_hash(cfg):
