@@ -61,7 +61,10 @@ def _env(devices: int, **extra) -> dict:
     # default rendezvous limit (40 s); the processes' own heartbeats still catch a dead peer.
     flags = (f"--xla_force_host_platform_device_count={devices} --xla_cpu_collective_call_terminate_timeout_seconds=600 "
              "--xla_cpu_collective_timeout_seconds=600")
-    return dict(env, XLA_FLAGS=flags, JAXFEDNAS_CACHE="off", **extra)
+    # XLA:CPU sizes a process's thread pool at max(cores, devices) and its matrix kernels
+    # block their sums by that size: the layouts compared here (1 x 4 against 2 x 2 or
+    # 4 x 1 devices) compute the same bits only with one pool size for every process.
+    return dict(env, XLA_FLAGS=flags, JAXFEDNAS_CACHE="off", NPROC="4", **extra)
 
 
 def _start(args: list[str], out: Path, *, processes: int, devices: int, rounds: int, resume=False, env=None,
