@@ -54,17 +54,22 @@ def _free_port(slurm: bool = False) -> int:
     raise RuntimeError("no free port")
 
 
+# XLA:CPU sizes a process's thread pool at max(cores, devices) and its matrix kernels block
+# their sums by that size: the layouts compared here (1 x 4 against 2 x 2 or 4 x 1 devices)
+# compute the same bits only with one pool size for every process, at least every layout's
+# devices per process.
+POOL_THREADS = 4
+
+
 def _env(devices: int, **extra) -> dict:
+    assert devices <= POOL_THREADS, f"{devices} devices in a process: raise POOL_THREADS to at least that"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS",
                                                                       "SLURM_", "OMPI_"))}
     # A loaded 2-core machine can keep one device thread of a collective waiting past XLA:CPU's
     # default rendezvous limit (40 s); the processes' own heartbeats still catch a dead peer.
     flags = (f"--xla_force_host_platform_device_count={devices} --xla_cpu_collective_call_terminate_timeout_seconds=600 "
              "--xla_cpu_collective_timeout_seconds=600")
-    # XLA:CPU sizes a process's thread pool at max(cores, devices) and its matrix kernels
-    # block their sums by that size: the layouts compared here (1 x 4 against 2 x 2 or
-    # 4 x 1 devices) compute the same bits only with one pool size for every process.
-    return dict(env, XLA_FLAGS=flags, JAXFEDNAS_CACHE="off", NPROC="4", **extra)
+    return dict(env, XLA_FLAGS=flags, JAXFEDNAS_CACHE="off", NPROC=str(POOL_THREADS), **extra)
 
 
 def _start(args: list[str], out: Path, *, processes: int, devices: int, rounds: int, resume=False, env=None,
