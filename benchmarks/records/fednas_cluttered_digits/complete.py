@@ -1,11 +1,14 @@
-"""Put the finished 5-seed cluttered FedNAS run into the docs (once every seed is finished).
+"""The numbers the docs quote from the finished 5-seed cluttered FedNAS run, and its results pages.
 
     python benchmarks/records/fednas_cluttered_digits/complete.py RUN_DIR [--write]
 
-RUN_DIR: this record copied and resumed to the end with its command (``README.md`` of
-``benchmarks/records``). Prints the numbers the docs quote; with ``--write`` applies
-``docs_pending.patch`` (the docs' text, numbers as ``{{NAME}}``), fills the numbers in, and
-writes the results page, its plot and the operations table (``benchmarks/studies/cell_ops.py``).
+RUN_DIR: this record copied and resumed with its command (``README.md`` of
+``benchmarks/records``; no stage runs, the table over seeds is written in seconds). Prints the
+numbers the README, ``docs/index.md``, ``docs/guides/data.md``, ``docs/papers/fednas.md`` and
+``benchmarks/studies/README.md`` quote (check them against the docs' text); with ``--write``
+writes the results page, its plot and the operations table (``benchmarks/studies/cell_ops.py``)
+into ``docs/results/``. (It first put the numbers into the docs, from a patch of their text with
+``{{NAME}}`` placeholders; that patch went once it was applied.)
 """
 from __future__ import annotations
 
@@ -72,9 +75,9 @@ def numbers(run: Path) -> dict[str, str]:
 
 
 def write(run: Path, v: dict[str, str]) -> None:
-    text = (ROOT / "README.md").read_text()
-    if "{{DIFF}}" not in text:
-        subprocess.run(["git", "apply", str(HERE / "docs_pending.patch")], cwd=ROOT, check=True)
+    patch = HERE / "docs_pending.patch"
+    if patch.exists() and "{{DIFF}}" not in (ROOT / "README.md").read_text():
+        subprocess.run(["git", "apply", str(patch)], cwd=ROOT, check=True)
     for name in DOCS:
         path = ROOT / name
         text = path.read_text()
