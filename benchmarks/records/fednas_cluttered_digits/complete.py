@@ -5,18 +5,15 @@
 RUN_DIR: this record copied and resumed with its command (``README.md`` of
 ``benchmarks/records``; no stage runs, the table over seeds is written in seconds). Prints the
 numbers the README, ``docs/index.md``, ``docs/guides/data.md``, ``docs/papers/fednas.md`` and
-``benchmarks/studies/README.md`` quote (check them against the docs' text); with ``--write``
-writes the results page, its plot and the operations table (``benchmarks/studies/cell_ops.py``)
-into ``docs/results/``. (It first put the numbers into the docs, from a patch of their text with
-``{{NAME}}`` placeholders; that patch went once it was applied.)
+``benchmarks/studies/README.md`` quote (check them against the docs' text; they were filled in
+from this output once); with ``--write`` writes the results page, its plot and the operations
+table (``benchmarks/studies/cell_ops.py``) into ``docs/results/``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,8 +25,6 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
 import cell_ops  # noqa: E402
 from jaxfednas.seeds import kendall_tau, mean_std  # noqa: E402
 
-DOCS = ["README.md", "CHANGELOG.md", "docs/index.md", "docs/guides/data.md", "docs/papers/fednas.md",
-        "benchmarks/studies/README.md"]
 # A search's wall_times.json entry is its last sitting's: seed 2's includes a 62-min SIGSTOP
 # pause, seed 3's lacks rounds 1-8 (2589 s) run before an interruption and `--resume` (STATUS.md).
 SEARCH_WALL_FIX_S = {"seed_2": -62 * 60.0, "seed_3": 2589.0}
@@ -68,24 +63,12 @@ def numbers(run: Path) -> dict[str, str]:
     times = {p.parent.name: json.loads(p.read_text()) for p in sorted(run.glob("seed_*/wall_times.json"))}
     search_s = [t["search"] + SEARCH_WALL_FIX_S.get(seed, 0.0) for seed, t in times.items()]
     v["SEARCH_MIN"] = f"{sum(search_s) / len(search_s) / 60:.0f}"
-    times = list(times.values())
-    stages = [s for t in times for name, s in t.items() if name != "search"]
+    stages = [s for t in times.values() for name, s in t.items() if name != "search"]
     v["STAGE_MIN"] = f"{sum(stages) / len(stages) / 60:.1f}"
     return v
 
 
 def write(run: Path, v: dict[str, str]) -> None:
-    patch = HERE / "docs_pending.patch"
-    if patch.exists() and "{{DIFF}}" not in (ROOT / "README.md").read_text():
-        subprocess.run(["git", "apply", str(patch)], cwd=ROOT, check=True)
-    for name in DOCS:
-        path = ROOT / name
-        text = path.read_text()
-        for key, value in v.items():
-            text = text.replace("{{" + key + "}}", value)
-        if left := re.findall(r"\{\{[A-Z_]+\}\}", text):
-            raise SystemExit(f"complete.py: {name} still holds {left}")
-        path.write_text(text)
     results = ROOT / "docs" / "results"
     status = (HERE / "STATUS.md").read_text()
     header = ("<!-- Produced by (the commits of each stage: benchmarks/records/fednas_cluttered_digits/STATUS.md;\n"
