@@ -58,6 +58,29 @@ from jax import lax
 
 _DN = ("NHWC", "HWIO", "NHWC")
 
+_TARGET_PLATFORM: contextvars.ContextVar = contextvars.ContextVar("jaxfednas_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def compile_for(platform: str):
+    """Inside the block (at trace time), every choice made per backend -- the depthwise
+    formulation, the CPU-friendly gradients, the grouped cells' default, the placement's
+    and the CPU scheduler's -- is made for ``platform`` (``"cpu"``, ``"gpu"`` or
+    ``"tpu"``) instead of JAX's default backend: what deviceless compilation for a GPU the
+    machine does not have needs (:mod:`jaxfednas.kernels`)."""
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
+
+
+def target_platform() -> str:
+    """The backend programs are traced for: :func:`compile_for`'s, else ``jax.default_backend()``."""
+    return _TARGET_PLATFORM.get() or jax.default_backend()
+
 
 def _native(x, w, strides, padding, dilation):
     return jax.lax.conv_general_dilated(
@@ -178,7 +201,7 @@ _conv_canonical.defvjp(_canon_fwd, _canon_bwd)
 
 
 def use_fast_grad() -> bool:
-    return jax.default_backend() == "cpu"
+    return target_platform() == "cpu"
 
 
 class Conv(nn.Module):
@@ -213,7 +236,7 @@ DEPTHWISE_IMPLS = ("grouped", "slices", "fused", "hybrid")
 
 def default_depthwise_impl() -> str:
     """``"fused"`` on CPU, ``"grouped"`` elsewhere (numbers: ``benchmarks/studies/darts_ops.py``)."""
-    return "fused" if jax.default_backend() == "cpu" else "grouped"
+    return "fused" if target_platform() == "cpu" else "grouped"
 
 
 def resolve_depthwise_impl(impl: str | None) -> str:

@@ -43,6 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxfednas import rng
 from jaxfednas.config import PLACEMENTS
+from jaxfednas.nn import target_platform
 from jaxfednas.rng import client_keys
 
 CLIENT_AXIS = "clients"
@@ -124,7 +125,7 @@ def compiler_options(scheduler: str = "memory", keep_calls: bool = False) -> dic
     if choice not in SCHEDULERS:
         raise ValueError(f"the CPU scheduler (JAXFEDNAS_CPU_SCHEDULER or scheduler=) must be 'memory' or "
                          f"'default', got {choice!r}")
-    if jax.default_backend() != "cpu":
+    if target_platform() != "cpu":
         return None
     options: dict[str, str | int] = {}
     if not jax.config.read("jax_disable_most_optimizations"):  # that switch (the test suite's) sets -O0 itself
@@ -284,7 +285,7 @@ def step_if(pred: jax.Array, step: Callable[[Any], tuple[Any, Any]], carry: Any)
 
 def on_accelerator() -> bool:
     """Whether the default backend is an accelerator (not the CPU)."""
-    return jax.default_backend() != "cpu"
+    return target_platform() != "cpu"
 
 
 def device_memory_limit() -> int | None:
@@ -393,7 +394,7 @@ class Placement:
         # accelerator every client at once, unless a chunk size (given, or picked by
         # run.memory_budget_gib) asks for that many clients in flight at a time: a paper-sized
         # FedNAS round of 16 vmapped clients needs ~220 GiB (jaxfednas plan).
-        if jax.default_backend() == "cpu" or self.client_chunk_size is not None:
+        if target_platform() == "cpu" or self.client_chunk_size is not None:
             return "map"
         return "vmap"
 
@@ -402,7 +403,7 @@ class Placement:
         return math.ceil(clients / jax.device_count()) if self.resolved() == "shard_map" else clients
 
     def resolved_within(self) -> str:
-        if self.mode == "auto" and jax.default_backend() == "cpu":
+        if self.mode == "auto" and target_platform() == "cpu":
             return "map"
         return self.within
 

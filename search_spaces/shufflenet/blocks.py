@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfednas.nn import BatchNorm, Conv
-from jaxfednas.nn import default_depthwise_impl, depthwise_conv
+from jaxfednas.nn import default_depthwise_impl, depthwise_conv, target_platform
 
 BN_EPS = 1e-5  # PyTorch's default; DSNAS_BN_EPS for parity with DSNAS' ImageNet runs
 DSNAS_BN_EPS = 1e-2
@@ -73,7 +73,7 @@ def auto_depthwise_impl(image_side: int) -> str:
     backward of grouped convolutions inside ``lax.switch`` / ``lax.scan`` to slow generic
     loops (5-7x at 32x32, benchmarks/RESULTS.md) but is fine with them on tiny maps (8x8
     digits: grouped 137 ms vs slices 270 ms per step); GPUs want grouped."""
-    if jax.default_backend() != "cpu":
+    if target_platform() != "cpu":
         return "grouped"
     return "slices" if image_side >= 16 else "grouped"
 
