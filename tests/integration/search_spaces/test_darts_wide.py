@@ -9,7 +9,7 @@ import pytest
 
 from jaxfednas.search_spaces.darts.operations import PRIMITIVES
 from jaxfednas.search_spaces.darts.search import DartsSearchNetwork, SearchCell
-from jaxfednas.nn import batch_norm_train
+from jaxfednas.nn import batch_norm_train, compile_for
 from jaxfednas.search_spaces.darts.wide import max_pool_3x3
 
 
@@ -46,7 +46,23 @@ def _run(net, variables, x, y, mask):
 def test_grouped_equals_edge_scan(primitives):
     # 3 cells: a normal cell, a reduction cell, a reduction cell after a reduction
     kw = dict(C=4, num_classes=5, layers=3, steps=2, multiplier=2, primitives=primitives)
-    scan, grouped = DartsSearchNetwork(**kw, group_edges=False), DartsSearchNetwork(**kw, group_edges=True)
+    _assert_same(DartsSearchNetwork(**kw, group_edges=False), DartsSearchNetwork(**kw, group_edges=True))
+
+
+def test_gpu_default_equals_the_gpu_reference():
+    """What a GPU runs by default, traced for one on this CPU (:func:`jaxfednas.nn.compile_for`:
+    native convolution gradients): the grouped cells in the fused formulation (~7x fewer GPU
+    kernels, benchmarks/kernels.py), against the edge scan with grouped depthwise
+    convolutions, the reference of benchmarks/gpu.py."""
+    kw = dict(C=4, num_classes=5, layers=3, steps=2, multiplier=2,
+              primitives=("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"))
+    with compile_for("gpu"):
+        default, reference = DartsSearchNetwork(**kw), DartsSearchNetwork(**kw, dw_impl="grouped")
+        assert default.runs_grouped((8, 8, 3)) and not reference.runs_grouped((8, 8, 3))
+        _assert_same(reference, default)
+
+
+def _assert_same(scan, grouped):
     x = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
     y = jax.random.randint(jax.random.key(1), (6,), 0, 5)
     mask = jnp.arange(6) < 4  # two padded rows stay out of the BatchNorm statistics
@@ -149,9 +165,13 @@ def test_precision_reaches_a_grouped_cell_traced_before_in_the_other_precision()
         assert _conv_dtypes(jaxpr16, inside="_wide_cell") == {"bfloat16"}
         assert _rel(want["bf16"][0], out16) < 5e-2 and _rel(out32, out16) > 1e-4  # bfloat16 rounding shows
 
-def test_default_groups_on_cpu_and_falls_back():
-    cell = SearchCell(4, False, False)
-    assert cell._grouped() == (jax.default_backend() == "cpu")
+def test_default_groups_on_every_backend_and_falls_back():
+    assert SearchCell(4, False, False)._grouped()
+    with compile_for("gpu"):
+        assert SearchCell(4, False, False)._grouped()
+        assert not SearchCell(4, False, False, dw_impl="grouped")._grouped()
+        assert DartsSearchNetwork(4, 5, 3).runs_grouped((8, 8, 3))  # on CPU only from 16x16 pixels
+    assert not DartsSearchNetwork(4, 5, 3).runs_grouped((8, 8, 3))
     assert not SearchCell(4, False, False, single_path=True)._grouped()
     assert not SearchCell(4, False, False, norm="group")._grouped()
     with pytest.raises(ValueError, match="group_edges=True needs scan_edges=True"):
@@ -161,7 +181,7 @@ def test_default_groups_on_cpu_and_falls_back():
 @pytest.mark.parametrize("algo", ["fednas", "spider", "dp_fnas"])
 def test_algo_dw_impl_reaches_the_supernet(algo):
     """``algo.dw_impl`` picks every DARTS algorithm's formulation (auto: the backend's), and a
-    non-fused one turns the CPU's grouped cells off; group_edges=on with it is refused."""
+    non-fused one turns the grouped cells off; group_edges=on with it is refused."""
     from jaxfednas.config import ConfigError
     from jaxfednas.registry import make_config
     from jaxfednas.search_spaces.darts import supernet_of
@@ -169,7 +189,7 @@ def test_algo_dw_impl_reaches_the_supernet(algo):
     for impl, want in (("auto", None), ("slices", "slices"), ("hybrid", "hybrid")):
         net = supernet_of(make_config(algo, overrides={"algo.dw_impl": impl}).algo, 10)
         assert net.dw_impl == want
-        assert net.runs_grouped((32, 32, 3)) == (impl == "auto" and jax.default_backend() == "cpu")
+        assert net.runs_grouped((32, 32, 3)) == (impl == "auto")
     if algo != "dp_fnas":  # DP-FNAS has no group_edges (its GroupNorm never groups)
         with pytest.raises(ConfigError, match="dw_impl=fused"):
             make_config(algo, overrides={"algo.dw_impl": "grouped", "algo.group_edges": "on"})
