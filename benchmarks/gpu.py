@@ -74,11 +74,12 @@ CONFIGS = {"paper": (16, 8, 64), "q": (4, 1, 8)}  # C, cells, batch
 NODES = {"q": 1}
 # FedNAS config fields of each formulation (the default precision); order = priority
 FORMULATIONS = {
+    # the GPU default (algo.dw_impl=auto, group_edges=auto): the fewest kernels (benchmarks/kernels.py)
+    "fused/grouped-cells": {"dw_impl": "fused", "group_edges": "on"},
     "grouped": {"dw_impl": "grouped", "group_edges": "off"},
     "fused": {"dw_impl": "fused", "group_edges": "off"},
     "hybrid": {"dw_impl": "hybrid", "group_edges": "off"},
     "slices": {"dw_impl": "slices", "group_edges": "off"},
-    "fused/grouped-cells": {"dw_impl": "fused", "group_edges": "on"},
     "grouped/unrolled": {"dw_impl": "grouped", "group_edges": "off", "scan_edges": False},
 }
 PRECISIONS = ("default", "highest", "bf16")  # default: TF32 on GPUs, exact float32 on CPU
@@ -188,6 +189,14 @@ def xla_gib(compiled) -> float | None:
 
     mem = _memory(compiled)
     return None if mem is None else mem["total"] / 2 ** 30
+
+
+def kernels_of(compiled) -> int:
+    """The launches of a compiled program (:func:`jaxfednas.kernels.count_kernels`: every
+    branch of a conditional counted), for the kernels-per-step column beside its time."""
+    from jaxfednas.kernels import count_kernels
+
+    return count_kernels(compiled.as_text()).kernels
 
 
 def matmul_precision(precision: str):
@@ -463,6 +472,7 @@ def worker_step(args) -> None:
         compiled = lowered.compile()
         row.update(lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
         row["xla_gib"] = xla_gib(compiled)
+        row["kernels_per_step"] = kernels_of(compiled) / args.steps
         first_s, out = bu.timed(lambda: compiled(start, one_step, val, key))
         d, loss = update(out, start)
         row["first_call_s"] = first_s
@@ -688,6 +698,7 @@ def measure_one_round(args, cfg, data, chunk: int) -> dict:
     compiled = lowered.compile()
     row["compile_s"] = time.perf_counter() - t0
     row["xla_gib"] = xla_gib(compiled)
+    row["kernels_per_client_step"] = kernels_of(compiled) / row["client_steps"]
     row["first_call_s"], _ = bu.timed(lambda: compiled(state, data, key))
     times = [bu.timed(lambda: compiled(state, data, key))[0] for _ in range(args.round_repeats)]
     row.update(times=times, round_s=bu.median(times), s_per_client_step=bu.median(times) / row["client_steps"])
@@ -827,6 +838,10 @@ def _ms(s) -> str:
     return "n/a" if s is None else f"{1e3 * s:.1f}"
 
 
+def _kernels(n) -> str:
+    return "" if n is None else f"{n:,.0f}"
+
+
 def _gib(r: dict, key: str) -> str:
     return "n/a" if r.get(key) is None else f"{r[key]:.2f}"
 
@@ -896,17 +911,17 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
             if r["variant"] in compiled_apart:
                 compile_s = f"{compiled_apart[r['variant']]:.1f} ({r['compile_s']:.1f})"
             table.append([r["variant"], r["precision"], check, compile_s, f"{r['first_call_s']:.1f}",
-                          _gib(r, "xla_gib"), _ms(s), _x(torch_s, s),
+                          _gib(r, "xla_gib"), _kernels(r.get("kernels_per_step")), _ms(s), _x(torch_s, s),
                           _x(s, floor_s.get(r["precision"]))])
         if torch_row:
             table.append([torch_row["variant"], "torch default", "-", "-", "-",
-                          _gib(torch_row, "peak_gib"), _ms(torch_s), "1.00x", "n/a"])
+                          _gib(torch_row, "peak_gib"), "", _ms(torch_s), "1.00x", "n/a"])
         out += ["", "**One MiLeNAS step** (one client; check: relative L2 of the one-step weight update and of "
                 "the loss against the reference; compile s: in a compile process of their own, side by side "
                 f"(--compile-jobs {args.compile_jobs}), and in brackets the timing process' read of it from the "
                 "cache; first call s: the first run of the compiled program, one step)", "",
                 bu.markdown_table(["variant", "precision", "check", "compile s", "first call s", "memory GiB",
-                                   "ms/step", "speed vs torch", "vs floor"], table)]
+                                   "kernels/step", "ms/step", "speed vs torch", "vs floor"], table)]
     for r in by("profile"):
         out += ["", f"**Where the time goes**: {r['variant']}, {r['where']}, one call of {args.steps} steps, "
                 f"{r['total_ms']:.1f} ms of kernels", "",
@@ -919,7 +934,7 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
         for r in rounds:
             if "error" in r:
                 table.append([r["placement"] if r["placement"] == "vmap" else f"map, chunk {r['chunk']}",
-                              "error: " + r["error"], "", "", "", ""])
+                              "error: " + r["error"], "", "", "", "", ""])
                 continue
             plan = ("" if "plan_round_s" not in r else
                     f"{r['plan_round_s']:.3g} s ({100 * (r['plan_round_s'] / r['round_s'] - 1):+.0f}%)")
@@ -927,15 +942,15 @@ def report(args, rows: list[dict], skipped: dict[str, str], facts: dict) -> str:
             if f"round:{r['chunk']}" in compiled_apart:
                 compile_s = f"{compiled_apart['round:' + str(r['chunk'])]:.1f} ({r['compile_s']:.1f})"
             table.append([r["placement"] if r["placement"] == "vmap" else f"map, chunk {r['chunk']}",
-                          compile_s, _gib(r, "xla_gib"), f"{r['round_s']:.3g}",
-                          _ms(r["s_per_client_step"]), plan])
+                          compile_s, _gib(r, "xla_gib"), _kernels(r.get("kernels_per_client_step")),
+                          f"{r['round_s']:.3g}", _ms(r["s_per_client_step"]), plan])
         out += ["", f"**A FedNAS round** of {rounds[0]['clients']} clients, {args.steps} local steps each "
                 f"(formulation {args.best or 'grouped'})", "",
                 *(["compile s: in a compile process of its own, side by side, and in brackets the timing "
                    "process' read of it from the cache", ""] if any(k.startswith("round:") for k in compiled_apart)
                   else []),
-                bu.markdown_table(["clients in flight", "compile s", "memory GiB", "round s",
-                                   "ms per client-step", "plan's estimate (vs measured)"], table)]
+                bu.markdown_table(["clients in flight", "compile s", "memory GiB", "kernels per client-step",
+                                   "round s", "ms per client-step", "plan's estimate (vs measured)"], table)]
         paper = next(iter(by("paper")), None)
         measured = [r for r in rounds if "s_per_client_step" in r]
         if paper and measured and args.config != "paper":

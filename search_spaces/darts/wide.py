@@ -141,22 +141,59 @@ class _Group:
         [B, H, W, C] the same for all edges when ``shared``), running statistics
         ``batch_stats[stack][op][bn]`` (``[op]`` when ``bn`` is None) rows of this group."""
         cell, n, C = self.cell, self.n, self.cell.C
-        node = cell.grouped("batch_stats", self.stack, op)
-        old = self.rows(node if bn is None else node[bn])
         if not cell.train:
+            node = cell.grouped("batch_stats", self.stack, op)
+            old = self.rows(node if bn is None else node[bn])
             if shared:
                 y = jnp.tile(y, (1, 1, 1, n))
             mean, var = old["mean"].reshape(n * C), old["var"].reshape(n * C)
             return (y - mean) * lax.rsqrt(var + BN_EPS)
+        out, mean, var = self._train_stats(y)
+        self._record(op, bn, shared, mean, var)
+        return jnp.tile(out, (1, 1, 1, n)) if shared else out
+
+    def batch_norms(self, items):
+        """:meth:`batch_norm` of each ``(y, op, bn, shared)`` of ``items`` (equal batch and
+        spatial shapes). In training the tensors alike in ``shared`` are normalised as one, their
+        channels side by side: BatchNorm is per channel, so each gets the same statistics and
+        output as alone, from one pair of reductions (forward and backward) instead of one each."""
+        if not self.cell.train:
+            return [self.batch_norm(*it) for it in items]
+        out = [None] * len(items)
+        for shared in (False, True):
+            idx = [i for i, it in enumerate(items) if it[3] == shared]
+            if len(idx) == 1:
+                out[idx[0]] = self.batch_norm(*items[idx[0]])
+            if len(idx) < 2:
+                continue
+            ys = [items[i][0] for i in idx]
+            normed, mean, var = self._train_stats(jnp.concatenate(ys, axis=-1))
+            at = 0
+            for i, y in zip(idx, ys):
+                c = y.shape[-1]
+                _, op, bn, _ = items[i]
+                self._record(op, bn, shared, mean[at:at + c], var[at:at + c])
+                y = normed[..., at:at + c]
+                out[i] = jnp.tile(y, (1, 1, 1, self.n)) if shared else y
+                at += c
+        return out
+
+    def _train_stats(self, y):
+        cell = self.cell
         w = jnp.ones(y.shape[0], y.dtype) if cell.mask is None else cell.mask.astype(y.dtype)
         out, mean, var = batch_norm_train(y, w, BN_EPS)
         if unbiased_running_var_on():  # PyTorch's running variance: n/(n-1) var
             var = var + var / unbiased_denominator(w.sum() * (y.shape[1] * y.shape[2]))
+        return out, mean, var
+
+    def _record(self, op, bn, shared, mean, var):
+        n, C = self.n, self.cell.C
+        node = self.cell.grouped("batch_stats", self.stack, op)
+        old = self.rows(node if bn is None else node[bn])
         rows_mean = jnp.broadcast_to(mean, (n, C)) if shared else mean.reshape(n, C)
         rows_var = jnp.broadcast_to(var, (n, C)) if shared else var.reshape(n, C)
-        cell.record(self, op, bn, {"mean": BN_MOMENTUM * old["mean"] + (1 - BN_MOMENTUM) * rows_mean,
-                                   "var": BN_MOMENTUM * old["var"] + (1 - BN_MOMENTUM) * rows_var})
-        return jnp.tile(out, (1, 1, 1, n)) if shared else out
+        self.cell.record(self, op, bn, {"mean": BN_MOMENTUM * old["mean"] + (1 - BN_MOMENTUM) * rows_mean,
+                                        "var": BN_MOMENTUM * old["var"] + (1 - BN_MOMENTUM) * rows_var})
 
     def per_edge(self, y, fn):
         """``fn(r, block_r)`` on every edge's channel block, concatenated back."""
@@ -194,37 +231,72 @@ def _side_by_side(kernels):
     return kernels.transpose(1, 2, 3, 0, 4).reshape(kh, kw, c, n * d)
 
 
-def _op(g: _Group, name: str, x, xr):
-    """Op ``name`` on every edge of ``g``: ``[B, H', W', n*C]``."""
+def _per_edge_conv(g: _Group, y, kernels, strides, padding):
+    """Edge ``r``'s kernel ``kernels[r]`` (``[n, kh, kw, C, C]``) on its channel block of ``y``.
+    On CPU one convolution per edge (XLA:CPU runs grouped convolutions slowly); elsewhere one
+    grouped convolution for the whole group (``feature_group_count=n``: the edges' kernels side
+    by side are its kernel), one launch instead of ``n`` -- and as many fewer in the backward."""
+    if use_fast_grad():
+        return g.per_edge(y, lambda r, blk: _conv(blk, kernels[r], strides, padding))
+    return lax.conv_general_dilated(y, _side_by_side(kernels).astype(y.dtype), strides, padding,
+                                    dimension_numbers=_DN, feature_group_count=g.n)
+
+
+def _first(g: _Group, name: str, x, xr):
+    """Op ``name`` on every edge of ``g`` up to its first BatchNorm: ``(y, None)`` for an op
+    without one (the identity skip), else ``(y, (op, bn, shared))``, the tensor that
+    BatchNorm normalises and where its statistics go (:meth:`_Group.batch_norm`)."""
     s, n, C = g.stride, g.n, g.cell.C
     if name in ("max_pool_3x3", "avg_pool_3x3"):
         pool = max_pool_3x3 if name == "max_pool_3x3" else avg_pool_3x3
-        return g.batch_norm(pool(x, s), f"{name}_bn", None, shared=True)
+        return pool(x, s), (f"{name}_bn", None, True)
     if name == "skip_connect":
         if s == 1:
-            return jnp.tile(x, (1, 1, 1, n))
+            return jnp.tile(x, (1, 1, 1, n)), None
         p = g.params(name)  # FactorizedReduce: two stride-2 1x1 convs on x and x shifted by one pixel
         a = _conv(xr, _side_by_side(p["Conv_0"]["kernel"]), (2, 2), "VALID")
         b = _conv(xr[:, 1:, 1:, :], _side_by_side(p["Conv_1"]["kernel"]), (2, 2), "VALID")
         sh = a.shape[:3]
         y = jnp.concatenate([a.reshape(sh + (n, C // 2)), b.reshape(sh + (n, C // 2))], -1).reshape(sh + (n * C,))
-        return g.batch_norm(y, name, "BatchNorm_0")
+        return y, (name, "BatchNorm_0", False)
     if name in _SEPARABLE:
         pad, dil = _SEPARABLE[name]
-        p = g.params(name)
-        y = g.batch_norm(dense_conv(xr, _side_by_side(_fused(p["SeparableConv_0"])), s, pad, dil), name, "BatchNorm_0")
-        if name.startswith("sep_conv"):
-            second = _fused(p["SeparableConv_1"])
-            y = g.per_edge(jax.nn.relu(y), lambda r, blk: dense_conv(blk, second[r], 1, pad, 1))
-            y = g.batch_norm(y, name, "BatchNorm_1")
-        return y
+        return dense_conv(xr, _side_by_side(_fused(g.params(name)["SeparableConv_0"])), s, pad, dil), \
+            (name, "BatchNorm_0", False)
     if name == "conv_7x1_1x7":
         p = g.params(name)
         y = _conv(xr, _side_by_side(p["Conv_0"]["kernel"]), (1, s), ((0, 0), (3, 3)))
-        second = p["Conv_1"]["kernel"]
-        y = g.per_edge(y, lambda r, blk: _conv(blk, second[r], (s, 1), ((3, 3), (0, 0))))
-        return g.batch_norm(y, name, "BatchNorm_0")
+        return _per_edge_conv(g, y, p["Conv_1"]["kernel"], (s, 1), ((3, 3), (0, 0))), (name, "BatchNorm_0", False)
     raise ValueError(f"unknown op {name!r}")
+
+
+def _second(g: _Group, name: str, y):
+    """A sep conv's second separable block on its normalised first one, up to BatchNorm_1."""
+    pad, _ = _SEPARABLE[name]
+    return _per_edge_conv(g, jax.nn.relu(y), _fused(g.params(name)["SeparableConv_1"]), (1, 1), ((pad, pad), (pad, pad)))
+
+
+def _op(g: _Group, name: str, x, xr):
+    """Op ``name`` on every edge of ``g``: ``[B, H', W', n*C]`` (one op at a time: CPU)."""
+    y, bn = _first(g, name, x, xr)
+    if bn is not None:
+        y = g.batch_norm(y, *bn)
+    if name.startswith("sep_conv"):
+        y = g.batch_norm(_second(g, name, y), name, "BatchNorm_1")
+    return y
+
+
+def _ops_joint(g: _Group, names, x, xr) -> dict:
+    """Every op of ``names`` on every edge of ``g``, their BatchNorms joint
+    (:meth:`_Group.batch_norms`): the first BatchNorm of every op in one, then the second of
+    the sep convs in one (GPUs: a launch per kind of BatchNorm instead of one per op)."""
+    firsts = {k: _first(g, k, x, xr) for k in names}
+    pending = [k for k in names if firsts[k][1] is not None]
+    outs = {k: y for k, (y, bn) in firsts.items() if bn is None}
+    outs.update(zip(pending, g.batch_norms([(firsts[k][0], *firsts[k][1]) for k in pending])))
+    seps = [k for k in names if k.startswith("sep_conv")]
+    outs.update(zip(seps, g.batch_norms([(_second(g, k, outs[k]), k, "BatchNorm_1", False) for k in seps])))
+    return outs
 
 
 def _thaw(tree):
@@ -299,10 +371,12 @@ class WideCell:
             x = states[j]
             xr = jax.nn.relu(x)
             out = None
+            names = [k for k in self.primitives if k != "none"]
+            joint = None if use_fast_grad() else _ops_joint(g, names, x, xr)  # CPU: one op at a time
             for o, name in enumerate(self.primitives):
                 if name == "none":
                     continue
-                y = _op(g, name, x, xr) * g.channel_weights(o)
+                y = (_op(g, name, x, xr) if joint is None else joint[name]) * g.channel_weights(o)
                 out = y if out is None else out + y
             if out is None:  # only 'none' leaves this state
                 s = g.stride

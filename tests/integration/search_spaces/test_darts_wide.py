@@ -49,13 +49,17 @@ def test_grouped_equals_edge_scan(primitives):
     _assert_same(DartsSearchNetwork(**kw, group_edges=False), DartsSearchNetwork(**kw, group_edges=True))
 
 
-def test_gpu_default_equals_the_gpu_reference():
+@pytest.mark.parametrize("primitives", [
+    ("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"),
+    pytest.param(PRIMITIVES + ("conv_7x1_1x7",), marks=pytest.mark.slow),  # every op (opt-in)
+])
+def test_gpu_default_equals_the_gpu_reference(primitives):
     """What a GPU runs by default, traced for one on this CPU (:func:`jaxfednas.nn.compile_for`:
-    native convolution gradients): the grouped cells in the fused formulation (~7x fewer GPU
-    kernels, benchmarks/kernels.py), against the edge scan with grouped depthwise
-    convolutions, the reference of benchmarks/gpu.py."""
-    kw = dict(C=4, num_classes=5, layers=3, steps=2, multiplier=2,
-              primitives=("none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"))
+    native convolution gradients, a sep conv's second block as one grouped convolution per
+    source): the grouped cells in the fused formulation (~6x fewer GPU kernels,
+    benchmarks/kernels.py), against the edge scan with grouped depthwise convolutions, the
+    reference of benchmarks/gpu.py."""
+    kw = dict(C=4, num_classes=5, layers=3, steps=2, multiplier=2, primitives=primitives)
     with compile_for("gpu"):
         default, reference = DartsSearchNetwork(**kw), DartsSearchNetwork(**kw, dw_impl="grouped")
         assert default.runs_grouped((8, 8, 3)) and not reference.runs_grouped((8, 8, 3))
