@@ -401,13 +401,25 @@ def _row_weights(y, w):
     return w.astype(y.dtype).reshape((-1,) + (1,) * (y.ndim - 1))
 
 
+def _channel_sums(*terms):
+    """Each of ``terms`` (equal shapes) summed over every axis but the last. On CPU one
+    reduction each; elsewhere one reduction of the terms stacked (XLA:GPU launches a kernel
+    per reduction it does not fuse with a sibling, and a BatchNorm's two sums mostly were
+    not: ``benchmarks/kernels.py``)."""
+    axes = tuple(range(terms[0].ndim - 1))
+    if use_fast_grad():
+        return tuple(t.sum(axes) for t in terms)
+    both = jnp.stack(terms).sum(tuple(a + 1 for a in axes))
+    return tuple(both[i] for i in range(len(terms)))
+
+
 def _bn_stats(y, w, eps):
     """``(mean, E[y^2] - mean^2, rsqrt(var + eps), n)`` per channel over the real rows."""
-    axes = tuple(range(y.ndim - 1))
     wb = _row_weights(y, w)
     n = w.astype(y.dtype).sum() * math.prod(y.shape[1:-1])
-    mean = (y * wb).sum(axes) / n
-    raw = (y * y * wb).sum(axes) / n - mean * mean
+    s1, s2 = _channel_sums(y * wb, y * y * wb)
+    mean = s1 / n
+    raw = s2 / n - mean * mean
     return mean, raw, lax.rsqrt(jnp.maximum(0.0, raw) + eps), n
 
 
@@ -428,8 +440,7 @@ def _bn_input_grad(y, w, n, mean, r, raw, g_scaled, sum_g, sum_gc, g_mean, g_var
 def _bn_bwd(eps, res, cotangents):
     y, w, mean, r, raw, n = res
     g, g_mean, g_var = cotangents
-    axes = tuple(range(y.ndim - 1))
-    sum_g, sum_gc = g.sum(axes), (g * (y - mean)).sum(axes)
+    sum_g, sum_gc = _channel_sums(g, g * (y - mean))
     return _bn_input_grad(y, w, n, mean, r, raw, g, sum_g, sum_gc, g_mean, g_var), jnp.zeros_like(w)
 
 
@@ -453,8 +464,7 @@ def _bn_affine_forward(y, w, scale, bias, eps):
 def _bn_affine_bwd(eps, res, cotangents):
     y, w, mean, r, raw, n, scale = res
     g, g_mean, g_var = cotangents
-    axes = tuple(range(y.ndim - 1))
-    d_bias, sum_gc = g.sum(axes), (g * (y - mean)).sum(axes)
+    d_bias, sum_gc = _channel_sums(g, g * (y - mean))
     dy = _bn_input_grad(y, w, n, mean, r, raw, g * scale, scale * d_bias, scale * sum_gc, g_mean, g_var)
     return dy, jnp.zeros_like(w), r * sum_gc, d_bias
 

@@ -6,11 +6,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxfednas.nn import DEPTHWISE_IMPLS, BatchNorm, SeparableConv, depthwise_conv
+from jaxfednas.nn import DEPTHWISE_IMPLS, BatchNorm, SeparableConv, compile_for, depthwise_conv
 
 
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])  # gpu: traced as for one (its stacked sums), run here
 @pytest.mark.parametrize("affine", [True, False])
-def test_batch_norm_matches_flax(affine):
+def test_batch_norm_matches_flax(affine, platform):
+    with compile_for(platform):
+        _batch_norm_matches_flax(affine)
+
+
+def _batch_norm_matches_flax(affine):
     kw = dict(momentum=0.9, epsilon=1e-3, use_scale=affine, use_bias=affine)
     if affine:
         kw["bias_init"] = nn.initializers.constant(0.25)
