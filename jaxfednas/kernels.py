@@ -17,7 +17,8 @@ text:
   loop whose trip count XLA does not know counts once and is reported
   (``unknown_trip_loops``);
 * a ``conditional`` counts every branch (an upper bound: one branch runs), reported as
-  ``conditionals``; ``call`` and asynchronous wrappers count what they call.
+  ``conditionals``; ``call`` and ``async-start`` count what they call; an asynchronous
+  pair (``fusion-start`` / ``fusion-done``, ``copy-start`` / ``copy-done``) counts once.
 
 It is a proxy for time, not a measurement: a launch costs ~2-10 microseconds on a
 current card, kernels differ in size, and XLA may replay parts of a program as CUDA
@@ -71,7 +72,7 @@ _FREE = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
     "replica-id", "opt-barrier", "add-dependency", "domain", "get-dimension-size", "iota",
 })
-_CALLS = ("while", "conditional", "call", "async-start", "async-update", "async-done")
+_CALLS = ("while", "conditional", "call", "async-start")
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 _HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
@@ -217,7 +218,7 @@ def count_kernels(hlo_text: str, scope_depth: int | None = None) -> KernelCount:
                 continue
             _, rest = _split_type(m["rest"])
             opcode = rest.split("(", 1)[0].strip()
-            if opcode in _FREE:
+            if opcode in _FREE or opcode.endswith(("-done", "-update")):  # an asynchronous op's wait
                 continue
             if scope_depth is not None and opcode not in ("while", "conditional") + _CALLS:
                 total.scopes[scope_of(line, scope_depth)] += 1

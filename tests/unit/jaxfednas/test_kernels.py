@@ -90,3 +90,20 @@ def test_compile_for_changes_every_backend_choice_at_trace_time():
     with pytest.raises(ValueError, match="platform"):
         with compile_for("cuda"):
             pass
+
+
+def test_an_asynchronous_pair_counts_once():
+    text = """
+%fa (p: f32[4]) -> f32[4] {
+  ROOT %p = f32[4]{0} parameter(0)
+}
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %s = ((f32[4]{0}), f32[4]{0}) fusion-start(%x), kind=kLoop, calls=%fa
+  %d = f32[4]{0} fusion-done(%s)
+  %c = (f32[4]{0}, f32[4]{0}, u32[]) copy-start(%d)
+  ROOT %e = f32[4]{0} copy-done(%c)
+}
+"""
+    c = count_kernels(text)
+    assert c.others == {"fusion-start": 1, "copy-start": 1} and c.kernels == 2
