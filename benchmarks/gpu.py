@@ -47,12 +47,15 @@ Each part runs in its own process and appends its rows to a JSON-lines log as th
 a part cut off by ``--budget-s`` (or a killed run) keeps what it measured; a part that
 would start with less than a minute left is skipped, and the table says so. One lease of a
 GPU (15 minutes) holds two calls: the first (9 minutes of budget) measures the floors, the
-PyTorch step and the formulations; the second, on the still-warm machine with the same
-cache, the rounds and presets with the formulation the first found fastest.
+PyTorch step and the formulations (the GPU default, the kernel-reduced grouped cells, first
+after the reference); the second, on the still-warm machine with the same cache, the
+paper's round of 16 clients vmapped (as ``placement=auto`` runs it) with the formulation the
+first found fastest. Every compiled program's kernels per step (``jaxfednas.kernels``) are
+printed beside its time.
 
     PYTHONPATH=. python benchmarks/gpu.py --out $OUT/gpu.md --cache-dir .cache/gpu-xla  # GPU, ~9 min
-    PYTHONPATH=. python benchmarks/gpu.py --parts round,presets --round-formulation fused \
-        --budget-s 240 --out $OUT/gpu2.md --cache-dir .cache/gpu-xla                    # then, warm
+    PYTHONPATH=. python benchmarks/gpu.py --parts round --round-formulation FASTEST --round-clients 16 \
+        --chunks 16 --budget-s 270 --out $OUT/gpu2.md --cache-dir .cache/gpu-xla        # then, warm
     PYTHONPATH=. python benchmarks/gpu.py --quick                                        # CPU: every code path
 """
 from __future__ import annotations

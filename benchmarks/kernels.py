@@ -174,7 +174,8 @@ def main(argv=None) -> int:
                         f.write(json.dumps(row) + "\n")
     C, layers, batch = gpu.CONFIGS[args.config]
     body = (f"Deviceless compilation for an H100 (jax {jax.__version__}), C={C}, {layers} cells, batch {batch}, "
-            f"{args.steps} MiLeNAS step(s) per client; counts per client-step (`{' '.join(sys.argv)}`).\n\n"
+            f"{args.steps} MiLeNAS step(s) per client; counts per client-step (a proxy for a GPU's time, "
+            "not a time).\n\n"
             + table(rows) + "\n")
     bu.publish("GPU kernels per client-step (deviceless count for an H100)", "benchmarks/kernels.py", body,
                path=bu.results_path(args))

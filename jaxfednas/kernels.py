@@ -84,13 +84,13 @@ class KernelCount:
 
     fusions: int = 0
     copies: int = 0
-    custom_calls: Counter = field(default_factory=Counter)  # by custom_call_target
-    fusion_kinds: Counter = field(default_factory=Counter)  # kLoop, kInput, kCustom, ...
-    others: Counter = field(default_factory=Counter)  # other launching opcodes
+    custom_calls: dict[str, int] = field(default_factory=Counter)  # by custom_call_target
+    fusion_kinds: dict[str, int] = field(default_factory=Counter)  # kLoop, kInput, kCustom, ...
+    others: dict[str, int] = field(default_factory=Counter)  # other launching opcodes
     loop_iterations: int = 0  # while-loop iterations (a predicate read-back each)
     conditionals: int = 0  # conditionals executed (every branch counted)
     unknown_trip_loops: int = 0
-    scopes: Counter = field(default_factory=Counter)  # launches by source scope (:func:`scope_of`)
+    scopes: dict[str, int] = field(default_factory=Counter)  # launches by source scope (:func:`scope_of`)
 
     @property
     def other(self) -> int:
@@ -102,11 +102,11 @@ class KernelCount:
 
     @property
     def kernels(self) -> int:
-        """Every launch: fusions, library calls, copies and other launching instructions."""
+        """All launches (fusions, library calls, copies and other launching instructions)."""
         return self.fusions + self.library_calls + self.copies + self.other
 
     @property
-    def convolutions(self) -> Counter:
+    def convolutions(self) -> dict[str, int]:
         """cuDNN convolution calls by kind (forward, backward-input, backward-filter, ...)."""
         return Counter({k.split("$", 1)[1]: v for k, v in self.custom_calls.items() if k.startswith("__cudnn$conv")})
 

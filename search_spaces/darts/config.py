@@ -33,7 +33,7 @@ def group_edges_param() -> dataclasses.Field:
     mixin field so that each algorithm keeps it where its help lists it."""
     return param("auto", "run a cell's edges grouped by source state (search_spaces/darts/wide.py: "
                  "same variables and math, ~2x faster steps on CPU at 32x32, ~3x the compile time; "
-                 "~7x fewer GPU kernels): auto (where dw_impl is auto or fused; on CPU for images of 16x16 "
+                 "~9x fewer GPU kernels): auto (where dw_impl is auto or fused; on CPU for images of 16x16 "
                  "pixels and more), on, off (the edge scan)",
                  choices=("auto", "on", "off"))
 

@@ -250,7 +250,7 @@ def edges_run_grouped(group_edges: bool | None, scan_edges: bool, norm: str, sin
     True (``ValueError`` where :func:`group_edges_unsupported` says why it cannot), or None
     (auto) wherever it applies, on every backend (the grouped cell always runs the ``"fused"``
     formulation; an explicit other ``dw_impl`` keeps the edge scan). On CPU it makes steps
-    ~2x faster at 32x32; on a GPU it launches ~7x fewer kernels than the edge scan with
+    ~2x faster at 32x32; on a GPU it launches ~9x fewer kernels than the edge scan with
     grouped depthwise convolutions (``benchmarks/kernels.py``; the step is launch-bound)."""
     why = group_edges_unsupported(scan_edges, norm, single_path, dw_impl)
     if group_edges and why:

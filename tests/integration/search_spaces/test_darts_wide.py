@@ -56,7 +56,7 @@ def test_grouped_equals_edge_scan(primitives):
 def test_gpu_default_equals_the_gpu_reference(primitives):
     """What a GPU runs by default, traced for one on this CPU (:func:`jaxfednas.nn.compile_for`:
     native convolution gradients, a sep conv's second block as one grouped convolution per
-    source): the grouped cells in the fused formulation (~6x fewer GPU kernels,
+    source): the grouped cells in the fused formulation (~9x fewer GPU kernels,
     benchmarks/kernels.py), against the edge scan with grouped depthwise convolutions, the
     reference of benchmarks/gpu.py."""
     kw = dict(C=4, num_classes=5, layers=3, steps=2, multiplier=2, primitives=primitives)
