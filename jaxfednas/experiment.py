@@ -648,6 +648,10 @@ def _read_resumed(cfg: ExperimentConfig, out: Path, manifest: dict, shapes, acce
                                        warn=lambda m: log(f"warning: {m}"))
     except CheckpointError as e:
         raise CheckpointError(f"--resume: {e}; start afresh in another --out") from None
+    bad = _nonfinite_leaves(state)
+    if bad:  # a run never saves such a state (save() refuses it): the file was written by something else
+        raise CheckpointError(f"--resume: {ckpt_path} (round {start}) holds NaN/inf in {_brief(bad)}: a diverged "
+                              "state cannot be continued; start afresh in another --out")
     if cfg.run.rounds < start:
         raise ConfigError(f"--resume: run.rounds={cfg.run.rounds} is below the {start} rounds {out} has done; "
                           f"give run.rounds >= {start}")

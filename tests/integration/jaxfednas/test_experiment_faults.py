@@ -41,16 +41,23 @@ def _checkpoint_round(d):
 
 def _poison(monkeypatch, from_round, what):
     """Algorithms whose round ``from_round`` on puts NaN into the state's parameters
-    (``what="state"``: the training loss stays finite) or the evaluation loss."""
+    (``what="state"``: the training loss stays finite; ``"entry"``: into one entry of one
+    leaf only) or the evaluation loss."""
     def round_fn(state, m):
         v = state.variables
-        bad = jax.tree.map(lambda x: jnp.where(state.round >= from_round, jnp.nan, x), v["params"])
+        on = state.round >= from_round
+        if what == "entry":
+            first = jax.tree.leaves(v["params"])[0]
+            one = jnp.zeros(first.size, bool).at[first.size // 2].set(True).reshape(first.shape)
+            bad = jax.tree.map(lambda x: jnp.where(on & one, jnp.nan, x) if x is first else x, v["params"])
+        else:
+            bad = jax.tree.map(lambda x: jnp.where(on, jnp.nan, x), v["params"])
         return state.replace(variables={**v, "params": bad}), m
 
     def evaluate(state, m):
         return {**m, "global_test_loss": jnp.where(state.round >= from_round, jnp.nan, m["global_test_loss"])}
 
-    poison_algorithms(monkeypatch, **({"round_fn": round_fn} if what == "state" else {"evaluate": evaluate}))
+    poison_algorithms(monkeypatch, **({"round_fn": round_fn} if what != "eval" else {"evaluate": evaluate}))
 
 
 def test_a_nan_state_with_a_finite_loss_is_never_saved(tmp_path, monkeypatch):
@@ -64,6 +71,39 @@ def test_a_nan_state_with_a_finite_loss_is_never_saved(tmp_path, monkeypatch):
     assert f"the last good checkpoint (round 2, {d / 'checkpoint.msgpack'}) is kept" in msg
     assert "algo.lr=" in msg and "\n" not in msg
     assert _checkpoint_round(d) == 2
+
+
+def test_a_single_nan_entry_in_the_state_is_never_saved(tmp_path, monkeypatch):
+    _poison(monkeypatch, 2, "entry")
+    d = tmp_path / "nan_entry"
+    with pytest.raises(NonFiniteError, match=r"round 2: the state holds NaN/inf in \.variables\['params'\]"):
+        run_experiment(_cfg(3, **{"run.eval_every": 3}), d, progress=False, log=lambda s: None)
+    assert _checkpoint_round(d) == 1
+
+
+def test_a_checkpoint_holding_nan_is_refused_on_resume_in_one_line(tmp_path):
+    import flax.serialization
+    import numpy as np
+
+    from jaxfednas.checkpoint import save_checkpoint
+
+    d = tmp_path / "nan_ckpt"
+    run_experiment(_cfg(2), d, progress=False, log=lambda s: None)
+    path = d / "checkpoint.msgpack"
+    payload = flax.serialization.msgpack_restore(path.read_bytes().split(b"\n", 1)[1])
+    state = payload["state"]
+    parent = state["variables"]
+    key = "params"
+    while isinstance(parent[key], dict):  # down to the first parameter array
+        parent, key = parent[key], sorted(parent[key])[0]
+    bad = np.array(parent[key], copy=True)
+    bad.reshape(-1)[0] = np.nan  # one entry, and a valid checksum: a file written by hand
+    parent[key] = bad
+    save_checkpoint(path, state, round=payload["round"], config_sha256=payload["config_sha256"])
+    with pytest.raises(CheckpointError, match=r"--resume: .*checkpoint\.msgpack \(round 2\) holds NaN/inf in "
+                                              r"\.variables\['params'\].*start afresh") as e:
+        run_experiment(_cfg(3), d, resume=True, progress=False, log=lambda s: None)
+    assert "\n" not in str(e.value)
 
 
 def test_a_nan_evaluation_loss_stops_and_says_when_no_checkpoint_exists(tmp_path, monkeypatch):
