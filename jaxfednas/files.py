@@ -82,6 +82,7 @@ def write_bytes(path: os.PathLike | str, data: bytes, *, before_replace: Callabl
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would hide a shared results folder from the group
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -95,6 +96,13 @@ def write_bytes(path: os.PathLike | str, data: bytes, *, before_replace: Callabl
     except BaseException:
         _remove(tmp)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: ``0o666`` less the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _remove(tmp: str | None) -> None:

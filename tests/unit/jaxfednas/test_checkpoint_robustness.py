@@ -269,3 +269,20 @@ def test_sigkill_during_a_save_then_resume_equals_uninterrupted(tmp_path, straig
     assert f"resumed {d} at round 2" in out
     _assert_same_run(d, straight)
     assert not [p.name for p in d.iterdir() if p.name.startswith(".") and p.name != ".lock"]  # no temporary file left
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_files_and_checkpoints_are_created_with_the_umask_mode(tmp_path, umask):
+    """A run's files are readable by whom the umask allows (mkstemp alone gives 0600)."""
+    import stat
+
+    from jaxfednas.files import write_text
+
+    old = os.umask(umask)
+    try:
+        write_text(tmp_path / "summary.json", "{}")
+        save_checkpoint(tmp_path / "checkpoint.msgpack", {"w": np.zeros(3)}, round=1, config_sha256="x")
+    finally:
+        os.umask(old)
+    for name in ("summary.json", "checkpoint.msgpack"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
