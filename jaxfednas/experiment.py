@@ -671,6 +671,7 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log
     manifest = make_partition(cfg, dataset)  # (every process: it is a function of the config)
     splits = part.manifest_splits(manifest)
     _warn_about_splits(cfg, splits, log)
+    _warn_about_inert_settings(cfg, log)
     data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
 
     algo = build_algorithm(fit_memory_budget(cfg, data, log), data.info)
@@ -701,6 +702,28 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log
 
     table = on_main(write, errors=_ERRORS)
     return _Prepared(dataset, manifest, table, data, algo, state, start, rows)
+
+
+_NO_DATA_DIR = ("digits", "cluttered_digits", "synthetic")  # bundled or generated: data.data_dir is not read
+
+
+def _warn_about_inert_settings(cfg: ExperimentConfig, log: Callable[[str], None]) -> None:
+    """One line for each setting given a value that the chosen configuration never reads
+    (a trim fraction without the trimmed mean, a server learning rate without a server
+    optimizer, a data directory for a bundled dataset): the run goes on, as configured."""
+    run = cfg.run
+    default = lambda name: type(run).__dataclass_fields__[name].default  # noqa: E731
+    inert = []
+    if run.trim_fraction != default("trim_fraction") and run.aggregator != "trimmed_mean":
+        inert.append(f"run.trim_fraction={run.trim_fraction:g} (read only with run.aggregator=trimmed_mean)")
+    if run.server_lr != default("server_lr") and run.server_optimizer == "none":
+        inert.append(f"run.server_lr={run.server_lr:g} (read only with a run.server_optimizer)")
+    if run.arch_server_lr != default("arch_server_lr") and run.arch_server_optimizer == "none":
+        inert.append(f"run.arch_server_lr={run.arch_server_lr:g} (read only with a run.arch_server_optimizer)")
+    if cfg.data.data_dir is not None and cfg.data.dataset in _NO_DATA_DIR:
+        inert.append(f"data.data_dir={cfg.data.data_dir} (data.dataset={cfg.data.dataset} is bundled or generated)")
+    for what in inert:
+        log(f"warning: {what} has no effect in this configuration")
 
 
 def _warn_about_splits(cfg: ExperimentConfig, splits: dict, log: Callable[[str], None]) -> None:

@@ -332,3 +332,16 @@ def test_sigterm_checkpoints_and_prints_one_line(tmp_path):
     assert f"interrupted: checkpoint of round {done} saved" in out + err
     assert _checkpoint_round(d) == done
     assert json.loads((d / "config.json").read_text())["run"]["rounds"] == 500
+
+
+def test_settings_the_configuration_never_reads_warn_in_one_line_each(tmp_path):
+    lines = []
+    run_experiment(_cfg(1, **{"run.trim_fraction": 0.2, "run.server_lr": 0.5, "data.data_dir": str(tmp_path)}),
+                   tmp_path / "inert", progress=False, log=lines.append)
+    warned = [s for s in lines if s.endswith("has no effect in this configuration")]
+    assert [w.split()[1] for w in warned] == ["run.trim_fraction=0.2", "run.server_lr=0.5", f"data.data_dir={tmp_path}"]
+    lines.clear()  # where they are read: no warning
+    run_experiment(_cfg(1, **{"run.aggregator": "trimmed_mean", "run.trim_fraction": 0.2,
+                              "run.server_optimizer": "adam", "run.server_lr": 0.5}),
+                   tmp_path / "read", progress=False, log=lines.append)
+    assert not [s for s in lines if "has no effect" in s]
