@@ -10,8 +10,10 @@ behind it: a config (defaults < preset < overrides) and ``run_experiment``.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from jaxfednas.experiment import run_experiment
+from jaxfednas.config import ConfigError, parse_set
+from jaxfednas.experiment import run_experiment, run_script
 from jaxfednas.registry import make_config
 
 
@@ -31,14 +33,21 @@ def main():
     p.add_argument("--resume", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = p.parse_args()
-    overrides = dict(s.split("=", 1) for s in args.set)
-    if args.rounds:
-        overrides["run.rounds"] = args.rounds
-    cfg = get_config(args.preset, **overrides)
-    summary = run_experiment(cfg, args.out, resume=args.resume)
-    print(summary["_client_table"])
-    print({k: round(v, 4) for k, v in summary["final"].items()})
+    if args.rounds is not None and args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
+
+    def job():
+        overrides = parse_set(args.set)  # SECTION.FIELD=VALUE, checked as the CLI checks it
+        if args.rounds is not None:
+            overrides["run.rounds"] = args.rounds
+        if not str(args.out).strip():
+            raise ConfigError("--out is empty: give a directory")
+        summary = run_experiment(get_config(args.preset, **overrides), args.out, resume=args.resume)
+        print(summary["_client_table"])
+        print({k: round(v, 4) for k, v in summary["final"].items()})
+
+    return run_script("examples/fedavg.py", job)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -94,3 +94,23 @@ def test_the_shared_flags_become_the_overrides_of_every_stage():
     assert args.overrides == {"algo.lr": "0.5", "run.rounds": 3, "data.dataset": "cluttered_digits", "run.seed": 7}
     assert args.out == "runs/x" and not args.resume
     assert p.parse([]).overrides == {}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--set", "algo.lr"], "--set 'algo.lr': expected SECTION.FIELD=VALUE"),
+    (["--set", "algo.lr=-1"], "algo.lr"),
+    (["--preset", "nope"], "nope"),
+    (["--out", " "], "--out is empty"),
+])
+def test_fedavg_example_refuses_bad_input_in_one_line(argv, message, tmp_path):
+    import subprocess
+    import sys
+
+    argv = argv if "--out" in argv else argv + ["--out", str(tmp_path / "run")]
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "fedavg.py"), *argv], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert sum("error" in line for line in r.stderr.splitlines()) == 1, r.stderr  # (argparse adds its usage)
+    assert not (tmp_path / "run").exists()
