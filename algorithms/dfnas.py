@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
@@ -304,6 +304,7 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
     return local_search
 
 
+@checked_factory(DFNASConfig)
 def dfnas(
     cfg: DFNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 1.0,
     placement: Placement = Placement(), dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",

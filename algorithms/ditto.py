@@ -47,7 +47,7 @@ from jaxfednas.algorithms.common import (
 from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
 from jaxfednas.search_spaces.models import make_model
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas import rng
@@ -114,6 +114,7 @@ def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig, *, p
     return personal_train
 
 
+@checked_factory(DittoConfig)
 def ditto(
     cfg: DittoConfig,
     info: DataInfo,

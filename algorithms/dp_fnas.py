@@ -86,7 +86,7 @@ from jaxfednas import privacy
 from jaxfednas.privacy import mechanism as dp
 from jaxfednas.privacy.accounting import ACCOUNTANTS
 from jaxfednas.privacy.dp_fnas import Accountant, max_iterations
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.checkpoint import renamed_fields
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
@@ -490,6 +490,7 @@ def export_genotype(cfg: DPFNASConfig, state: DPFNASState):
                   steps=cfg.nodes, multiplier=cfg.nodes)
 
 
+@checked_factory(DPFNASConfig)
 def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement(),
             precision: str = "fp32") -> FederatedAlgorithm:
     """DP-FNAS (Algorithm 1) on data described by ``info``; every party takes part in

@@ -27,7 +27,7 @@ from jaxfednas.algorithms.common import (
     train_metrics,
 )
 from jaxfednas.search_spaces.models import init_variables, make_model
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
@@ -65,6 +65,7 @@ class FedAvgState:
     server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
+@checked_factory(FedAvgConfig)
 def fedavg(
     cfg: FedAvgConfig,
     info: DataInfo,

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import (ClientData, DataInfo, FederatedData, num_steps, random_batch, run_local_epochs,
@@ -268,6 +268,7 @@ def recalibrated_batch_stats(
                                       placement=placement)
 
 
+@checked_factory(FedNASConfig)
 def fednas(
     cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
     dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",

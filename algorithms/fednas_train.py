@@ -54,7 +54,7 @@ import os
 import jax.numpy as jnp
 
 from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.optim import cosine_lr
@@ -160,6 +160,7 @@ def lr_scale_schedule(cfg: FedNASTrainConfig, rounds: int | None):
     return cosine_lr(1.0, 0.0, rounds)
 
 
+@checked_factory(FedNASTrainConfig)
 def fednas_train(
     cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
     dropout_rate: float = 0.0, rounds: int | None = None, server: Server = Server(), precision: str = "fp32",

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jaxfednas.algorithms.common import evaluate_global, make_local_train, make_logits_fn
 from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
 from jaxfednas.search_spaces.models import make_model
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
@@ -104,6 +104,7 @@ def evaluate_adapted(
     return client_accuracy_summary(r["correct"], r["count"])
 
 
+@checked_factory(LocalAdaptationConfig)
 def local_adaptation(
     cfg: LocalAdaptationConfig,
     info: DataInfo,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxfednas.algorithms.common import SupervisedConfig, evaluate_clients, make_local_train, train_metrics
 from jaxfednas.search_spaces.models import init_variables, make_model
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
                                scatter_rows)
@@ -52,6 +52,7 @@ class LocalOnlyState:
 ROWS = ("clients",)  # per-client fields (leading axis K): split along the clients mesh
 
 
+@checked_factory(LocalOnlyConfig)
 def local_only(
     cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
     dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",

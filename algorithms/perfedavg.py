@@ -43,7 +43,7 @@ import optax
 from jaxfednas.algorithms.common import SupervisedConfig, evaluate_global, make_batch_grad, train_metrics
 from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_adapted, evaluate_clients_global
 from jaxfednas.search_spaces.models import init_variables, make_model
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import param
 from jaxfednas.data.federated import (
     ClientData,
@@ -180,6 +180,7 @@ def make_adapt(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig, *, precis
     return adapt
 
 
+@checked_factory(PerFedAvgConfig)
 def perfedavg(
     cfg: PerFedAvgConfig,
     info: DataInfo,

@@ -81,7 +81,7 @@ import optax
 
 from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_batch_grad
 from jaxfednas import rng
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.checkpoint import renamed_fields
 from jaxfednas.config import ConfigError, ExperimentConfig, Validated, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
@@ -666,6 +666,7 @@ def _refuse_server_options(cfg: PerFedRLNASConfig, server: Server) -> None:
                       "needs algo.aggregation=count_normalized", aggregator=True)
 
 
+@checked_factory(PerFedRLNASConfig)
 def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 0.25,
                 placement: Placement = Placement(), dropout_rate: float = 0.0,
                 server: Server = Server(), precision: str = "fp32") -> FederatedAlgorithm:

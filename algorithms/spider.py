@@ -72,7 +72,7 @@ import optax
 
 from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_batch_grad
 from jaxfednas import rng
-from jaxfednas.algorithm import FederatedAlgorithm
+from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.checkpoint import renamed_fields
 from jaxfednas.config import ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
@@ -354,6 +354,7 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
     return train
 
 
+@checked_factory(SpiderConfig)
 def spider(
     cfg: SpiderConfig,
     info: DataInfo,

@@ -53,3 +53,56 @@ class FederatedAlgorithm(NamedTuple):
         if self.host_metrics is None:
             return metrics
         return {**metrics, **self.host_metrics(state, data)}
+
+
+# argument name -> (what it must be, check): the keywords the runner hands every factory
+_FACTORY_ARGUMENTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "info": ("a jaxfednas.data.DataInfo (FederatedData.info)", lambda v: _is("jaxfednas.data.federated", "DataInfo", v)),
+    "placement": ("a jaxfednas.runtime.Placement", lambda v: _is("jaxfednas.runtime", "Placement", v)),
+    "server": ("a jaxfednas.server.Server", lambda v: _is("jaxfednas.server", "Server", v)),
+    "clients_per_round": ("an int count or a float fraction", lambda v: _real(v)),
+    "dropout_rate": ("a number in [0, 1)", lambda v: _real(v)),
+    "precision": ("a precision name (str)", lambda v: isinstance(v, str)),
+}
+
+
+def _is(module: str, name: str, value: Any) -> bool:
+    import importlib  # noqa: PLC0415  (jaxfednas.runtime and .server import this module's users)
+
+    return isinstance(value, getattr(importlib.import_module(module), name))
+
+
+def _real(value: Any) -> bool:
+    import numbers  # noqa: PLC0415
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgorithm]], Callable[..., FederatedAlgorithm]]:
+    """Decorator for an algorithm factory ``factory(cfg, info, *, ...)``: an argument of the
+    wrong type -- a config of another algorithm or a string as ``cfg``, a string as
+    ``placement`` -- is a ``TypeError`` naming the factory, the argument and what it must be,
+    before any work (instead of an ``AttributeError`` deep inside). The signature is kept
+    (the runner reads it to pass the run's options)."""
+    import functools  # noqa: PLC0415
+    import inspect  # noqa: PLC0415
+
+    def wrap(factory: Callable[..., FederatedAlgorithm]) -> Callable[..., FederatedAlgorithm]:
+        signature = inspect.signature(factory)
+
+        @functools.wraps(factory)
+        def checked(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{factory.__name__}(): {e}") from None
+            for name, value in bound.arguments.items():
+                if name == "cfg" and not isinstance(value, config_cls):
+                    raise TypeError(f"{factory.__name__}(): cfg must be a {config_cls.__name__}, got "
+                                    f"{type(value).__name__}")
+                want = _FACTORY_ARGUMENTS.get(name)
+                if want is not None and not want[1](value):
+                    raise TypeError(f"{factory.__name__}(): {name} must be {want[0]}, got {value!r:.60}")
+            return factory(*args, **kwargs)
+        return checked
+    return wrap
