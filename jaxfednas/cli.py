@@ -206,9 +206,9 @@ def _run(args) -> int:
     if args.download:
         _download(cfg.data.dataset, cfg.data.data_dir)
     enable_compilation_cache()
-    if args.seeds is not None:
-        return _run_seeds(args, cfg)
     try:
+        if args.seeds is not None:  # a diverged seed stops the job as a diverged run does
+            return _run_seeds(args, cfg)
         summary = run_experiment(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -79,6 +79,20 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypat
     assert len((d / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.parametrize("seeds", [None, "0,1"])
+def test_cli_divergence_is_one_line_and_exit_3_with_and_without_seeds(seeds, tmp_path, monkeypatch, capsys):
+    def round_fn(state, m):
+        return state, {**m, "train_loss": jnp.where(state.round >= 1, jnp.nan, m["train_loss"])}
+
+    poison_algorithms(monkeypatch, round_fn=round_fn)
+    argv = ["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "2", "--out", str(tmp_path / "d"),
+            "--no-progress", *(["--seeds", seeds] if seeds else [])]
+    assert cli.main(argv) == 3
+    err = capsys.readouterr().err
+    assert "round 1: train_loss=nan" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+
+
 def test_cli_run_and_partition(tmp_path, capsys):
     out = tmp_path / "cli"
     rc = cli.main(["run", "fedavg", "--dataset", "synthetic", "--clients", "4", "--rounds", "1", "--seed", "1",
