@@ -55,17 +55,6 @@ class FederatedAlgorithm(NamedTuple):
         return {**metrics, **self.host_metrics(state, data)}
 
 
-# argument name -> (what it must be, check): the keywords the runner hands every factory
-_FACTORY_ARGUMENTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "info": ("a jaxfednas.data.DataInfo (FederatedData.info)", lambda v: _is("jaxfednas.data.federated", "DataInfo", v)),
-    "placement": ("a jaxfednas.runtime.Placement", lambda v: _is("jaxfednas.runtime", "Placement", v)),
-    "server": ("a jaxfednas.server.Server", lambda v: _is("jaxfednas.server", "Server", v)),
-    "clients_per_round": ("an int count or a float fraction", lambda v: _real(v)),
-    "dropout_rate": ("a number in [0, 1)", lambda v: _real(v)),
-    "precision": ("a precision name (str)", lambda v: isinstance(v, str)),
-}
-
-
 def _is(module: str, name: str, value: Any) -> bool:
     import importlib  # noqa: PLC0415  (jaxfednas.runtime and .server import this module's users)
 
@@ -76,6 +65,17 @@ def _real(value: Any) -> bool:
     import numbers  # noqa: PLC0415
 
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+# argument name -> (what it must be, check): the keywords the runner hands every factory
+_FACTORY_ARGUMENTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "info": ("a jaxfednas.data.DataInfo (FederatedData.info)", lambda v: _is("jaxfednas.data.federated", "DataInfo", v)),
+    "placement": ("a jaxfednas.runtime.Placement", lambda v: _is("jaxfednas.runtime", "Placement", v)),
+    "server": ("a jaxfednas.server.Server", lambda v: _is("jaxfednas.server", "Server", v)),
+    "clients_per_round": ("an int count or a float fraction", _real),
+    "dropout_rate": ("a number (its range is checked by the factory)", _real),
+    "precision": ("a precision name (str)", lambda v: isinstance(v, str)),
+}
 
 
 def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgorithm]], Callable[..., FederatedAlgorithm]]:

@@ -177,7 +177,7 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str]:
 
 
 _TRANSFORMS = re.compile(r"^(jit|pjit|jvp|transpose|vmap|checkpoint|remat|cond|switch|while|body|branch_\d+_fun|"
-                         r"eval_jaxpr|shard_map|custom_jvp_call|custom_vjp_call|vmap\(.*\))(\(.*\))?$")
+                         r"eval_jaxpr|shard_map|custom_jvp_call|custom_vjp_call)(\(.*\))?$")
 
 
 def scope_of(line: str, depth: int = 3) -> str:

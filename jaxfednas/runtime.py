@@ -284,7 +284,8 @@ def step_if(pred: jax.Array, step: Callable[[Any], tuple[Any, Any]], carry: Any)
 
 
 def on_accelerator() -> bool:
-    """Whether the default backend is an accelerator (not the CPU)."""
+    """Whether programs are traced for an accelerator (not the CPU): the default backend, or
+    :func:`jaxfednas.nn.compile_for`'s platform."""
     return target_platform() != "cpu"
 
 
