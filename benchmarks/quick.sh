@@ -15,7 +15,7 @@ export JAXFEDNAS_CACHE=off  # every compile counted, as on a fresh CI machine
 failed=()
 start=$SECONDS
 for name in fedavg_round fednas_search dfnas_cost perfedrlnas_cost elastic_single_path clients_in_flight \
-            multiprocess_round api_memory gpu; do
+            multiprocess_round api_memory gpu jax_versions; do
   t=$SECONDS
   if "$PY" "benchmarks/$name.py" --quick --out "$out" > "$logs/$name.log" 2>&1; then
     echo "ok      benchmarks/$name.py --quick ($((SECONDS - t)) s)"
