@@ -39,7 +39,6 @@ searched − random mean, the fraction of random children beaten and the diagnos
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -52,7 +51,7 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, run_script, StageRunner
+from jaxfednas.experiment import inherited_accuracies, exit_process, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
@@ -296,4 +295,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -61,14 +61,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import apply_overrides
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, make_partition, run_script, StageRunner
+from jaxfednas.experiment import inherited_accuracies, make_partition, exit_process, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
@@ -394,4 +393,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

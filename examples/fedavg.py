@@ -10,10 +10,9 @@ behind it: a config (defaults < preset < overrides) and ``run_experiment``.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from jaxfednas.config import ConfigError, parse_set
-from jaxfednas.experiment import run_experiment, run_script
+from jaxfednas.experiment import run_experiment, exit_process, run_script
 from jaxfednas.registry import make_config
 
 
@@ -50,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -60,7 +60,6 @@ ln 8 = 2.0794), 0.1 reaches 1.938 and 0.3 1.759 (supernet global test accuracy 0
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -75,7 +74,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, load_run, run_script, StageRunner
+from jaxfednas.experiment import inherited_accuracies, load_run, exit_process, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
@@ -418,4 +417,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

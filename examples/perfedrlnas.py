@@ -112,7 +112,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -127,7 +126,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import load_run, run_script, StageRunner
+from jaxfednas.experiment import load_run, exit_process, run_script, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round
@@ -627,4 +626,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -86,7 +86,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,7 +100,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import load_run, run_script, StageRunner
+from jaxfednas.experiment import load_run, exit_process, run_script, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import random_arch_key
@@ -578,4 +577,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

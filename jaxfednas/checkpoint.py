@@ -219,20 +219,22 @@ def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: st
     for p in checkpoint_files(path):
         try:
             raw = _read(p)
-        except ValueError as e:
-            skipped.append(f"{p.name}: {e}")
+            raw["state"]  # noqa: B018 - a payload without its state is damaged
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            why = e if isinstance(e, ValueError) else e.strerror if isinstance(e, OSError) else f"no {e}"
+            skipped.append(f"{p.name}: {why}")
             continue
         if max_round is not None and raw["round"] > max_round:
             skipped.append(f"{p.name}: round {raw['round']} is past the {max_round} rounds of metrics.jsonl")
             continue
-        if accepted is not None and raw["config_sha256"] not in accepted:
+        if accepted is not None and raw.get("config_sha256") not in accepted:
             skipped.append(f"{p.name}: written for another configuration (config sha256 "
-                           f"{raw['config_sha256'][:12]} != {accepted[0][:12]})")
+                           f"{str(raw.get('config_sha256'))[:12]} != {accepted[0][:12]})")
             continue
         try:
             state = _fit(template, migrate(template, raw["state"], raw.get("schema", 1)))
-        except ValueError as e:
-            skipped.append(f"{p.name}: {e}")
+        except (ValueError, KeyError, TypeError) as e:
+            skipped.append(f"{p.name}: {e if isinstance(e, ValueError) else f'does not fit the state ({e!r})'}")
             continue
         found = p
         break

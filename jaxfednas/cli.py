@@ -415,5 +415,16 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_TERMINATED
         return EXIT_INTERRUPT
 
+def entry() -> None:
+    """The ``jaxfednas`` command: :func:`main`, its status the process's
+    (:func:`jaxfednas.experiment.exit_process`: no interpreter shutdown after a signal)."""
+    code = main()
+    if code in (EXIT_INTERRUPT, EXIT_TERMINATED):  # jax is imported by then
+        from jaxfednas.experiment import exit_process  # noqa: PLC0415
+
+        exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

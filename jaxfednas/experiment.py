@@ -176,6 +176,30 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+INTERRUPTED_CODES = (130, 143)
+"""Exit statuses after Ctrl-C (130) and SIGTERM (143)."""
+
+
+def exit_process(code: int) -> None:
+    """End the process with ``code`` (a script's ``__main__`` calls this with what
+    :func:`run_script` or ``jaxfednas.cli.main`` returned). After Ctrl-C or SIGTERM (130,
+    143) the interpreter's own shutdown is skipped (the standard streams are flushed, then
+    ``os._exit``): a signal that arrives while XLA is compiling leaves its compiler threads
+    running, and finalizing the interpreter under them ended in a segmentation fault (exit
+    139) after the run had said how to resume. Every file of a run is written atomically and
+    closed by then, and the run directory's lock goes with the process."""
+    import sys  # noqa: PLC0415
+
+    if code in INTERRUPTED_CODES:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken pipe: nothing more to say
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
 def run_script(script: str, job: Callable[[], Any]) -> int:
     """Exit status of an example script's ``job()`` (with the compilation cache on): 0 when
     it finishes; 2 and a one-line error for bad input (configuration, missing data, an
@@ -490,7 +514,7 @@ def resume_config(out_dir: str | os.PathLike, overrides: dict | None = None) -> 
     cfg_path = Path(out_dir) / "config.json"
     if not cfg_path.exists():
         raise ConfigError(f"--resume: {out_dir} holds no run (no config.json)")
-    return apply_overrides(config_from_dict(json.loads(cfg_path.read_text())), overrides or {})
+    return apply_overrides(config_from_dict(_read_config_json(cfg_path)), overrides or {})
 
 
 def holds_run(out_dir: str | os.PathLike) -> bool:
@@ -616,15 +640,45 @@ def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunL
     if not resume:
         if holds_run(out):
             raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        # hidden names are the lock and an interrupted atomic write's temporary file (".NAME.xxxx")
+        foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not p.name.startswith("."))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise RunExistsError(f"--out {out} holds files that no run wrote ({shown}); a run writes files of these "
+                                 "names and would overwrite them: choose an empty or new --out")
         return [config_hash(cfg)]
+    for name in ("config.json", "metrics.jsonl", CHECKPOINT, "summary.json"):
+        if (out / name).exists() and not (out / name).is_file():
+            raise RunDirectoryError(f"--resume: {out / name} is not a file (a run keeps a file of that name "
+                                    "there): it was not written by a run; move it away or start afresh in another --out")
     cfg_path = out / "config.json"
-    raw = json.loads(cfg_path.read_text())
+    raw = _read_config_json(cfg_path)
     if config_hash(config_from_dict(raw)) != config_hash(cfg):
         raise ConfigError(
             f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
             "run.eval_every and run.checkpoint_every may change when resuming"
         )
     return list(_accepted_hashes(cfg, raw, log))
+
+
+def _read_config_json(cfg_path: Path) -> dict:
+    """A run directory's ``config.json`` as a dict, or a one-line :class:`RunDirectoryError`
+    when it is not one a run wrote (not a file, not JSON, not a configuration)."""
+    if cfg_path.exists() and not cfg_path.is_file():
+        raise RunDirectoryError(f"--resume: {cfg_path} is not a file (a run keeps a file of that name there): it was "
+                                "not written by a run; move it away or start afresh in another --out")
+    try:
+        raw = json.loads(cfg_path.read_text())
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError("an empty or non-object JSON value")
+        config_from_dict(raw)
+    except OSError as e:
+        raise RunDirectoryError(f"--resume: cannot read {cfg_path}: {e.strerror or e}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        what = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RunDirectoryError(f"--resume: {cfg_path} is not a run's configuration ({what}); it was not written "
+                                "by a run: start afresh in another --out") from None
+    return raw
 
 
 def _read_resumed(cfg: ExperimentConfig, out: Path, manifest: dict, shapes, accepted: tuple[str, ...],
@@ -634,14 +688,28 @@ def _read_resumed(cfg: ExperimentConfig, out: Path, manifest: dict, shapes, acce
     that metrics.jsonl covers, with the rows cut back to its round."""
     ckpt_path, mpath = out / CHECKPOINT, out / "metrics.jsonl"
     manifest_path = out / "partition" / "manifest.json"
-    if manifest_path.exists() and part.load_manifest(manifest_path)["sha256"] != manifest["sha256"]:
-        raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
+    if manifest_path.exists():
+        try:
+            recorded = part.load_manifest(manifest_path)["sha256"]
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise RunDirectoryError(f"--resume: {manifest_path} is not a partition manifest ({type(e).__name__}); "
+                                    "the partition is recomputed from the configuration: remove the file to have "
+                                    "it written again") from None
+        if recorded != manifest["sha256"]:
+            raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
     rows = _read_metrics(mpath)
     if not checkpoint_files(ckpt_path):
-        if rows:
+        # the first save writes metrics.jsonl, then the checkpoint: a run stopped in between
+        # has at most checkpoint_every rows and starts again at round 0 (its state is init(seed));
+        # more rows mean that checkpoints were written and are gone: the run stops
+        if len(rows) > cfg.run.checkpoint_every:
             raise CheckpointError(f"--resume: {out} has {len(rows)} rounds in metrics.jsonl but no checkpoint "
                                   f"({CHECKPOINT} and its older copies are gone); start afresh in another --out")
-        log(f"{out}: no round was completed before it stopped; starting at round 0")
+        if rows:
+            log(f"{out}: stopped while saving its first checkpoint (metrics.jsonl has {len(rows)} round(s), no "
+                "checkpoint); starting again at round 0")
+        else:
+            log(f"{out}: no round was completed before it stopped; starting at round 0")
         return None, 0, []
     try:
         state, start = read_checkpoint(ckpt_path, shapes, config_sha256=accepted, max_round=len(rows),

@@ -244,6 +244,16 @@ def test_resume_edge_cases_stop_in_one_line_and_write_nothing(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="has 3 rounds in metrics.jsonl but no checkpoint"):
         run_experiment(_cfg(4), d, resume=True, progress=False, log=lambda s: None)
     assert (d / "metrics.jsonl").read_bytes() == metrics
+    # stopped between the first save's metrics and its checkpoint (the rows of one checkpoint
+    # interval, no checkpoint): starts again at round 0 and ends as an uninterrupted run
+    (d / "metrics.jsonl").write_text(metrics.decode().splitlines()[0] + "\n")
+    logged = []
+    run_experiment(_cfg(3), d, resume=True, progress=False, log=logged.append)
+    assert any("stopped while saving its first checkpoint" in s and "starting again at round 0" in s
+               for s in logged), logged
+    assert (d / "metrics.jsonl").read_bytes() == metrics
+    for p in d.glob("checkpoint*.msgpack"):
+        p.unlink()
     # stopped before its first round (config.json, no metrics, no checkpoint): starts at 0
     (d / "metrics.jsonl").unlink()
     logged = []
@@ -345,3 +355,80 @@ def test_settings_the_configuration_never_reads_warn_in_one_line_each(tmp_path):
                               "run.server_optimizer": "adam", "run.server_lr": 0.5}),
                    tmp_path / "read", progress=False, log=lines.append)
     assert not [s for s in lines if "has no effect" in s]
+
+
+def test_a_fresh_run_refuses_a_directory_holding_files_no_run_wrote(tmp_path, capsys):
+    d = tmp_path / "shared"
+    d.mkdir()
+    (d / "summary.json").write_text('{"mine": 1}')
+    (d / "notes").mkdir()
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds files that no run wrote (notes/, summary.json)" in err, err
+    assert (d / "summary.json").read_text() == '{"mine": 1}' and not (d / "config.json").exists()
+    # hidden names (the lock, an interrupted atomic write's temporary file) are a run's own
+    e = tmp_path / "interrupted"
+    e.mkdir()
+    (e / ".config.json.abc123").write_text("{")
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(e)]) == 0
+    assert (e / "summary.json").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "config.json").write_text("{not json"), "config.json is not a run's configuration"),
+    (lambda d: (d / "config.json").write_text("[]"), "config.json is not a run's configuration"),
+    (lambda d: (d / "config.json").write_text("{}"), "config.json is not a run's configuration"),
+    (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json is not a file"),
+    (lambda d: ((d / "metrics.jsonl").unlink(), (d / "metrics.jsonl").mkdir()), "metrics.jsonl is not a file"),
+    (lambda d: (d / "partition" / "manifest.json").write_text("{"), "is not a partition manifest"),
+])
+def test_a_damaged_run_directory_is_one_line_on_resume(tmp_path, capsys, damage, message):
+    d = tmp_path / "run"
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(d)]) == 0
+    damage(d)
+    capsys.readouterr()
+    assert cli.main([*CLI, "--rounds", "2", "--out", str(d), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_a_checkpoint_without_its_state_is_skipped_as_damaged(tmp_path):
+    import hashlib
+
+    import flax.serialization
+
+    from jaxfednas.checkpoint import HEADER, read_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.msgpack"
+    save_checkpoint(path, {"w": jnp.ones(3)}, round=1, config_sha256="c")
+    raw = flax.serialization.msgpack_restore(path.read_bytes().split(b"\n", 1)[1])
+    del raw["state"]  # a valid header and checksum around a payload missing a key
+    payload = flax.serialization.msgpack_serialize(raw)
+    path.write_bytes(f"{HEADER} bytes={len(payload)} sha256={hashlib.sha256(payload).hexdigest()}\n".encode()
+                     + payload)
+    with pytest.raises(CheckpointError, match="checkpoint.msgpack: no 'state'"):
+        read_checkpoint(path, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_compilation_exits_cleanly(tmp_path, sig, code):
+    """The first round's program is compiling when the signal arrives (config.json is written
+    just before it): the run ends with 143/130 and its one line, not a segmentation fault (139)."""
+    d = tmp_path / "run"
+    env = {**os.environ, "JAXFEDNAS_CACHE": "off"}
+    p = subprocess.Popen([sys.executable, "-m", "jaxfednas.cli", "run", "fednas", "--preset", "smoke", "--no-progress",
+                          "--out", str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 240
+        while not (d / "config.json").exists():
+            assert time.time() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.05)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not (d / "metrics.jsonl").exists(), "the signal came after the first round: compile took < 50 ms?"
+    assert p.returncode == code, (p.returncode, err[-2000:])
+    assert "Traceback" not in err, err
