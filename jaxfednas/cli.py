@@ -298,7 +298,9 @@ def _download(dataset: str, data_dir: str | None) -> None:
 def _partition(args) -> int:
     from jaxfednas.config import ExperimentConfig, replace_fields
     from jaxfednas.data.datasets import load_dataset
-    from jaxfednas.experiment import check_run_directory, make_partition, write_partition_report
+    from jaxfednas.experiment import (
+        check_run_directory, holds_run, make_partition, RunDirectoryError, write_partition_report,
+    )
 
     d = replace_fields(DataConfig(), "data", {
         "dataset": args.dataset, "data_dir": args.data_dir, "num_clients": args.clients, "partition": args.method,
@@ -309,7 +311,12 @@ def _partition(args) -> int:
         _download(d.dataset, d.data_dir)
     if not args.out.strip():
         raise ConfigError("--out is empty: give a directory")
-    check_run_directory(Path(args.out))
+    out = Path(args.out)
+    check_run_directory(out)
+    if holds_run(out.absolute().parent) or holds_run(out):
+        run_dir = out if holds_run(out) else out.absolute().parent
+        raise RunDirectoryError(f"--out {args.out} lies in the run directory {run_dir}, whose partition is the "
+                                "run's own record: choose another --out")
     dataset = load_dataset(d.dataset, d.data_dir)
     manifest = make_partition(ExperimentConfig("partition", d, RunConfig(seed=args.seed), None), dataset)
     print(write_partition_report(manifest, dataset, Path(args.out)))

@@ -110,6 +110,14 @@ def test_cli_run_and_partition(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "total" in text and "sha256" in text
     assert (tmp_path / "part" / "label_heatmap.png").exists()
+    # a run's own partition folder (or the run directory itself) is not written over
+    manifest = (out / "partition" / "manifest.json").read_bytes()
+    for target in (out / "partition", out):
+        rc = cli.main(["partition", "--dataset", "digits", "--clients", "16", "--out", str(target)])
+        assert rc == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "lies in the run directory" in err, err
+    assert (out / "partition" / "manifest.json").read_bytes() == manifest
 
 
 @pytest.mark.parametrize("argv, message", [
