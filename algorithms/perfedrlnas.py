@@ -70,6 +70,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from typing import Any, NamedTuple
 from collections.abc import Callable
 
@@ -156,6 +157,8 @@ class PerFedRLNASConfig(Validated):
             raise ConfigError(f"algo.C={self.C} must be even (FactorizedReduce splits channels in two)")
         for name in ("budget_range", "throughput_range"):
             lo, hi = getattr(self, name)
+            if not (math.isfinite(lo) and math.isfinite(hi)):  # inf/NaN would reach the rewards as NaN
+                raise ConfigError(f"algo.{name} must be finite numbers, got {(lo, hi)}")
             if not 0 <= lo <= hi or (name == "throughput_range" and lo <= 0):
                 raise ConfigError(f"algo.{name} must be (lo, hi) with 0 <= lo <= hi (throughput > 0), got {(lo, hi)}")
         if self.reduce_probs == "normal" and self.space != "darts":

@@ -492,6 +492,7 @@ def test_export_personalize_and_new_client_adaptation(built, tiny_data):
 @pytest.mark.parametrize("over, match", [
     ({"algo.reduce_probs": "normal", "algo.space": "elastic"}, "reduce_probs"),
     ({"algo.budget_range": (0.5, 0.1)}, "budget_range"),
+    ({"algo.throughput_range": (1e9, float("inf"))}, "algo.throughput_range must be finite"),
     ({"algo.C": 5}, "algo.C"),
     ({"algo.baseline": "mean"}, "algo.baseline"),
     ({"algo.phi": "linear"}, "algo.phi"),
@@ -502,6 +503,9 @@ def test_bad_settings_fail_with_one_line_naming_them(over, match):
     with pytest.raises(ConfigError, match=match) as e:
         make_config("perfedrlnas", overrides=over)
     assert "\n" not in str(e.value)
+    if "throughput_range" in over:  # the Python API too
+        with pytest.raises(ConfigError, match=match):
+            pf.PerFedRLNASConfig(throughput_range=over["algo.throughput_range"])
 
 
 def test_single_path_darts_subnet_equals_the_masked_supernet(tiny_data):
