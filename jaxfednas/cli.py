@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
     from jaxfednas.distributed import DistributedError
-    from jaxfednas.experiment import RunDirectoryError, stop_on_sigterm, Terminated
+    from jaxfednas.experiment import out_of_memory, RunDirectoryError, stop_on_sigterm, Terminated
     from jaxfednas.files import WriteError
 
     stop_on_sigterm()
@@ -415,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetUnavailableError, DistributedError, FileNotFoundError, RunDirectoryError,
             WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - XLA's out-of-memory becomes one line; anything else propagates
+        if out_of_memory(e) is None:
+            raise
+        print(f"error: {out_of_memory(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):

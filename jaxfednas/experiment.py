@@ -176,6 +176,16 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+def out_of_memory(e: BaseException) -> str | None:
+    """The one-line error for XLA's out-of-memory (``RESOURCE_EXHAUSTED``, e.g. a batch or a
+    number of clients in flight that does not fit), or None for any other exception."""
+    if type(e).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or "RESOURCE_EXHAUSTED" not in str(e):
+        return None
+    first = str(e).strip().splitlines()[0]
+    return (f"the device ran out of memory ({first}); lower algo.batch_size or run.clients_per_round, or set "
+            "run.placement=map (one client at a time); `jaxfednas plan ALGO` estimates a configuration's memory")
+
+
 INTERRUPTED_CODES = (130, 143)
 """Exit statuses after Ctrl-C (130) and SIGTERM (143)."""
 
@@ -216,6 +226,11 @@ def run_script(script: str, job: Callable[[], Any]) -> int:
     except (ConfigError, DatasetUnavailableError, FileNotFoundError, RunDirectoryError, NonFiniteError,
             WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - XLA's out-of-memory becomes one line; anything else propagates
+        if out_of_memory(e) is None:
+            raise
+        print(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         args = " ".join(a for a in sys.argv[1:] if a != "--resume")

@@ -432,3 +432,23 @@ def test_a_signal_during_compilation_exits_cleanly(tmp_path, sig, code):
     assert not (d / "metrics.jsonl").exists(), "the signal came after the first round: compile took < 50 ms?"
     assert p.returncode == code, (p.returncode, err[-2000:])
     assert "Traceback" not in err, err
+
+
+def test_out_of_memory_is_one_line_with_advice(capsys, monkeypatch):
+    from jaxfednas.experiment import run_script
+
+    def job():  # a real XLA allocation failure: 1 TiB on the host
+        jax.jit(lambda: jnp.ones((2 ** 38,), jnp.float32))().block_until_ready()
+
+    assert run_script("examples/x.py", job) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ran out of memory (RESOURCE_EXHAUSTED" in err and "algo.batch_size" in err, err
+    monkeypatch.setattr(cli, "_list", job)  # the command line too
+    assert cli.main(["list"]) == 2
+    assert "ran out of memory" in capsys.readouterr().err
+
+    def other():
+        raise RuntimeError("not memory")
+
+    with pytest.raises(RuntimeError, match="not memory"):  # anything else propagates
+        run_script("examples/x.py", other)
