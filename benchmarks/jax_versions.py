@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import _bench_util as bu
+from fednas_search import worker_env
 
 SEARCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fednas_search.py")
 CONFIG_LABEL = {"a": "(a) C=8, 5 cells, B=32", "b": "(b) C=16, 8 cells, B=64 (paper)", "q": "(q) C=4, 1 cell, B=8"}
@@ -73,11 +74,8 @@ def worker(py: str, kind: str, args) -> dict:
         cmd = [py, SEARCH, "--configs", args.configs, "--steps", str(args.steps), "--repeats", str(args.repeats),
                "--b-steps", str(args.b_steps), "--b-repeats", str(args.b_repeats), "--no-write",
                "--worker", kind, "--json-out", out]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(bu.REPO_ROOT), str(bu.BENCH_DIR)] +
-                                            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not os.path.exists(out):
             sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
