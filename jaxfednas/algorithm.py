@@ -83,7 +83,9 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
     wrong type -- a config of another algorithm or a string as ``cfg``, a string as
     ``placement`` -- is a ``TypeError`` naming the factory, the argument and what it must be,
     before any work (instead of an ``AttributeError`` deep inside). The signature is kept
-    (the runner reads it to pass the run's options)."""
+    (the runner reads it to pass the run's options). The algorithm returned refuses data
+    other than the data ``info`` describes in every function taking ``(state, data, ...)``
+    (a ``ValueError`` naming what differs; see :func:`data_mismatch`)."""
     import functools  # noqa: PLC0415
     import inspect  # noqa: PLC0415
 
@@ -103,6 +105,62 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
                 want = _FACTORY_ARGUMENTS.get(name)
                 if want is not None and not want[1](value):
                     raise TypeError(f"{factory.__name__}(): {name} must be {want[0]}, got {value!r:.60}")
-            return factory(*args, **kwargs)
+            algo = factory(*args, **kwargs)
+            info = bound.arguments.get("info")
+            if info is None or not isinstance(algo, FederatedAlgorithm):
+                return algo
+            return algo._replace(**{f: _ForData(getattr(algo, f), info, f"{algo.name}.{f}")
+                                    for f in _DATA_FUNCTIONS if getattr(algo, f) is not None})
         return checked
     return wrap
+
+
+# the functions called as fn(state, data, ...): each refuses data of another dataset or client count
+_DATA_FUNCTIONS = ("round", "evaluate", "personalize", "host_metrics")
+
+
+def data_mismatch(built: Any, given: Any) -> str | None:
+    """What differs between the ``DataInfo`` an algorithm was built with and the one of the data it
+    is given (``"num_clients: 8 built, 6 given"``), or None when they agree."""
+    if given == built:
+        return None
+    fields = [f for f in type(built).__dataclass_fields__ if getattr(built, f) != getattr(given, f, None)]
+    return "; ".join(f"{f}: {getattr(built, f)!r} built, {getattr(given, f, None)!r} given" for f in fields)
+
+
+class _ForData:
+    """An algorithm's ``fn(state, data, ...)`` that first checks ``data.info`` against the
+    ``info`` the factory was given: data split over another number of clients (or another
+    dataset) would otherwise run, its client indices clamped by the gathers, and return wrong
+    numbers silently. Everything else (``lower``, ``clear_cache``, ...) is ``fn``'s."""
+
+    def __init__(self, fn: Callable, info: Any, name: str):
+        self.fn, self.info, self.name = fn, info, name
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def check(self, data: Any) -> None:
+        given = getattr(data, "info", None)
+        if given is None:
+            return  # not a FederatedData (e.g. a test's stand-in): nothing to compare
+        diff = data_mismatch(self.info, given)
+        if diff is not None:
+            raise ValueError(f"{self.name}(): the data is not the data the algorithm was built for ({diff}); "
+                             "build the algorithm with this data's info (FederatedData.info)")
+
+    def __call__(self, state: Any, data: Any, *args, **kwargs):
+        self.check(data)
+        return self.fn(state, data, *args, **kwargs)
+
+    @property
+    def lower(self) -> Callable:
+        lower = self.fn.lower  # (an AttributeError where fn is not jitted, as without this wrapper)
+
+        def checked(state: Any, data: Any, *args, **kwargs):
+            self.check(data)
+            return lower(state, data, *args, **kwargs)
+        return checked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)
