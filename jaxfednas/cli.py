@@ -22,6 +22,7 @@ from pathlib import Path
 
 from jaxfednas.config import ConfigError, DataConfig, RunConfig, describe, parse_set
 from jaxfednas.data.datasets import DATASETS
+from jaxfednas.errors import RegistrationError
 
 EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 130, 143
 
@@ -52,7 +53,15 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
 
 def import_module_or_file(spec: str):
     """Import ``spec``: a path ending in ``.py`` (as the module named by its stem) or a dotted
-    module name (also looked up in the current directory). ConfigError if there is none."""
+    module name (also looked up in the current directory). ConfigError if there is none, or
+    if the module registers a name that is refused (taken, or not a valid name)."""
+    try:
+        return _import(spec)
+    except RegistrationError as e:
+        raise ConfigError(f"--import {spec}: {e}") from None
+
+
+def _import(spec: str):
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
         path = Path(spec).resolve()
         if not path.is_file():
@@ -398,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
     from jaxfednas.distributed import DistributedError
-    from jaxfednas.experiment import out_of_memory, RunDirectoryError, stop_on_sigterm, Terminated
+    from jaxfednas.experiment import environment_error, RunDirectoryError, stop_on_sigterm, Terminated
     from jaxfednas.files import WriteError
 
     stop_on_sigterm()
@@ -416,10 +425,10 @@ def main(argv: list[str] | None = None) -> int:
             WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as e:  # noqa: BLE001 - XLA's out-of-memory becomes one line; anything else propagates
-        if out_of_memory(e) is None:
+    except Exception as e:  # noqa: BLE001 - out of memory or a file-system fault is one line; the rest propagates
+        if environment_error(e) is None:
             raise
-        print(f"error: {out_of_memory(e)}", file=sys.stderr)
+        print(f"error: {environment_error(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import io
 import json
 import math
@@ -186,6 +187,31 @@ def out_of_memory(e: BaseException) -> str | None:
             "run.placement=map (one client at a time); `jaxfednas plan ALGO` estimates a configuration's memory")
 
 
+_OS_ADVICE = {
+    errno.ENAMETOOLONG: "a shorter --out (or run name)",
+    errno.EACCES: "a directory you may write (--out)",
+    errno.EPERM: "a directory you may write (--out)",
+    errno.EROFS: "a writable file system for --out",
+    errno.ENOSPC: "free space on its disk, or another --out",
+    errno.EDQUOT: "free space within your quota, or another --out",
+}
+
+
+def environment_error(e: BaseException) -> str | None:
+    """The one-line error for a fault of the machine rather than of the program: XLA's
+    out-of-memory (:func:`out_of_memory`) or an ``OSError`` about a named file that the user
+    can act on (a name too long, no permission, a read-only or full disk); None for any
+    other exception, which propagates with its traceback."""
+    oom = out_of_memory(e)
+    if oom is not None:
+        return oom
+    if isinstance(e, OSError) and e.errno in _OS_ADVICE and e.filename is not None:
+        name = str(e.filename)
+        shown = name if len(name) <= 100 else f"{name[:60]}...{name[-30:]} ({len(name)} characters)"
+        return f"{shown}: {e.strerror}; use {_OS_ADVICE[e.errno]}"
+    return None
+
+
 INTERRUPTED_CODES = (130, 143)
 """Exit statuses after Ctrl-C (130) and SIGTERM (143)."""
 
@@ -227,10 +253,10 @@ def run_script(script: str, job: Callable[[], Any]) -> int:
             WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - XLA's out-of-memory becomes one line; anything else propagates
-        if out_of_memory(e) is None:
+    except Exception as e:  # noqa: BLE001 - out of memory or a file-system fault is one line; the rest propagates
+        if environment_error(e) is None:
             raise
-        print(f"error: {out_of_memory(e)}", file=sys.stderr)
+        print(f"error: {environment_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         args = " ".join(a for a in sys.argv[1:] if a != "--resume")
@@ -663,9 +689,7 @@ def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunL
                                  "names and would overwrite them: choose an empty or new --out")
         return [config_hash(cfg)]
     for name in ("config.json", "metrics.jsonl", CHECKPOINT, "summary.json"):
-        if (out / name).exists() and not (out / name).is_file():
-            raise RunDirectoryError(f"--resume: {out / name} is not a file (a run keeps a file of that name "
-                                    "there): it was not written by a run; move it away or start afresh in another --out")
+        _refuse_non_file(out / name)
     cfg_path = out / "config.json"
     raw = _read_config_json(cfg_path)
     if config_hash(config_from_dict(raw)) != config_hash(cfg):
@@ -676,12 +700,18 @@ def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunL
     return list(_accepted_hashes(cfg, raw, log))
 
 
+def _refuse_non_file(path: Path) -> None:
+    """A one-line :class:`RunDirectoryError` where something other than a file (a directory)
+    sits at ``path``, a name at which a run keeps a file."""
+    if path.exists() and not path.is_file():
+        raise RunDirectoryError(f"--resume: {path} is not a file (a run keeps a file of that name there): it was "
+                                "not written by a run; move it away or start afresh in another --out")
+
+
 def _read_config_json(cfg_path: Path) -> dict:
     """A run directory's ``config.json`` as a dict, or a one-line :class:`RunDirectoryError`
     when it is not one a run wrote (not a file, not JSON, not a configuration)."""
-    if cfg_path.exists() and not cfg_path.is_file():
-        raise RunDirectoryError(f"--resume: {cfg_path} is not a file (a run keeps a file of that name there): it was "
-                                "not written by a run; move it away or start afresh in another --out")
+    _refuse_non_file(cfg_path)
     try:
         raw = json.loads(cfg_path.read_text())
         if not isinstance(raw, dict) or not raw:

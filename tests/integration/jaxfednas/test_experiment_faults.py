@@ -452,3 +452,27 @@ def test_out_of_memory_is_one_line_with_advice(capsys, monkeypatch):
 
     with pytest.raises(RuntimeError, match="not memory"):  # anything else propagates
         run_script("examples/x.py", other)
+
+
+def test_a_file_system_fault_is_one_line_naming_the_path(tmp_path, capsys):
+    from jaxfednas.experiment import run_script
+
+    long_out = tmp_path / ("r" * 300)  # longer than a file name may be (255 bytes on Linux)
+    assert cli.main(["run", "fedavg", "--preset", "smoke", "--out", str(long_out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "File name too long; use a shorter --out" in err, err
+    assert "(" + str(len(str(long_out))) + " characters)" in err, err
+
+    def full():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "metrics.jsonl"))
+
+    assert run_script("examples/x.py", full) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'metrics.jsonl'}: No space left on device; use free space on its disk, " \
+                  "or another --out\n", err
+
+    def unnamed():
+        raise OSError(errno.ENOSPC, "no space")  # no file named: not something a user can act on here
+
+    with pytest.raises(OSError, match="no space"):
+        run_script("examples/x.py", unnamed)
