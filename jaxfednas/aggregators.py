@@ -35,7 +35,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from jaxfednas.errors import ConfigError
+from jaxfednas.errors import ConfigError, RegistrationError
 
 #: The built-in aggregators, registered by :mod:`jaxfednas.server` when it is imported.
 BUILTIN: tuple[str, ...] = ("mean", "median", "trimmed_mean")
@@ -81,7 +81,7 @@ def register_aggregator(name: str, fn: Callable[..., Any] | None = None, *, repl
     ``fn``. A name already taken by another function is refused unless ``replace``; the
     same function registered again (its module imported twice) replaces itself."""
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ValueError(f"aggregator name must be letters, digits, '_', '.' or '-', got {name!r}")
+        raise RegistrationError(f"aggregator name must be letters, digits, '_', '.' or '-', got {name!r}")
 
     def add(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
@@ -90,7 +90,7 @@ def register_aggregator(name: str, fn: Callable[..., Any] | None = None, *, repl
         same = old is not None and (getattr(old, "__module__", None), getattr(old, "__qualname__", None)) == (
             getattr(f, "__module__", None), getattr(f, "__qualname__", None))
         if old is not None and not (replace or same):
-            raise ValueError(f"aggregator {name!r} is already registered ({old.__module__}.{old.__qualname__}); "
+            raise RegistrationError(f"aggregator {name!r} is already registered ({old.__module__}.{old.__qualname__}); "
                              f"pass replace=True to replace it")
         _RULES[name] = f
         return f

@@ -7,4 +7,10 @@ class ConfigError(ValueError):
     """A configuration value is unknown, mistyped or out of range."""
 
 
-__all__ = ["ConfigError"]
+class RegistrationError(ValueError):
+    """A name cannot be registered (an algorithm or an aggregator): not a valid name, or taken
+    by another module without ``replace=True``. The command line's ``--import`` reports it in
+    one line, as a setting's error."""
+
+
+__all__ = ["ConfigError", "RegistrationError"]

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jaxfednas.config import ConfigError, DataConfig, ExperimentConfig, RunConfig, apply_overrides
+from jaxfednas.errors import RegistrationError
 
 if TYPE_CHECKING:
     import jaxfednas.algorithm
@@ -52,12 +53,12 @@ def register_algorithm(name: str, *, replace: bool = False) -> Callable[[Callabl
     ``DESCRIPTION``, ``RUN_OPTIONS``). A name already taken by another module is
     refused unless ``replace``; the same module registering again replaces itself."""
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"algorithm name must be a Python identifier, got {name!r}")
+        raise RegistrationError(f"algorithm name must be a Python identifier, got {name!r}")
 
     def add(factory: Callable[..., Any]) -> Callable[..., Any]:
         old = ALGORITHMS.get(name)
         if old is not None and old != factory.__module__ and not replace:
-            raise ValueError(f"algorithm {name!r} is already registered (module {old}); pass replace=True to "
+            raise RegistrationError(f"algorithm {name!r} is already registered (module {old}); pass replace=True to "
                              "replace it")
         ALGORITHMS[name] = factory.__module__
         _FACTORIES[name] = factory

@@ -148,3 +148,23 @@ def test_cli_import_of_a_file_or_module_registers_the_aggregator_before_the_conf
     assert "no such file" in capsys.readouterr().err
     assert cli.main(["run", "fedavg", "--import", "no_such_module_xyz"]) == 2
     assert "No module named 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+def test_cli_import_of_a_module_whose_registration_is_refused_is_one_line(tmp_path, capsys):
+    import sys
+
+    taken = tmp_path / "takes_fedavg.py"  # an algorithm name another module holds
+    taken.write_text("from jaxfednas.registry import register_algorithm\n\n"
+                     "@register_algorithm('fedavg')\ndef mine(cfg, info, **kw):\n    pass\n")
+    bad_name = tmp_path / "bad_aggregator.py"
+    bad_name.write_text("from jaxfednas.server import register_aggregator\n\n"
+                        "register_aggregator('my mean', lambda *a, **k: None)\n")
+    for path, said in [(taken, "algorithm 'fedavg' is already registered (module jaxfednas.algorithms.fedavg)"),
+                       (bad_name, "aggregator name must be letters, digits")]:
+        assert cli.main(["run", "fedavg", "--import", str(path), "--out", str(tmp_path / "unused")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --import {path}: {said}") and err.count("\n") == 1, err
+        assert path.stem not in sys.modules  # a failed import leaves nothing half-registered to import again
+    from jaxfednas.registry import ALGORITHMS
+
+    assert ALGORITHMS["fedavg"] == "jaxfednas.algorithms.fedavg"
