@@ -187,6 +187,7 @@ def machine_info() -> dict[str, Any]:
         "device_count": len(d),
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
 
@@ -194,6 +195,7 @@ def machine_line(info: dict[str, Any]) -> str:
     return (
         f"{info['cpu_count']} CPU cores ({info['machine']}), jax {info['jax']} on {info['backend']} "
         f"({info['device_kind']}), python {info['python']}"
+        + (f", XLA_FLAGS={info['xla_flags']}" if info.get("xla_flags") else "")
     )
 
 
@@ -286,3 +288,24 @@ def remove_sections(commands: Sequence[str], path: Path = RESULTS) -> list[str]:
     if removed:
         path.write_text(_join(preamble, [s for h, s in sections if h not in headings]))
     return removed
+
+
+def run_worker(cmd: list[str], env: dict, label: dict) -> dict:
+    """Run ``cmd + ["--json-out", FILE]`` (a benchmark's worker in a fresh process) and return
+    the JSON it wrote with ``wall_s`` added; where it fails, its output's tail goes to stderr
+    and the result is ``{**label, "error": "worker exited N", "wall_s": ...}``."""
+    import subprocess
+    import time
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        t0 = time.perf_counter()
+        proc = subprocess.run([*cmd, "--json-out", out], env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0 or not os.path.exists(out):
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+            return {**label, "error": f"worker exited {proc.returncode}", "wall_s": wall}
+        with open(out) as f:
+            res = json.load(f)
+        res["wall_s"] = wall
+        return res

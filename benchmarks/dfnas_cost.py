@@ -61,11 +61,8 @@ first run. Every configuration runs in its own subprocess.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import _bench_util as bu
@@ -346,19 +343,8 @@ def run_worker(args) -> dict:
 def spawn(kind: str) -> dict:
     import fednas_search as fs
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", kind, "--json-out", out]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=fs.worker_env(), capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0 or not os.path.exists(out):
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-            return {"kind": kind, "error": f"worker exited {proc.returncode}", "wall_s": wall}
-        with open(out) as f:
-            res = json.load(f)
-        res["wall_s"] = wall
-        return res
+    return bu.run_worker([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", kind],
+                         fs.worker_env(), {"kind": kind})
 
 
 def plan(args) -> list[str]:

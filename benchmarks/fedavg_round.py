@@ -30,12 +30,9 @@ before the ``loop`` baseline is built.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import _bench_util as bu
@@ -297,19 +294,8 @@ def worker_env(fake: bool, devices: int) -> dict:
 
 
 def spawn(args, name: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", name, "--json-out", out]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=worker_env(SPECS[name][3], args.devices), capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0 or not os.path.exists(out):
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-            return {"name": name, "error": f"worker exited {proc.returncode}", "wall_s": wall}
-        with open(out) as f:
-            res = json.load(f)
-        res["wall_s"] = wall
-        return res
+    return bu.run_worker([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", name],
+                         worker_env(SPECS[name][3], args.devices), {"name": name})
 
 
 def label(name: str, devices: int) -> str:

@@ -36,11 +36,8 @@ Every measurement runs in a fresh subprocess (peak RSS is a per-process high-wat
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import _bench_util as bu
@@ -373,19 +370,8 @@ def worker_env() -> dict:
 
 
 def spawn(kind: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", kind, "--json-out", out]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0 or not os.path.exists(out):
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-            return {"kind": kind, "error": f"worker exited {proc.returncode}", "wall_s": wall}
-        with open(out) as f:
-            res = json.load(f)
-        res["wall_s"] = wall
-        return res
+    return bu.run_worker([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", kind],
+                         worker_env(), {"kind": kind})
 
 
 def torch_available() -> bool:
