@@ -18,17 +18,20 @@ gradients at one point; config (a) also in the authors' order, ``alpha_first``).
         --python .venv/bin/python --python .venv-newest/bin/python --torch-python .venv/bin/python
     PYTHONPATH=. python benchmarks/jax_versions.py --quick   # this interpreter only, config q, in seconds
 
+A ``--python`` may start with ``NAME=VALUE`` settings for that interpreter's workers, e.g.
+``--python "XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= .venv/bin/python"`` (an XLA
+flag on one install only); its row names them.
+
 Each interpreter needs jaxfednas installed (``pip install -e .``); the torch one needs torch
 (``pip install torch``). Results go to benchmarks/RESULTS.md (``--out`` elsewhere).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shlex
 import subprocess
 import sys
-import tempfile
 import time
 
 import _bench_util as bu
@@ -41,8 +44,9 @@ QUICK = {"configs": "q", "steps": 1, "repeats": 1, "b_steps": 1, "b_repeats": 1}
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--python", action="append", default=[], metavar="PATH",
-                   help="an interpreter with jaxfednas installed (repeatable; default: this one)")
+    p.add_argument("--python", action="append", default=[], metavar="[NAME=VALUE ...] PATH",
+                   help="an interpreter with jaxfednas installed, optionally after environment settings for "
+                        "its workers (repeatable; default: this one)")
     p.add_argument("--torch-python", metavar="PATH",
                    help="an interpreter with torch installed (default: this one; the PyTorch rows are "
                         "skipped where it has no torch)")
@@ -58,8 +62,9 @@ def parse_args(argv=None):
         if c not in CONFIG_LABEL:
             p.error(f"unknown config {c!r}; choose from {sorted(CONFIG_LABEL)}")
     for py in args.python + ([args.torch_python] if args.torch_python else []):
-        if not (os.path.isfile(py) and os.access(py, os.X_OK)):
-            p.error(f"{py} is not an executable interpreter")
+        path = interpreter(py)[1]
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            p.error(f"{path} is not an executable interpreter")
     if not args.python:
         args.python = [sys.executable]
     if args.quick and not args.torch_python:
@@ -67,27 +72,25 @@ def parse_args(argv=None):
     return args
 
 
+def interpreter(spec: str) -> tuple[dict, str]:
+    """``"NAME=VALUE ... PATH"`` -> ``({NAME: VALUE}, PATH)``: a --python and its workers' settings."""
+    words = shlex.split(spec)
+    settings = dict(w.split("=", 1) for w in words[:-1] if "=" in w)
+    if not words or len(settings) != len(words) - 1:
+        raise SystemExit(f"jax_versions.py: --python {spec!r}: expected [NAME=VALUE ...] PATH")
+    return settings, words[-1]
+
+
 def worker(py: str, kind: str, args) -> dict:
-    """One fednas_search.py worker ``kind`` in a fresh process of interpreter ``py``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = [py, SEARCH, "--configs", args.configs, "--steps", str(args.steps), "--repeats", str(args.repeats),
-               "--b-steps", str(args.b_steps), "--b-repeats", str(args.b_repeats), "--no-write",
-               "--worker", kind, "--json-out", out]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0 or not os.path.exists(out):
-            sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
-            return {"kind": kind, "error": f"worker exited {proc.returncode}", "wall_s": wall}
-        with open(out) as f:
-            res = json.load(f)
-        res["wall_s"] = wall
-        return res
+    """One fednas_search.py worker ``kind`` in a fresh process of interpreter ``py`` (a --python)."""
+    settings, py = interpreter(py)
+    cmd = [py, SEARCH, "--configs", args.configs, "--steps", str(args.steps), "--repeats", str(args.repeats),
+           "--b-steps", str(args.b_steps), "--b-repeats", str(args.b_repeats), "--no-write", "--worker", kind]
+    return bu.run_worker(cmd, {**worker_env(), **settings}, {"kind": kind})
 
 
 def has_torch(py: str) -> bool:
-    return subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0
+    return subprocess.run([interpreter(py)[1], "-c", "import torch"], capture_output=True).returncode == 0
 
 
 def s_step(r: dict) -> float:
@@ -140,7 +143,8 @@ def main(argv=None):
                     rows.append([CONFIG_LABEL[c], f"interpreter {i + 1}", order, r["error"], "", "", ""])
                     continue
                 m = r["machine"]
-                rows.append([CONFIG_LABEL[c], f"Python {m['python']}, jax {m['jax']}",
+                flags = f", XLA_FLAGS=`{m['xla_flags']}`" if m.get("xla_flags") else ""
+                rows.append([CONFIG_LABEL[c], f"Python {m['python']}, jax {m['jax']}{flags}",
                              "Eq. 4 (default)" if order == "simultaneous" else "alpha_first (authors' order)",
                              f"{s_step(r):.2f}", f"{r['lower_s'] + r['compile_s']:.0f}",
                              f"{r['peak_rss_mib'] / 1024:.2f}", f"{t_ref / s_step(r):.2f}x" if t_ref else "-"])
