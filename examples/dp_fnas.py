@@ -5,6 +5,7 @@
     python examples/dp_fnas.py --preset paper --data-dir DIR   # CIFAR-10 with the paper's settings (a GPU)
     python examples/dp_fnas.py --out runs/dp_fnas --resume     # continue an interrupted run
     python examples/dp_fnas.py --seeds 0,1,2      # the private search's cell vs random cells, three seeds
+    python examples/dp_fnas.py --seeds 0,1,2 --noise 0   # the same without noise or clipping: what privacy costs
 
 Table 1 (every row is a run directory under ``--out``):
   1. search — Algorithm 1 on K IID parties, each with a search-train / search-val /
@@ -30,7 +31,9 @@ paper reports validation error) and ε per row.
 draws the parties' split and the random cells) into ``seed_<s>/``: one DP-FNAS row (K =
 ``--parties``, default 4, noise ``--noise`` on both mechanisms), its cell through the
 augmentation stage and ``--random`` random cells through the same stage. The other Table 1
-rows (vanilla NAS, FNAS, the other party counts) are not run there. The searched cell is
+rows (vanilla NAS, FNAS, the other party counts) are not run there; ``--noise 0`` makes the
+row its non-private counterpart (FNAS: the same search, space and budget without noise or
+clipping, ``fnas-<K>p/``), the reference line of what privacy costs. The searched cell is
 augmented again with ``--train-seeds`` - 1 other training seeds (``augment-seed_<j>/``,
 default 3 seeds in all), and every cell's accuracy with the weights it inherits from the
 private supernet is measured (``inherited.json``; post-processing, no privacy spent), for
@@ -265,19 +268,27 @@ def _seed_parties(args) -> int:
 def over_seeds_control(args, overrides: dict) -> None:
     """``--seeds``: :func:`private_vs_random` once per seed, then the table over seeds."""
     parties = _seed_parties(args)
+    if args.noise > 0:
+        title = f"DP-FNAS ({parties} parties, noise {args.noise:g}): the private search's cell vs random cells"
+        search = (f"a DP-FNAS search ({parties} parties, noise multiplier {args.noise:g} on both mechanisms, "
+                  "per-example clipping)")
+        eps = "ε: PLD accountant (the guarantee), at the search's δ, for either mechanism. "
+    else:
+        title = f"FNAS ({parties} parties, no noise): the non-private search's cell vs random cells"
+        search = (f"the same search without noise or clipping (FNAS, {parties} parties: DP-FNAS's non-private "
+                  "counterpart)")
+        eps = ""
     over_seeds(parse_seeds(args.seeds),
                lambda seed, out: private_vs_random(args, {**overrides, "run.seed": seed}, out), args.out,
-               title=f"DP-FNAS ({parties} parties, noise {args.noise:g}): the private search's cell vs random cells",
+               title=title,
                metric="augmented test accuracy (non-private training from scratch)",
-               note=(f"Each seed (`seed_<s>/results.md`): its own split of the parties, a DP-FNAS search "
-                     f"({parties} parties, noise multiplier {args.noise:g} on both mechanisms, per-example "
-                     f"clipping), the derived cell and {args.random} random cells of the same space each through "
-                     "the same augmentation stage (non-private). ε: PLD accountant (the guarantee), at the "
-                     "search's δ, for either mechanism. The other Table 1 rows are not run here. The searched "
-                     f"cell is augmented with {args.train_seeds} training seeds: its std over them is the noise of "
-                     "the architecture signal-to-noise ratio (std over the random cells / that std). The supernet "
-                     "ranking is Kendall's τ (Spearman's ρ) over the seed's cells between their accuracy with the "
-                     "weights inherited from the private supernet and their augmented accuracy. "
+               note=(f"Each seed (`seed_<s>/results.md`): its own split of the parties, {search}, "
+                     f"the derived cell and {args.random} random cells of the same space each through "
+                     f"the same augmentation stage (non-private). {eps}The other Table 1 rows are not run here. "
+                     f"The searched cell is augmented with {args.train_seeds} training seeds: its std over them is "
+                     "the noise of the architecture signal-to-noise ratio (std over the random cells / that std). "
+                     "The supernet ranking is Kendall's τ (Spearman's ρ) over the seed's cells between their "
+                     "accuracy with the weights inherited from the supernet and their augmented accuracy. "
                      "Plot: `plots/searched_vs_random.png`."))
 
 
@@ -289,7 +300,8 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
     cache: dict = {}
     cfg = _search_config(args.preset, parties, args.noise,
                          {k: v for k, v in overrides.items() if not k.startswith("augment.")}, cache)
-    name = _row_name("DP-FNAS", parties, 0)
+    private = args.noise > 0  # --noise 0: FNAS, the same search without noise or clipping (the reference line)
+    name = _row_name("DP-FNAS" if private else "FNAS", parties, 0)
     runner = _runner(out, args)
     s = _stage(runner, name, cfg)  # the private search (Algorithm 1)
     a = _augment(runner, cfg, s["architecture"], args, overrides)
@@ -305,8 +317,9 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
     ranking = supernet_ranking(inherited, [vs["searched"]] + [r["final"]["global_test_acc"] for _, r in randoms])
     eps_name = f"ε (PLD, δ={cfg.algo.delta:g})"
     numbers = {"supernet test acc (private search)": s["final"]["global_test_acc"],
-               eps_name: s["final"]["epsilon_pld"],
-               "searched cell: augmented test acc": vs["searched"],
+               eps_name: s["final"]["epsilon_pld"]} if private else \
+        {"supernet test acc (non-private search)": s["final"]["global_test_acc"]}
+    numbers |= {"searched cell: augmented test acc": vs["searched"],
                "random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
                "searched − random mean": vs["searched_minus_random"],
                "random cells beaten (fraction)": vs["beats"] / len(randoms),
@@ -326,7 +339,7 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
               f"| inherited from the supernet (searched; random), over {ranking['n']} cells | "
               f"{'; '.join(f'{x:.4f}' for x in inherited[:1])}; {', '.join(f'{x:.4f}' for x in inherited[1:])} |"]
     table = "\n".join(lines) + "\n"
-    atomic_write_text(out / "results.md", f"# DP-FNAS ({cfg.data.dataset}, {parties} parties, noise "
+    atomic_write_text(out / "results.md", f"# {'DP-FNAS' if private else 'FNAS'} ({cfg.data.dataset}, {parties} parties, noise "
                       f"{cfg.algo.noise_multiplier:g}, seed {cfg.run.seed}): searched vs random cells\n\n{table}")
     atomic_write_text(out / "results.json", json.dumps({"numbers": numbers, "points": points}, indent=1) + "\n")
     print("\n" + table)
@@ -366,7 +379,8 @@ def main(argv=None) -> int:
     p.add_rounds("search rounds (iterations = rounds x algo.iterations_per_round)")
     p.add_argument("--train-rounds", type=int, help="augmentation rounds")
     p.add_argument("--parties", type=int, action="append", help="only the Table 1 rows with these party counts")
-    p.add_argument("--noise", type=float, default=1.0, help="noise multiplier of the DP-FNAS rows of Table 1")
+    p.add_argument("--noise", type=float, default=1.0, help="noise multiplier of the DP-FNAS rows of Table 1 and of "
+                   "--seeds (with --seeds, 0 runs the non-private counterpart, FNAS)")
     p.add_argument("--arch-gradient", choices=("first", "second_fd", "second_hvp"),
                    help="architecture gradient (digits default: first)")
     p.add_control(random=3, random_help="Table 1: also augment N random cells of the searched space, the control "
@@ -380,9 +394,10 @@ def main(argv=None) -> int:
                   set_help="override a search setting (augment.FIELD for the augmentation stage)")
     args = p.parse(argv)
     if args.seeds is not None:
-        if args.sweep_noise or args.seed is not None or args.random == 0 or args.noise <= 0 or \
+        if args.sweep_noise or args.seed is not None or args.random == 0 or args.noise < 0 or \
                 (args.parties and len(args.parties) > 1):
-            p.error("--seeds compares one private search with random cells: it needs --random >= 1, --noise > 0, "
+            p.error("--seeds compares one private search with random cells: it needs --random >= 1, --noise >= 0 "
+                    "(0: the non-private counterpart), "
                     "at most one --parties, and no --seed or --sweep-noise")
     args.out = args.out or ("runs/dp_fnas-noise" if args.sweep_noise else "runs/dp_fnas")
     overrides = args.overrides

@@ -95,13 +95,18 @@ def test_dp_fnas_example_over_seeds_tables_each_seeds_numbers(tmp_path, monkeypa
     assert (tmp_path / "plots" / "searched_vs_random.png").exists()
     capsys.readouterr()
     for bad in (["--seeds", "0,0"], ["--seeds", "2-1"], ["--seeds", "0,1", "--random", "0"],
-                ["--seeds", "0,1", "--noise", "0"], ["--seeds", "0,1", "--sweep-noise"],
+                ["--seeds", "0,1", "--noise", "-1"], ["--seeds", "0,1", "--sweep-noise"],
                 ["--seeds", "0,1", "--parties", "2", "--parties", "4"], ["--seeds", "0,1", "--set", "run.seed=3"]):
         with pytest.raises(SystemExit) as e:  # argparse's one-line usage error
             ex.main(bad + ["--out", str(tmp_path / "x")])
         err = capsys.readouterr().err
         assert e.value.code == 2 and "error: --seeds" in err and "Traceback" not in err, bad
     assert len(calls) == 2 and not (tmp_path / "x").exists()
+    # --noise 0: the non-private counterpart (FNAS), titled as such, no ε
+    assert ex.main(["--seeds", "1", "--random", "1", "--noise", "0", "--out", str(tmp_path / "fnas")]) == 0
+    text = (tmp_path / "fnas" / "results.md").read_text()
+    assert "FNAS (4 parties, no noise): the non-private search's cell vs random cells" in text
+    assert "without noise or clipping" in text and "PLD accountant" not in text
 
 
 def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, monkeypatch):
@@ -158,3 +163,13 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
     assert res["points"]["searched"] == (network_params(searched, c.C, 10, c.layers, (8, 8, 1)), 0.85)
     assert [a for _, a in res["points"]["random"]] == [0.9, 0.7]
     assert "| searched − random mean | 0.0500 |" in (tmp_path / "results.md").read_text()
+
+    # --noise 0: the same search without noise or clipping (FNAS), named so, no ε
+    ran.clear()
+    args.noise = 0.0
+    res = ex.private_vs_random(args, {"run.seed": 7, "algo.nodes": 2, "algo.primitives": "tiny"}, tmp_path)
+    search = ran.pop("fnas-2p")
+    assert search.algo.noise_multiplier == 0 and search.algo.clip_norm == 0 and search.algo.arch_clip_norm == 0
+    assert "supernet test acc (non-private search)" in res["numbers"]
+    assert not any(k.startswith("ε") for k in res["numbers"])
+    assert (tmp_path / "results.md").read_text().startswith("# FNAS (")
