@@ -416,15 +416,30 @@ def _quiet(message: str) -> None:
     pass
 
 
+CADENCE_FIELDS = ("rounds", "eval_every", "checkpoint_every")
+"""``run`` fields a resumed run may change: how long it runs and how often it evaluates and saves."""
+
+LAYOUT_FIELDS = ("placement", "client_chunk_size", "memory_budget_gib")
+"""``run`` fields a resumed run may change too: how the clients are laid on the devices, not what
+they compute (a run moved to another machine; its numbers then agree with an uninterrupted run's
+up to floating-point rounding, said in a note)."""
+
+
 def config_hash(cfg: ExperimentConfig) -> str:
-    """Hash of everything that determines the trajectory (``run.rounds`` and the
-    eval/checkpoint cadence excluded, so a finished run can be extended)."""
+    """Hash of everything that determines the trajectory (the run's cadence,
+    :data:`CADENCE_FIELDS`, and the clients' layout, :data:`LAYOUT_FIELDS`, excluded, so a
+    finished run can be extended and a run can move to other devices)."""
     return _dict_hash(cfg.to_dict())
 
 
-def _dict_hash(d: dict) -> str:
-    d = {**d, "run": {k: v for k, v in d.get("run", {}).items() if k not in ("rounds", "eval_every", "checkpoint_every")}}
+def _dict_hash(d: dict, excluded: tuple[str, ...] = CADENCE_FIELDS + LAYOUT_FIELDS) -> str:
+    d = {**d, "run": {k: v for k, v in d.get("run", {}).items() if k not in excluded}}
     return sha256_text(json.dumps(d, sort_keys=True))
+
+
+def _dict_hash_v1(d: dict) -> str:
+    """The hash checkpoints carried before the layout was excluded (only the cadence)."""
+    return _dict_hash(d, CADENCE_FIELDS)
 
 
 def _accepted_hashes(cfg: ExperimentConfig, stored: dict, log: Callable[[str], None]) -> tuple[str, ...]:
@@ -434,15 +449,18 @@ def _accepted_hashes(cfg: ExperimentConfig, stored: dict, log: Callable[[str], N
     when the library has gained config fields since (the run resumes with their
     defaults, which keep the earlier behaviour; said in one line)."""
     written = _dict_hash(stored)
+    # checkpoints written before the layout left the hash carry the older one, of config.json's
+    # layout (the one they ran with) -- or of today's, where config.json was written since
+    older = tuple(dict.fromkeys((_dict_hash_v1(stored), _dict_hash_v1(cfg.to_dict()))))
     if written == config_hash(cfg):
-        return (written,)
+        return (written, *older)
     now = cfg.to_dict()
     sections = {"data": type(cfg.data), "run": type(cfg.run), "algo": type(cfg.algo)}
     seen = {s: {current_name(c, k) for k in stored.get(s, {})} for s, c in sections.items()}
     missing = [f"{s}.{k}" for s in sections for k in now.get(s, {}) if k not in seen[s]]
     if missing:
         log(f"note: config.json predates the fields {', '.join(missing)}; resuming with their defaults")
-    return config_hash(cfg), written
+    return config_hash(cfg), written, *older
 
 
 def make_partition(cfg: ExperimentConfig, dataset: Dataset) -> dict:
@@ -695,8 +713,15 @@ def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunL
     if config_hash(config_from_dict(raw)) != config_hash(cfg):
         raise ConfigError(
             f"--resume: the configuration differs from the one in {cfg_path}; only run.rounds, "
-            "run.eval_every and run.checkpoint_every may change when resuming"
+            "run.eval_every and run.checkpoint_every, and the clients' layout (run.placement, "
+            "run.client_chunk_size, run.memory_budget_gib) may change when resuming"
         )
+    before, now = config_from_dict(raw).run, cfg.run
+    moved = [f"run.{f}: {getattr(before, f)} -> {getattr(now, f)}" for f in LAYOUT_FIELDS
+             if getattr(before, f) != getattr(now, f)]
+    if moved:
+        log(f"note: the clients' layout changed ({', '.join(moved)}); the rounds from here agree with an "
+            "uninterrupted run's up to floating-point rounding, not bit for bit")
     return list(_accepted_hashes(cfg, raw, log))
 
 

@@ -63,6 +63,39 @@ def test_extend_finished_run_and_reject_changed_config(tmp_path):
     assert len((d / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_a_run_resumes_on_another_layout_and_from_a_checkpoint_of_the_former_hash(tmp_path):
+    """The clients' layout (run.placement, client_chunk_size, memory_budget_gib) may change on
+    resume -- a run moved to another machine -- with a note; a checkpoint written before the
+    layout left the config hash (it carries the older hash) still resumes."""
+    import flax.serialization
+
+    import jaxfednas.experiment as exp
+
+    straight = tmp_path / "straight"
+    run_experiment(_cfg(4), straight, progress=False, log=lambda s: None)
+    moved, notes = tmp_path / "moved", []
+    run_experiment(_cfg(2), moved, progress=False, log=lambda s: None)
+    run_experiment(_cfg(4, **{"run.placement": "map"}), moved, resume=True, progress=False, log=notes.append)
+    assert any("the clients' layout changed (run.placement: vmap -> map)" in n for n in notes), notes
+    a, b = ([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (straight, moved))
+    assert [r["round"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):  # the same trajectory, up to rounding (vmap and map sum in other orders)
+        for k in ("train_loss", "global_test_loss"):
+            assert rb[k] == pytest.approx(ra[k], rel=1e-4), (k, ra["round"])
+    # a checkpoint of the former hash (layout included), as runs before this change wrote it
+    old = tmp_path / "old"
+    run_experiment(_cfg(2), old, progress=False, log=lambda s: None)
+    _header, payload = (old / "checkpoint.msgpack").read_bytes().split(b"\n", 1)
+    raw = flax.serialization.msgpack_restore(payload)
+    former = exp._dict_hash_v1(json.loads((old / "config.json").read_text()))
+    assert raw["config_sha256"] != former
+    exp.save_checkpoint(old / "checkpoint.msgpack", raw["state"], round=raw["round"], config_sha256=former)
+    run_experiment(_cfg(4), old, resume=True, progress=False, log=lambda s: None)
+    assert (old / "metrics.jsonl").read_bytes() == (straight / "metrics.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match="the clients' layout"):  # anything else still refused, the message says what may change
+        run_experiment(_cfg(5, **{"algo.lr": 0.5}), old, resume=True, progress=False)
+
+
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     def round_fn(state, m):
         return state, {**m, "train_loss": jnp.where(state.round >= 3, jnp.nan, m["train_loss"])}
