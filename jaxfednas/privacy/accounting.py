@@ -392,8 +392,15 @@ def pld_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int, de
     from dp_accounting import pld
 
     accountant = pld.PLDAccountant(value_discretization_interval=vdi)
-    accountant.compose(_dp_event(p, sigma, t))
-    return float(accountant.get_epsilon(d))
+    try:
+        accountant.compose(_dp_event(p, sigma, t))
+        return float(accountant.get_epsilon(d))
+    except MemoryError as e:  # the loss grid: its range over the interval; a tiny sigma or interval is huge
+        need = str(e).split("allocate ", 1)[-1].split(" for", 1)[0] if "allocate" in str(e) else "more memory"
+        raise ValueError(f"the PLD accountant's privacy-loss grid for noise_multiplier={sigma:g} at value "
+                         f"discretisation interval {vdi:g} does not fit in memory (it needs {need}); a larger noise "
+                         "multiplier, or a coarser interval (still an upper bound; `jaxfednas privacy "
+                         "--pld-interval`), or the RDP accountant") from None
 
 
 def rdp_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int,

@@ -424,6 +424,17 @@ def test_cli_main_prints_table_and_calibration(capsys):
     assert "largest T for noise_multiplier = 1" in out
 
 
+def test_a_pld_grid_too_large_for_memory_is_one_line(capsys):
+    """A tiny noise multiplier (or interval) asks dp-accounting for a privacy-loss grid of
+    petabytes: numpy's MemoryError becomes a ValueError naming the setting, one line in the CLI."""
+    with pytest.raises(ValueError, match=r"noise_multiplier=1e-06 .* does not fit in memory \(it needs .*B\)"):
+        P.pld_epsilon(sampling_prob=0.01, noise_multiplier=1e-6, steps=10, delta=1e-5)
+    rc = cli.main(["privacy", "--sampling-prob", "0.01", "--noise-multiplier", "0.1", "--steps", "1000",
+                   "--delta", "1e-5", "--pld-interval", "1e-9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "interval 1e-09 does not fit in memory" in err, err
+
+
 def test_cli_plugs_into_subparser_and_reports_errors(capsys):
     parser = argparse.ArgumentParser(prog="jaxfednas")
     sub = parser.add_subparsers(dest="command", required=True)
