@@ -163,4 +163,6 @@ class _ForData:
         return checked
 
     def __getattr__(self, name: str) -> Any:
+        if name == "fn":  # (not set yet: copy/pickle probing a bare instance)
+            raise AttributeError(name)
         return getattr(self.fn, name)
