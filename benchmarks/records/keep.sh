@@ -19,5 +19,6 @@ while IFS= read -r d; do
         prune+=(-path "$d" -prune -o)
     fi
 done < <(find . -name config.json -printf '%h\n')
+# (not STATUS.md: a run continued from a copy of a record holds the record's, older than DEST's)
 find . "${prune[@]}" -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.txt' \
-    -o -name '*.csv' \) -print0 | xargs -0 -r cp --parents -t "$dest"
+    -o -name '*.csv' \) ! -name STATUS.md -print0 | xargs -0 -r cp --parents -t "$dest"
