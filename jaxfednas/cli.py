@@ -426,9 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - out of memory or a file-system fault is one line; the rest propagates
-        if environment_error(e) is None:
+        message = environment_error(e)
+        if message is None:
             raise
-        print(f"error: {environment_error(e)}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
         if isinstance(e, Terminated):

@@ -254,9 +254,10 @@ def run_script(script: str, job: Callable[[], Any]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - out of memory or a file-system fault is one line; the rest propagates
-        if environment_error(e) is None:
+        message = environment_error(e)
+        if message is None:
             raise
-        print(f"error: {environment_error(e)}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         args = " ".join(a for a in sys.argv[1:] if a != "--resume")
