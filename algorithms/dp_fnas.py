@@ -178,6 +178,11 @@ class DPFNASConfig(DartsSpaceConfig):
             if noise > 0 and clip <= 0:
                 raise ConfigError(f"algo.{nn_}={noise} needs algo.{cn} > 0: without clipping the noise "
                                   "has no sensitivity to calibrate against")
+            if noise > 0:  # the PLD epsilon reported each round must be computable: refused now, not after round 1
+                try:
+                    privacy.pld_interval(noise)
+                except ValueError as e:
+                    raise ConfigError(f"algo.{nn_}: {e}") from None
         if self.target_epsilon > 0 and (self.noise_multiplier <= 0 or self.tau <= 0):
             raise ConfigError("algo.target_epsilon needs noise on both mechanisms (noise_multiplier and "
                               "arch_noise_multiplier > 0)")

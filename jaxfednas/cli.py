@@ -362,8 +362,8 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--accountant", choices=ACCOUNTANTS, default="pld",
                         help="accountant used for --target-epsilon calibration (default: pld)")
     parser.add_argument("--pld-interval", type=float, default=None,
-                        help="PLD value discretisation interval (default 1e-4, dp-accounting's; "
-                             "coarser is faster and looser)")
+                        help="PLD value discretisation interval (default 1e-4, dp-accounting's, coarser for "
+                             "a noise multiplier below ~0.35; coarser is faster and looser)")
     return parser
 
 

@@ -29,6 +29,7 @@ from jaxfednas.privacy.accounting import (  # noqa: F401
     max_steps,
     overflow_probability,
     pld_epsilon,
+    pld_interval,
     rdp_epsilon,
 )
 from jaxfednas.privacy.dp_fnas import (  # noqa: F401
@@ -44,5 +45,5 @@ __all__ = [
     "ACCOUNTANTS", "Accountant", "AccountingReport", "DPFNASReport", "MechanismSpec", "NO_BUDGET",
     "calibrate_noise_multiplier", "compare_accountants", "dpfnas_report", "gdp_delta", "gdp_epsilon",
     "gdp_mu_poisson", "gdp_mu_uniform", "max_iterations", "max_steps", "overflow_probability", "pld_epsilon",
-    "rdp_epsilon",
+    "pld_interval", "rdp_epsilon",
 ]

@@ -99,11 +99,17 @@ __all__ = [
     "max_steps",
     "overflow_probability",
     "pld_epsilon",
+    "pld_interval",
     "rdp_epsilon",
 ]
 
 ACCOUNTANTS = ("pld", "rdp", "clt")
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4  # dp-accounting's own PLDAccountant default
+# With value_discretization_interval=None the PLD's grid is kept under this many points:
+# building it costs ~7 us a point on one core (a Poisson-subsampled Gaussian), so ~7 s.
+PLD_MAX_POINTS = 1_000_000
+PLD_MAX_INTERVAL = 100.0  # dp-accounting overflows (expm1 of the interval) far above this
+_PLD_LOG_TAIL = -50.0  # dp-accounting's log_mass_truncation_bound of the Gaussian
 # Calibration searches sigma in this range.  Below ~0.05 a subsampled-Gaussian
 # PLD has privacy losses in the thousands and gets slow and memory hungry.
 _SIGMA_MIN = 0.05
@@ -185,10 +191,47 @@ def _check_accountant(value) -> str:
     return value
 
 
-def _check_interval(value) -> float:
+def pld_interval(noise_multiplier: float, *, max_points: int = PLD_MAX_POINTS) -> float:
+    r"""The PLD value discretisation interval used when none is given.
+
+    dp-accounting's 1e-4, or coarser where the noise is small: a Gaussian step of
+    sensitivity 1 and noise sigma has privacy losses ``(1/2 - x)/sigma^2`` over the
+    ``x`` it keeps, ``|x| <= k sigma (+1)`` with ``k = 9.76`` (tail mass
+    ``e^-50``), a range of about ``(2 k sigma + 1)/sigma^2``; the interval is that
+    range over ``max_points``.  A coarser interval gives a larger epsilon that is
+    still an upper bound (pessimistic discretisation), so the guarantee holds;
+    above sigma ~0.35 nothing changes.  Without it sigma = 0.03 takes minutes
+    per epsilon and smaller sigmas run out of memory.  Below sigma ~1e-3 (losses
+    over ~1e6: epsilon is of that order) the interval would exceed 1 and this
+    raises ``ValueError``; an explicit interval up to ``PLD_MAX_INTERVAL`` is
+    still accepted by :func:`pld_epsilon`.
+
+    >>> pld_interval(1.0)
+    0.0001
+    >>> round(pld_interval(0.01), 4)
+    0.0119
+    """
+    sigma = _check_noise_multiplier(noise_multiplier)
+    if isinstance(max_points, bool) or not isinstance(max_points, numbers.Integral) or max_points < 1:
+        raise ValueError(f"max_points must be a positive integer, got {max_points!r}")
+    k = -float(special.ndtri(0.5 * math.exp(_PLD_LOG_TAIL)))
+    loss_range = (2.0 * k + 1.0 / sigma) / sigma  # (2 k sigma + 1)/sigma^2 without underflow
+    v = max(DEFAULT_VALUE_DISCRETIZATION_INTERVAL, loss_range / int(max_points))
+    if v > 1.0:
+        raise ValueError(
+            f"noise_multiplier={sigma:g} is too small for the PLD accountant: the privacy losses of one step "
+            f"span ~{loss_range:.3g} (epsilon is of that order), a grid of {int(max_points):,} points of "
+            f"width {v:.3g}; a larger noise multiplier, an explicit value_discretization_interval "
+            f"(`jaxfednas privacy --pld-interval`) up to {PLD_MAX_INTERVAL:g}, or the RDP accountant")
+    return v
+
+
+def _check_interval(value, noise_multiplier: float) -> float:
+    if value is None:
+        return pld_interval(noise_multiplier)
     v = _real("value_discretization_interval", value)
-    if not 0.0 < v < math.inf:
-        raise ValueError(f"value_discretization_interval must be in (0, inf), got {v!r}")
+    if not 0.0 < v <= PLD_MAX_INTERVAL:
+        raise ValueError(f"value_discretization_interval must be in (0, {PLD_MAX_INTERVAL:g}], got {v!r}")
     return v
 
 
@@ -223,7 +266,7 @@ def gdp_mu_poisson(*, sampling_prob: float, noise_multiplier: float, steps: int)
     p = _check_sampling_prob(sampling_prob)
     sigma = _check_noise_multiplier(noise_multiplier)
     t = _check_steps(steps)
-    log_mu = math.log(p) + 0.5 * (math.log(t) + _log_expm1(sigma ** -2))
+    log_mu = math.log(p) + 0.5 * (math.log(t) + _log_expm1(1.0 / sigma / sigma))  # inf, not OverflowError
     return _exp_or_inf(log_mu)
 
 
@@ -371,15 +414,15 @@ def _dp_event(p: float, sigma: float, steps: int):
 
 
 def pld_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int, delta: float,
-                value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
-                ) -> float:
+                value_discretization_interval: float | None = None) -> float:
     r"""Epsilon of T Poisson-subsampled Gaussian steps from the PLD accountant.
 
     ``dp_accounting.pld.PLDAccountant`` (add/remove-one, pessimistic
     discretisation) on ``SelfComposed(PoissonSampled(p, Gaussian(sigma)), T)``;
     for ``p == 1`` the Gaussian event is used directly.  This is a numerical
     upper bound; a coarser ``value_discretization_interval`` only makes it
-    larger (safer) and faster.
+    larger (safer) and faster.  ``None``: :func:`pld_interval` of the noise
+    (1e-4 unless sigma is below ~0.35).
 
     >>> round(pld_epsilon(sampling_prob=1.0, noise_multiplier=1.0, steps=1, delta=1e-5), 2)
     4.38
@@ -388,7 +431,7 @@ def pld_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int, de
     sigma = _check_noise_multiplier(noise_multiplier)
     t = _check_steps(steps)
     d = _check_delta(delta)
-    vdi = _check_interval(value_discretization_interval)
+    vdi = _check_interval(value_discretization_interval, sigma)
     from dp_accounting import pld
 
     accountant = pld.PLDAccountant(value_discretization_interval=vdi)
@@ -426,7 +469,7 @@ def rdp_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int,
 
 
 def _epsilon(accountant: str, p: float, sigma: float, steps: int, delta: float,
-             vdi: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL) -> float:
+             vdi: float | None = None) -> float:
     if accountant == "pld":
         return pld_epsilon(sampling_prob=p, noise_multiplier=sigma, steps=steps, delta=delta,
                            value_discretization_interval=vdi)
@@ -464,7 +507,7 @@ class AccountingReport:
     epsilon_rdp: float
     clt_optimistic: bool
     ratio_pld_over_clt: float
-    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL  # the one used
 
     def to_table(self) -> str:
         """Fixed-width text table (what ``jaxfednas privacy`` prints)."""
@@ -491,9 +534,10 @@ class AccountingReport:
 
 def compare_accountants(*, sampling_prob: float, noise_multiplier: float, steps: int,
                         delta: float,
-                        value_discretization_interval: float =
-                        DEFAULT_VALUE_DISCRETIZATION_INTERVAL) -> AccountingReport:
+                        value_discretization_interval: float | None = None) -> AccountingReport:
     r"""Epsilon of one mechanism under the CLT, PLD and RDP accountants.
+
+    ``value_discretization_interval=None``: :func:`pld_interval` of the noise.
 
     >>> r = compare_accountants(sampling_prob=0.01, noise_multiplier=1.0, steps=1000,
     ...                         delta=1e-5)
@@ -504,7 +548,7 @@ def compare_accountants(*, sampling_prob: float, noise_multiplier: float, steps:
     sigma = _check_noise_multiplier(noise_multiplier)
     t = _check_steps(steps)
     d = _check_delta(delta)
-    vdi = _check_interval(value_discretization_interval)
+    vdi = _check_interval(value_discretization_interval, sigma)
     mu = gdp_mu_poisson(sampling_prob=p, noise_multiplier=sigma, steps=t)
     eps_clt = gdp_epsilon(mu=mu, delta=d)
     eps_pld = pld_epsilon(sampling_prob=p, noise_multiplier=sigma, steps=t, delta=d,

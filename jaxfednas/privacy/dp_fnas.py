@@ -26,7 +26,6 @@ import math
 import numpy as np
 
 from jaxfednas.privacy.accounting import (
-    DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
     AccountingReport,
     _check_delta,
     _check_noise_multiplier,
@@ -120,8 +119,7 @@ class DPFNASReport:
 
 
 def dpfnas_report(*, train: MechanismSpec, val: MechanismSpec, delta: float,
-                  value_discretization_interval: float =
-                  DEFAULT_VALUE_DISCRETIZATION_INTERVAL) -> DPFNASReport:
+                  value_discretization_interval: float | None = None) -> DPFNASReport:
     r"""Account M^G (weights, training split) and M^H (architecture, validation split).
 
     Each mechanism is composed over its own steps; the party's per-example

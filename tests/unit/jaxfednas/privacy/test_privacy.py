@@ -427,12 +427,38 @@ def test_cli_main_prints_table_and_calibration(capsys):
 def test_a_pld_grid_too_large_for_memory_is_one_line(capsys):
     """A tiny noise multiplier (or interval) asks dp-accounting for a privacy-loss grid of
     petabytes: numpy's MemoryError becomes a ValueError naming the setting, one line in the CLI."""
-    with pytest.raises(ValueError, match=r"noise_multiplier=1e-06 .* does not fit in memory \(it needs .*B\)"):
-        P.pld_epsilon(sampling_prob=0.01, noise_multiplier=1e-6, steps=10, delta=1e-5)
+    with pytest.raises(ValueError, match=r"noise_multiplier=0.1 .* interval 1e-09 does not fit in memory "
+                       r"\(it needs .*B\)"):
+        P.pld_epsilon(sampling_prob=0.01, noise_multiplier=0.1, steps=10, delta=1e-5,
+                      value_discretization_interval=1e-9)
     rc = cli.main(["privacy", "--sampling-prob", "0.01", "--noise-multiplier", "0.1", "--steps", "1000",
                    "--delta", "1e-5", "--pld-interval", "1e-9"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "interval 1e-09 does not fit in memory" in err, err
+
+
+def test_the_default_pld_interval_keeps_small_noise_computable(capsys):
+    """No interval given: 1e-4, or coarser so that one step's loss grid has at most
+    PLD_MAX_POINTS points; coarser stays an upper bound; too small a noise is one line."""
+    assert P.pld_interval(1.0) == accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    for sigma in (0.3, 0.03, 0.003):  # the grid the interval allows: the loss range over max_points
+        v = P.pld_interval(sigma)
+        k = 9.76  # -ndtri(exp(-50) / 2)
+        assert (2 * k * sigma + 1) / sigma**2 / v <= 1.01 * accounting.PLD_MAX_POINTS
+    assert P.pld_interval(0.03) > 10 * accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+    # a coarser interval only raises epsilon (and not by much at this noise)
+    args = dict(sampling_prob=0.5, noise_multiplier=0.5, steps=3, delta=1e-5)
+    fine = P.pld_epsilon(**args)
+    coarse = P.pld_epsilon(**args, value_discretization_interval=P.pld_interval(0.5, max_points=2_000))
+    assert fine < coarse < 1.05 * fine
+    assert P.gdp_mu_poisson(sampling_prob=0.5, noise_multiplier=1e-300, steps=10) == float("inf")
+    for sigma in ("1e-300", "5e-4"):
+        rc = cli.main(["privacy", "--sampling-prob", "0.5", "--noise-multiplier", sigma, "--steps", "10",
+                       "--delta", "1e-5"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "too small for the PLD accountant" in err, err
+    with pytest.raises(ValueError, match=r"value_discretization_interval must be in \(0, 100\]"):
+        P.pld_epsilon(**args, value_discretization_interval=1e3)
 
 
 def test_cli_plugs_into_subparser_and_reports_errors(capsys):
