@@ -200,6 +200,15 @@ def shape_template(tree: Any) -> Any:
                         tree)
 
 
+def checkpoint_config_hash(path: str | os.PathLike) -> str | None:
+    """The configuration hash the checkpoint file at ``path`` was written for; None when the
+    file is missing or does not verify."""
+    try:
+        return _read(Path(path)).get("config_sha256")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def read_checkpoint(path: str | os.PathLike, template: Any, *, config_sha256: str | tuple[str, ...] | None = None,
                     max_round: int | None = None, warn: Callable[[str], None] | None = None) -> tuple[Any, int]:
     """The state (NumPy leaves, structured like ``template``, whose leaves need only a

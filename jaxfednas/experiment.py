@@ -43,8 +43,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxfednas import plots
 from jaxfednas.files import make_dirs, write_error, WriteError
-from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_files, CheckpointError,
-                                  load_checkpoint, read_checkpoint, save_checkpoint, sha256_text,
+from jaxfednas.checkpoint import (atomic_write_bytes, atomic_write_text, checkpoint_config_hash, checkpoint_files,
+                                  CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint, sha256_text,
                                   shape_template)
 from jaxfednas.config import apply_overrides, ConfigError, current_name, ExperimentConfig, setting_warnings
 from jaxfednas.data.datasets import Dataset, load_dataset
@@ -836,6 +836,11 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log
         # run stops before its next save
         if mpath.exists() and mpath.read_bytes() != _metrics_bytes(rows):
             _write_metrics(mpath, rows)
+        if start and checkpoint_config_hash(out / CHECKPOINT) != config_hash(cfg):
+            # restored from a checkpoint of an older hash (accepted above, e.g. of another layout):
+            # the same state saved again under today's, which matches the config.json written next,
+            # so that a run stopped before its next save still resumes
+            save_checkpoint(out / CHECKPOINT, restored, round=start, config_sha256=config_hash(cfg))
         atomic_write_text(out / "config.json", cfg.to_json())
         return write_partition_report(manifest, dataset, out / "partition")
 

@@ -90,8 +90,17 @@ def test_a_run_resumes_on_another_layout_and_from_a_checkpoint_of_the_former_has
     former = exp._dict_hash_v1(json.loads((old / "config.json").read_text()))
     assert raw["config_sha256"] != former
     exp.save_checkpoint(old / "checkpoint.msgpack", raw["state"], round=raw["round"], config_sha256=former)
-    run_experiment(_cfg(4), old, resume=True, progress=False, log=lambda s: None)
-    assert (old / "metrics.jsonl").read_bytes() == (straight / "metrics.jsonl").read_bytes()
+    # resumed on another layout and stopped before its next save (here: no round left to run),
+    # then resumed on a third: the checkpoint was saved again under today's hash, so it still resumes
+    run_experiment(_cfg(2, **{"run.placement": "map"}), old, resume=True, progress=False, log=lambda s: None)
+    assert exp.checkpoint_config_hash(old / "checkpoint.msgpack") == exp.config_hash(_cfg(2))
+    run_experiment(_cfg(4, **{"run.placement": "map", "run.client_chunk_size": 2}), old, resume=True,
+                   progress=False, log=lambda s: None)
+    a = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in b] == [1, 2, 3, 4] and b[:2] == a[:2]
+    for ra, rb in zip(a[2:], b[2:]):
+        assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-4)
     with pytest.raises(ConfigError, match="the clients' layout"):  # anything else still refused, the message says what may change
         run_experiment(_cfg(5, **{"algo.lr": 0.5}), old, resume=True, progress=False)
 
