@@ -76,11 +76,24 @@ class RunExistsError(RunDirectoryError):
 
 
 
+def _exists(path: Path) -> bool:
+    """``path.exists()`` as before Python 3.14: False where nothing is there, and an
+    ``OSError`` the user can act on (a name too long, no permission) raised, not taken for
+    "missing" (3.14's ``Path.exists`` returns False for every OS error)."""
+    try:
+        path.stat()
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return False
+        raise
+    return True
+
+
 def check_run_directory(out: Path) -> None:
     """Fail with one line when ``out`` cannot be a directory: it, or a folder above it,
     exists and is not a directory."""
     for p in (out, *out.parents):
-        if p.exists():
+        if _exists(p):
             if not p.is_dir():
                 what = "is a file" if p == out else f"lies under {p}, which is a file"
                 raise RunDirectoryError(f"--out {out} {what}, not a directory: choose another --out")
