@@ -196,7 +196,7 @@ def pld_interval(noise_multiplier: float, *, max_points: int = PLD_MAX_POINTS) -
 
     dp-accounting's 1e-4, or coarser where the noise is small: a Gaussian step of
     sensitivity 1 and noise sigma has privacy losses ``(1/2 - x)/sigma^2`` over the
-    ``x`` it keeps, ``|x| <= k sigma (+1)`` with ``k = 9.76`` (tail mass
+    ``x`` it keeps, ``|x| <= k sigma (+1)`` with ``k = 9.75`` (tail mass
     ``e^-50``), a range of about ``(2 k sigma + 1)/sigma^2``; the interval is that
     range over ``max_points``.  A coarser interval gives a larger epsilon that is
     still an upper bound (pessimistic discretisation), so the guarantee holds;

@@ -443,7 +443,7 @@ def test_the_default_pld_interval_keeps_small_noise_computable(capsys):
     assert P.pld_interval(1.0) == accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
     for sigma in (0.3, 0.03, 0.003):  # the grid the interval allows: the loss range over max_points
         v = P.pld_interval(sigma)
-        k = 9.76  # -ndtri(exp(-50) / 2)
+        k = 9.75  # -ndtri(exp(-50) / 2)
         assert (2 * k * sigma + 1) / sigma**2 / v <= 1.01 * accounting.PLD_MAX_POINTS
     assert P.pld_interval(0.03) > 10 * accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
     # a coarser interval only raises epsilon (and not by much at this noise)
