@@ -11,7 +11,9 @@ batch statistics on up to 10 batches of its training data in training mode, the 
 pools them n_i/n: ``jaxfednas.algorithms.common.federated_batch_statistics``; the weights
 are not touched). Then, per seed and both ways: the searched child against the random
 children and the architecture signal-to-noise (random children's std over the searched
-child's training-seed std). Writes ``--md`` (a table) and ``--json``.
+child's training-seed std). Writes ``--md`` (a table) and ``--json``; a ``.json`` file given
+in place of a seed directory (an earlier ``--json``) is read instead of measured, so seeds
+measured apart make one table.
 
     PYTHONPATH=. python benchmarks/studies/bn_recalibration.py runs/dfnas_cd/seed_1 runs/dfnas_cd/seed_2 \\
         --md runs/bn_recal.md --json runs/bn_recal.json
@@ -112,17 +114,21 @@ def table(results: dict[str, dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("seed_dirs", nargs="+", type=Path, help="seed_<s>/ directories of a DFNAS --seeds job")
+    p.add_argument("seed_dirs", nargs="+", type=Path,
+                   help="seed_<s>/ directories of a DFNAS --seeds job, or earlier --json files")
     p.add_argument("--md", type=Path, help="write the table here")
     p.add_argument("--json", type=Path, help="write every number here")
     args = p.parse_args(argv)
     for d in args.seed_dirs:
-        if not d.is_dir():
-            print(f"error: {d} is not a directory", file=sys.stderr)
+        if not (d.is_dir() or (d.suffix == ".json" and d.is_file())):
+            print(f"error: {d} is neither a directory nor a .json file", file=sys.stderr)
             return 2
     results = {}
     for d in args.seed_dirs:
-        results[d.name] = seed_summary(d)
+        if d.suffix == ".json" and d.is_file():
+            results.update(json.loads(d.read_text()))
+        else:
+            results[d.name] = seed_summary(d)
         if args.json:  # after every seed: an interrupted study keeps what it measured
             args.json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     text = table(results)
