@@ -23,6 +23,7 @@ from jaxfednas.algorithms.common import (
     SupervisedConfig,
     evaluate_clients,
     evaluate_global,
+    federated_batch_statistics,
     make_local_train,
     train_metrics,
 )
@@ -33,12 +34,17 @@ from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
 from jaxfednas.server import Server, tolerate_missing_server_state
 
+BN_MOMENTUM = 0.9  # every model's BatchNorm (search_spaces.models, DFNAS children): running = 0.9 running + 0.1 batch
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAvgConfig(SupervisedConfig):
     server_lr: float = param(1.0, "server learning rate η_s applied to the averaged update (1 = FedAvg)", range=(0.0, 100.0))
+    bn_recalibration_batches: int = param(
+        0, "also report global_test_acc_bn_recal: the global model with BatchNorm statistics re-estimated on up to "
+        "this many eval-size batches of each client's training examples, pooled n_k/n, instead of the clients' "
+        "averaged running statistics (0: off)", range=(0, None))
 
 
 CONFIG = FedAvgConfig
@@ -129,12 +135,37 @@ def fedavg(
 
     def evaluate(state: FedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
+        if cfg.bn_recalibration_batches and not state.variables["batch_stats"]:
+            out["global_test_acc_bn_recal"] = out["global_test_acc"]  # no BatchNorm: nothing to recalibrate
+        elif cfg.bn_recalibration_batches:
+            # Averaged over non-IID clients, the running statistics fit no client's data;
+            # the clients measure the global model's own on their training examples.
+            stats = recalibrated_batch_stats(model, info, state.variables, data, batch_size=cfg.eval_batch_size,
+                                             max_batches=cfg.bn_recalibration_batches, placement=placement)
+            recal = {**state.variables, "batch_stats": stats}
+            out["global_test_acc_bn_recal"] = evaluate_global(model, info, recal, data,
+                                                              cfg.eval_batch_size)["global_test_acc"]
         out.update(
             evaluate_clients(model, info, state.variables, data, cfg.eval_batch_size, placement=placement, personal=False)
         )
         return out
 
     return FederatedAlgorithm(name="fedavg", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate))
+
+
+def recalibrated_batch_stats(model, info: DataInfo, variables: dict, data: FederatedData, *, batch_size: int,
+                            max_batches: int, placement: Placement) -> dict:
+    """Federated BatchNorm recalibration of ``variables`` (weights unchanged): every client
+    runs the model in training mode over up to ``max_batches`` batches of its training
+    examples (data order, unaugmented, padding masked), the server pools the statistics
+    n_k/n (:func:`jaxfednas.algorithms.common.federated_batch_statistics`)."""
+    def stats_of(stats, x, mask):
+        v = {"params": variables["params"], "batch_stats": stats}
+        return model.apply(v, info.normalize(x), train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+
+    return federated_batch_statistics(stats_of, jax.tree.map(jnp.zeros_like, variables["batch_stats"]), data,
+                                      batch_size=batch_size, max_batches=max_batches, momentum=BN_MOMENTUM,
+                                      placement=placement)
 
 
 FACTORY = fedavg
