@@ -118,7 +118,7 @@ def run(args) -> None:
     over_seeds(parse_seeds(args.seeds),
                lambda seed, out: one_seed(args, {**overrides, "run.seed": seed}, out, control_only=True), args.out,
                title="DFNAS: the searched child vs random children of matched multiply-adds",
-               metric="global test accuracy (FedAvg from scratch)",
+               metric=_control_metric(args),
                note=(f"Each seed (`seed_<s>/results.md`): its own partition, the first DFNAS run "
                      f"({plan(args, overrides)[0][0]}), then its child and {args.random} random children with "
                      "multiply-adds within ±10 % of its, each trained from scratch with the FedAvg baseline's "
@@ -180,7 +180,15 @@ def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
             label = f"ShuffleNetV2 (k3 in every block of {model.space.name})"
         cost = child_cost(arch, ds.num_classes, ds.image_shape)
         row.update(architecture=label, params=count_params(shapes["params"]), macs=cost["macs"])
+        if "global_test_acc_bn_recal" in s["final"]:  # (algo.bn_recalibration_batches > 0)
+            row["global_test_acc_bn_recal"] = s["final"]["global_test_acc_bn_recal"]
     return row
+
+
+def _control_metric(args) -> str:
+    """What the searched-vs-random control compares."""
+    return ("global test accuracy (FedAvg from scratch, BN recalibrated on the clients)" if args.children_bn_recal
+            else "global test accuracy (FedAvg from scratch)")
 
 
 def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out: Path) -> tuple[str, dict]:
@@ -190,6 +198,10 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out:
     their rows; returns the comparison's text and ``{"numbers", "points"}`` for ``--seeds``."""
     first = next(r for r in rows if r["algorithm"] == "dfnas")
     baseline = next(over for _, algo, over in runs if algo == "fedavg")
+    if args.children_bn_recal:  # the children compared with BN statistics recalibrated on the clients
+        baseline = {**baseline, "algo.bn_recalibration_batches": args.children_bn_recal}
+    acc = (lambda r: r["global_test_acc_bn_recal"]) if args.children_bn_recal else (lambda r: r["global_test_acc"])  # noqa: E731
+    metric = _control_metric(args)
     cfg0 = make_config("fedavg", overrides=baseline)
     ds = load_dataset(cfg0.data.dataset, cfg0.data.data_dir)
     space = first["space"]
@@ -208,20 +220,20 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out:
         if cfg0.data.partition_seed is not None else cfg0.run.seed, "run.seed": repeat_seed(cfg0.run.seed, j)}))
         for j in range(1, args.train_seeds)]
     rows += trained + repeats
-    vs = versus_random(trained[0]["global_test_acc"], [r["global_test_acc"] for r in trained[1:]])
-    snr = signal_to_noise([r["global_test_acc"] for r in trained[1:]],
-                          [r["global_test_acc"] for r in [trained[0]] + repeats])
+    vs = versus_random(acc(trained[0]), [acc(r) for r in trained[1:]])
+    snr = signal_to_noise([acc(r) for r in trained[1:]], [acc(r) for r in [trained[0]] + repeats])
     inherited = _inherited_accuracies(out, out / first["run"], [a for _, a in chosen])
-    ranking = supernet_ranking(inherited, [r["global_test_acc"] for r in trained])
+    ranking = supernet_ranking(inherited, [acc(r) for r in trained])
     plot_searched_vs_random(
         {cfg0.run.seed: {"searched": (trained[0]["params"], vs["searched"]),
-                         "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}},
-        out / "plots" / "searched_vs_random.png", metric="global test accuracy (FedAvg from scratch)",
+                         "random": [(r["params"], acc(r)) for r in trained[1:]]}},
+        out / "plots" / "searched_vs_random.png", metric=metric,
         title=f"DFNAS: the searched child vs {args.random} random children of matched multiply-adds")
     numbers = {"DFNAS child as searched (no retraining, BN recalibrated): global test acc":
                first["global_test_acc"] if first.get("global_test_acc_bn_recal") is None
                else first["global_test_acc_bn_recal"],
-               "searched child, FedAvg from scratch: global test acc": vs["searched"],
+               "searched child, FedAvg from scratch" + (", BN recalibrated" if args.children_bn_recal else "")
+               + ": global test acc": vs["searched"],
                "random children (matched multiply-adds): mean": vs["random_mean"],
                "random children: std": vs["random_std"],
                "searched − random mean": vs["searched_minus_random"],
@@ -231,8 +243,8 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out:
                "supernet ranking: Kendall τ": ranking["kendall_tau"],
                "supernet ranking: Spearman ρ": ranking["spearman"]}
     points = {"searched": (trained[0]["params"], vs["searched"]),
-              "random": [(r["params"], r["global_test_acc"]) for r in trained[1:]]}
-    text = (f"\n\nSearched vs random, trained alike (FedAvg from scratch, {first['run']}'s clients): the searched "
+              "random": [(r["params"], acc(r)) for r in trained[1:]]}
+    text = (f"\n\nSearched vs random, trained alike ({metric}, {first['run']}'s clients): the searched "
             f"child {vs['searched']:.4f}; {args.random} random children within ±10 % of its multiply-adds "
             f"{vs['random_mean']:.4f} ± {vs['random_std']:.4f}; difference {vs['searched_minus_random']:+.4f}; "
             f"the searched child beats {vs['beats']} of {args.random} (ties {vs['ties']}). "
@@ -284,11 +296,17 @@ def main(argv=None) -> int:
                   min_train_seeds=2, train_seeds_help="the control: train the searched child with N training seeds "
                   "on the same partition (its std over them is the noise of the architecture signal-to-noise ratio; "
                   "default 3, at least 2)")
+    p.add_argument("--children-bn-recal", type=int, default=0, metavar="N",
+                   help="the control: compare the children with BatchNorm statistics recalibrated on up to N batches "
+                        "of each client's training examples (FedAvg's algo.bn_recalibration_batches) instead of "
+                        "FedAvg's averaged running statistics (default 0: averaged, as FedAvg reports)")
     p.add_seeds("only the searched-vs-random control, once per seed (e.g. 0,1,2 or 0-4), each into --out/seed_<s>; "
                 "results.md gives mean ± std over seeds")
     p.add_run_dir("runs/example-dfnas", set_help="override any config field of the DFNAS runs (data./run. fields "
                   "also of FedAvg)")
     args = p.parse(argv)
+    if args.children_bn_recal < 0:
+        p.error(f"--children-bn-recal must be >= 0, got {args.children_bn_recal}")
     if args.seeds is not None and args.random == 0:
         p.error("--seeds compares with random children: it needs --random >= 1")
     return run_script("examples/dfnas.py", lambda: run(args))

@@ -140,7 +140,7 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
 
     monkeypatch.setattr(mod, "_stage", fake_stage)
     monkeypatch.setattr(mod, "_inherited_accuracies", fake_inherited)
-    args = argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, resume=False, out=str(tmp_path),
+    args = argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, children_bn_recal=0, resume=False, out=str(tmp_path),
                               train_seeds=3)
     res = mod.one_seed(args, {"run.seed": 5, "algo.space": "tiny"}, tmp_path / "seed_5", control_only=True)
     assert [r[:2] for r in ran] == [("noniid-8", "dfnas"), ("searched-fedavg", "fedavg"),
@@ -162,3 +162,21 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
     assert n["supernet ranking: Kendall τ"] == pytest.approx(1 / 3) and n["supernet ranking: Spearman ρ"] == 0.5
     assert res["points"] == {"searched": (102, 0.8), "random": [(103, 0.7), (104, 0.6)]}
     assert (tmp_path / "seed_5" / "results.md").exists() and (tmp_path / "seed_5" / "plots" / "searched_vs_random.png").exists()
+
+
+@pytest.mark.slow  # a whole run: CI's slow tier
+def test_dfnas_example_compares_children_with_recalibrated_bn(tmp_path):
+    """--children-bn-recal N: the children's FedAvg runs also report the accuracy with BN
+    statistics recalibrated on the clients, and the control compares those."""
+    out = tmp_path / "d"
+    assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--children-bn-recal", "2",
+                                   "--iid-clients", "--out", str(out)]) == 0
+    rows = {r["run"]: r for r in json.loads((out / "results.json").read_text())}
+    for name in ("searched-fedavg", "random-0-fedavg", "searched-fedavg-seed_1"):
+        assert json.loads((out / name / "config.json").read_text())["algo"]["bn_recalibration_batches"] == 2
+        assert rows[name]["global_test_acc_bn_recal"] is not None
+    assert json.loads((out / "fedavg-noniid-8" / "config.json").read_text())["algo"]["bn_recalibration_batches"] == 0
+    s, r = rows["searched-fedavg"]["global_test_acc_bn_recal"], rows["random-0-fedavg"]["global_test_acc_bn_recal"]
+    text = (out / "results.md").read_text()
+    assert "BN recalibrated on the clients" in text and f"the searched child {s:.4f}" in text
+    assert f"difference {s - r:+.4f}" in text
