@@ -236,3 +236,26 @@ def federated_batch_statistics(
 
     stats, n = map_clients(one, data.all_clients("train"), None, placement=placement)
     return pool_batch_statistics(stats, n)
+
+
+BN_MOMENTUM = 0.9  # every BatchNorm of the library's models and spaces (Flax: running = 0.9 running + 0.1 batch)
+
+
+def recalibrated_batch_stats(model: nn.Module, info: DataInfo, variables: dict, data: FederatedData, *,
+                             batch_size: int, max_batches: int, placement: Placement,
+                             momentum: float = BN_MOMENTUM) -> dict:
+    """Federated BatchNorm recalibration of ``variables`` (every other collection, weights and
+    architecture, unchanged): every client runs ``model`` in training mode over up to
+    ``max_batches`` batches of ``batch_size`` of its own training examples (in data order,
+    unaugmented, padding masked) and measures each BatchNorm's mean and variance over those
+    examples; the server pools them n_k/n into the mean and variance of all the examples
+    together (:func:`federated_batch_statistics`). Returns the pooled ``batch_stats``."""
+    fixed = {k: v for k, v in variables.items() if k != "batch_stats"}
+
+    def stats_of(stats, x, mask):
+        return model.apply({**fixed, "batch_stats": stats}, info.normalize(x), train=True, mask=mask,
+                           mutable=["batch_stats"])[1]["batch_stats"]
+
+    return federated_batch_statistics(stats_of, jax.tree.map(jnp.zeros_like, variables["batch_stats"]), data,
+                                      batch_size=batch_size, max_batches=max_batches, momentum=momentum,
+                                      placement=placement)

@@ -23,8 +23,8 @@ from jaxfednas.algorithms.common import (
     SupervisedConfig,
     evaluate_clients,
     evaluate_global,
-    federated_batch_statistics,
     make_local_train,
+    recalibrated_batch_stats,
     train_metrics,
 )
 from jaxfednas.search_spaces.models import init_variables, make_model
@@ -34,7 +34,6 @@ from jaxfednas.data.federated import DataInfo, FederatedData
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
 from jaxfednas.server import Server, tolerate_missing_server_state
 
-BN_MOMENTUM = 0.9  # every model's BatchNorm (search_spaces.models, DFNAS children): running = 0.9 running + 0.1 batch
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
 
@@ -151,21 +150,6 @@ def fedavg(
         return out
 
     return FederatedAlgorithm(name="fedavg", init=placement.jit_init(init), round=jit(round_fn), evaluate=jit(evaluate))
-
-
-def recalibrated_batch_stats(model, info: DataInfo, variables: dict, data: FederatedData, *, batch_size: int,
-                            max_batches: int, placement: Placement) -> dict:
-    """Federated BatchNorm recalibration of ``variables`` (weights unchanged): every client
-    runs the model in training mode over up to ``max_batches`` batches of its training
-    examples (data order, unaugmented, padding masked), the server pools the statistics
-    n_k/n (:func:`jaxfednas.algorithms.common.federated_batch_statistics`)."""
-    def stats_of(stats, x, mask):
-        v = {"params": variables["params"], "batch_stats": stats}
-        return model.apply(v, info.normalize(x), train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
-
-    return federated_batch_statistics(stats_of, jax.tree.map(jnp.zeros_like, variables["batch_stats"]), data,
-                                      batch_size=batch_size, max_batches=max_batches, momentum=BN_MOMENTUM,
-                                      placement=placement)
 
 
 FACTORY = fedavg

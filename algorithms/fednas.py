@@ -33,7 +33,8 @@ schedule (0.025 → 0.001 over the local epochs) are re-created every round.
 ``evaluate`` reports the paper's supernet accuracy ``global_test_acc`` (eval mode, the
 averaged BN running statistics) and beside it ``global_test_acc_bn_batch`` (each test
 batch's own statistics) and ``global_test_acc_bn_recal`` (statistics re-estimated by the
-clients on their training examples and pooled, :func:`recalibrated_batch_stats`).
+clients on their training examples and pooled,
+:func:`jaxfednas.algorithms.common.recalibrated_batch_stats`).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment
+from jaxfednas.algorithms.common import AUGMENTS, federated_batch_statistics, make_augment, recalibrated_batch_stats
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, ExperimentConfig, param
 from jaxfednas.data.augment import augment_batch
@@ -247,25 +248,6 @@ def replay_bn_update(current: dict, start: dict, updated: dict) -> dict:
     (``updated = m start + (1 - m) b``, ``m`` = :data:`BN_MOMENTUM`): ``m current + (1 - m) b``.
     Replays a forward's update on other statistics without running it again."""
     return jax.tree.map(lambda c, s, u: BN_MOMENTUM * c + (u - BN_MOMENTUM * s), current, start, updated)
-
-
-def recalibrated_batch_stats(
-    model: DartsSearchNetwork, info: DataInfo, variables: dict, data: FederatedData, *, batch_size: int,
-    max_batches: int, placement: Placement,
-) -> dict:
-    """Federated BatchNorm recalibration of the supernet ``variables`` (w and α unchanged):
-    every client runs the supernet in training mode over up to ``max_batches`` batches of
-    ``batch_size`` of its own training examples (in data order, unaugmented, padding
-    masked) and measures each BatchNorm's mean and variance over those examples; the
-    server pools them n_k/n into the mean and variance of all the examples together
-    (:func:`jaxfednas.algorithms.common.pool_batch_statistics`). Returns the pooled ``batch_stats``."""
-    def stats_of(stats, x, mask):
-        v = {"params": variables["params"], "arch": variables["arch"], "batch_stats": stats}
-        return model.apply(v, info.normalize(x), train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
-
-    return federated_batch_statistics(stats_of, jax.tree.map(jnp.zeros_like, variables["batch_stats"]), data,
-                                      batch_size=batch_size, max_batches=max_batches, momentum=BN_MOMENTUM,
-                                      placement=placement)
 
 
 @checked_factory(FedNASConfig)

@@ -8,7 +8,7 @@ evaluated twice on the global test set: with the BatchNorm running statistics Fe
 averaged over the clients (what the example reports), and with them recalibrated on the
 clients' training examples, as the search's child is (every client measures the child's
 batch statistics on up to 10 batches of its training data in training mode, the server
-pools them n_i/n: ``jaxfednas.algorithms.common.federated_batch_statistics``; the weights
+pools them n_i/n: ``jaxfednas.algorithms.common.recalibrated_batch_stats``; the weights
 are not touched). Then, per seed and both ways: the searched child against the random
 children and the architecture signal-to-noise (random children's std over the searched
 child's training-seed std). Writes ``--md`` (a table) and ``--json``; a ``.json`` file given
@@ -28,16 +28,12 @@ import statistics
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-
-from jaxfednas.algorithms.common import federated_batch_statistics
+from jaxfednas.algorithms.common import recalibrated_batch_stats
 from jaxfednas.evaluation import global_accuracy
 from jaxfednas.experiment import load_run
 from jaxfednas.runtime import Placement
 from jaxfednas.search_spaces.models import make_model
 
-BN_MOMENTUM = 0.9  # every model's BatchNorm (Flax convention: running = 0.9 running + 0.1 batch)
 MAX_BATCHES = 10  # per client, as the DFNAS child's recalibration (bn_recalibration_batches 0 -> 10)
 BATCH = 500
 
@@ -49,13 +45,8 @@ def accuracies(stage: Path) -> dict[str, float]:
     info, data, v = run.data.info, run.data, run.state.variables
     model = make_model(run.config.algo.model, info.num_classes, info.name)
 
-    def stats_of(stats, x, mask):
-        return model.apply({"params": v["params"], "batch_stats": stats}, info.normalize(x), train=True,
-                           mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
-
-    zeros = jax.tree.map(jnp.zeros_like, v["batch_stats"])
-    stats = federated_batch_statistics(stats_of, zeros, data, batch_size=BATCH, max_batches=MAX_BATCHES,
-                                       momentum=BN_MOMENTUM, placement=Placement())
+    stats = recalibrated_batch_stats(model, info, v, data, batch_size=BATCH, max_batches=MAX_BATCHES,
+                                     placement=Placement())
 
     def acc(variables):
         logits = lambda x: model.apply(variables, info.normalize(x), train=False)  # noqa: E731
