@@ -8,6 +8,10 @@ epochs of minibatch SGD (batch B) from the global weights w_t; the server sets
 
 which is plain FedAvg for the server learning rate η_s = 1 (the default).
 BatchNorm running statistics are averaged with the same weights n_k / n_S.
+
+The clients' learning rate is ``algo.lr`` in every round (McMahan et al.), or with
+``algo.lr_schedule=cosine`` ``algo.lr · (1 + cos(π t / T)) / 2`` in round t of
+T = ``run.rounds`` (DARTS' annealing, by round; a resumed run must keep ``run.rounds``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo, FederatedData
+from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
 from jaxfednas.server import Server, tolerate_missing_server_state
 
@@ -44,6 +49,8 @@ class FedAvgConfig(SupervisedConfig):
         0, "also report global_test_acc_bn_recal: the global model with BatchNorm statistics re-estimated on up to "
         "this many eval-size batches of each client's training examples, pooled n_k/n, instead of the clients' "
         "averaged running statistics (0: off)", range=(0, None))
+    lr_schedule: str = param("constant", "constant: algo.lr every round; cosine: annealed to 0 over run.rounds "
+                             "(DARTS' schedule, by round)", choices=("constant", "cosine"))
 
 
 CONFIG = FedAvgConfig
@@ -70,6 +77,16 @@ class FedAvgState:
     server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
+def lr_scale_schedule(cfg: FedAvgConfig, rounds: int | None) -> Callable[[jax.Array], jax.Array] | None:
+    """``round -> s`` (traced), the factor of ``cfg.lr`` in a round, of ``cfg.lr_schedule``;
+    None for ``constant``."""
+    if cfg.lr_schedule == "constant":
+        return None
+    if rounds is None:
+        raise ConfigError("fedavg: algo.lr_schedule='cosine' needs rounds (run.rounds)")
+    return cosine_lr(1.0, 0.0, rounds)
+
+
 @checked_factory(FedAvgConfig)
 def fedavg(
     cfg: FedAvgConfig,
@@ -84,6 +101,7 @@ def fedavg(
     lr_scale: Callable[[jax.Array], jax.Array] | None = None,
     server: Server = Server(),
     precision: str = "fp32",
+    rounds: int | None = None,
 ) -> FederatedAlgorithm:
     """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
     ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`).
@@ -92,16 +110,19 @@ def fedavg(
     adds its auxiliary head's loss; ``drop_path(round) -> p`` gives the drop-path
     probability of the round's local training (every client, every step), None: no drop
     path (the computation of plain FedAvg). ``lr_scale(round) -> s`` multiplies the round's
-    client learning rate by s (a schedule over rounds), None: ``cfg.lr`` every round (plain
-    FedAvg's computation). ``server``: sampler, aggregator and server
-    optimizer (:class:`jaxfednas.server.Server`); with a server optimizer ``cfg.server_lr``
-    must stay 1 (use ``run.server_lr``). ``precision``: what client training computes in
-    (:mod:`jaxfednas.precision`; evaluation float32)."""
+    client learning rate by s (a schedule over rounds), None: ``cfg.lr_schedule``'s
+    (:func:`lr_scale_schedule`; ``constant``: ``cfg.lr`` every round, plain FedAvg's
+    computation). ``rounds``: T, ``run.rounds``, which the cosine schedule anneals over.
+    ``server``: sampler, aggregator and server optimizer (:class:`jaxfednas.server.Server`);
+    with a server optimizer ``cfg.server_lr`` must stay 1 (use ``run.server_lr``).
+    ``precision``: what client training computes in (:mod:`jaxfednas.precision`; evaluation
+    float32)."""
     if server.optimizer != "none" and cfg.server_lr != 1.0:
         raise ConfigError(f"algo.server_lr={cfg.server_lr} and run.server_optimizer={server.optimizer!r} both given: "
                           "algo.server_lr is plain server SGD; with a server optimizer set run.server_lr instead")
     server.refuse("fedavg", "FedAvg trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
+    lr_scale = lr_scale_schedule(cfg, rounds) if lr_scale is None else lr_scale
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     server.check_clients(info.num_clients, m)
     local_train = make_local_train(model, info, cfg, aux_weight=aux_weight, precision=precision)

@@ -78,8 +78,6 @@ class FedNASTrainConfig(FedAvgConfig):
                                     "constant: p every round (FedNAS code)", choices=("linear", "constant"))
     auxiliary_weight: float = param(0.0, "loss weight of the auxiliary head after cell 2·layers//3 "
                                     "(DARTS 0.4; 0: no auxiliary head)", range=(0.0, 10.0))
-    lr_schedule: str = param("constant", "constant: algo.lr every round; cosine: annealed to 0 over run.rounds "
-                             "(DARTS' schedule, by round)", choices=("constant", "cosine"))
 
     def check(self):
         super().check()

@@ -34,7 +34,10 @@ over training seeds) and the supernet's ranking (Kendall's τ and Spearman's ρ 
 inherited and trained-alike accuracy). ``results.md`` gives mean ± std over seeds of the
 child's accuracy as searched, the searched and random children's accuracy trained alike,
 searched − random mean, the fraction of random children beaten and the diagnostics;
-``plots/searched_vs_random.png`` plots them by parameters.
+``plots/searched_vs_random.png`` plots them by parameters. ``--train-set algo.lr_schedule=cosine``
+(repeatable; algo.*/run.* of FedAvg) changes the children's recipe, all alike;
+``--children-bn-recal N`` compares them with BatchNorm statistics recalibrated on the clients,
+as the search's own child is evaluated, instead of FedAvg's averaged running statistics.
 """
 from __future__ import annotations
 
@@ -198,6 +201,7 @@ def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out:
     their rows; returns the comparison's text and ``{"numbers", "points"}`` for ``--seeds``."""
     first = next(r for r in rows if r["algorithm"] == "dfnas")
     baseline = next(over for _, algo, over in runs if algo == "fedavg")
+    baseline = {**baseline, **args.train_overrides}  # e.g. algo.lr_schedule=cosine
     if args.children_bn_recal:  # the children compared with BN statistics recalibrated on the clients
         baseline = {**baseline, "algo.bn_recalibration_batches": args.children_bn_recal}
     acc = (lambda r: r["global_test_acc_bn_recal"]) if args.children_bn_recal else (lambda r: r["global_test_acc"])  # noqa: E731
@@ -296,6 +300,9 @@ def main(argv=None) -> int:
                   min_train_seeds=2, train_seeds_help="the control: train the searched child with N training seeds "
                   "on the same partition (its std over them is the noise of the architecture signal-to-noise ratio; "
                   "default 3, at least 2)")
+    p.add_train_set("fedavg", "the control: override a FedAvg setting of the children's trainings, the searched, its "
+                    "repeats and the random children alike (algo.* or run.*, see `jaxfednas run fedavg --help`; e.g. "
+                    "algo.lr_schedule=cosine)")
     p.add_argument("--children-bn-recal", type=int, default=0, metavar="N",
                    help="the control: compare the children with BatchNorm statistics recalibrated on up to N batches "
                         "of each client's training examples (FedAvg's algo.bn_recalibration_batches) instead of "

@@ -69,7 +69,6 @@ import numpy as np
 from jaxfednas.algorithms.fednas import client_genotypes
 from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
-from jaxfednas.config import ConfigError, parse_set
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
@@ -188,7 +187,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         train_over.update(TRAIN)
     if args.train_rounds:
         train_over["run.rounds"] = args.train_rounds
-    train_over.update(parse_set(args.train_set))  # e.g. algo.lr_schedule=cosine
+    train_over.update(args.train_overrides)  # e.g. algo.lr_schedule=cosine
     train_cfg = make_config("fednas_train", preset=preset, overrides=train_over)
     t = _stage(runner, "train", train_cfg)  # the evaluation stage: FedAvg of the derived cell
     # the same cell again with other training seeds on the same partition: the seed noise
@@ -386,10 +385,9 @@ def main(argv=None) -> int:
     p.add_data("prepared data directory (CIFAR-10 for --preset paper)")
     p.add_rounds("search rounds")
     p.add_argument("--train-rounds", type=int, help="evaluation-stage rounds")
-    p.add_argument("--train-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="global mode: override a setting of the evaluation stage, the searched and the random cells "
-                        "alike (algo.* or run.*, see `jaxfednas run fednas_train --help`; e.g. "
-                        "algo.lr_schedule=cosine); repeatable")
+    p.add_train_set("fednas_train", "global mode: override a setting of the evaluation stage, the searched and the "
+                    "random cells alike (algo.* or run.*, see `jaxfednas run fednas_train --help`; e.g. "
+                    "algo.lr_schedule=cosine)")
     p.add_seed()
     p.add_seeds("global mode: the whole job once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
                 "mean ± std over seeds")
@@ -403,14 +401,6 @@ def main(argv=None) -> int:
     args = p.parse(argv)
     args.out = args.out or ("runs/fednas-personalized" if args.personalized else "runs/fednas")
     overrides = args.overrides
-    try:
-        train_set = parse_set(args.train_set)
-        make_config("fednas_train", overrides=train_set)  # a wrong name or value: a usage error now
-    except ConfigError as e:
-        p.error(str(e))
-    if any(not k.startswith(("algo.", "run.")) for k in train_set):
-        p.error(f"--train-set {', '.join(k for k in train_set if not k.startswith(('algo.', 'run.')))}: only algo.* "
-                "and run.* settings (the evaluation stage trains on the search's clients)")
     if args.seeds is not None and (args.seed is not None or args.personalized):
         p.error("--seeds goes with global mode and without --seed")
     return run_script("examples/fednas.py", lambda: (personalized if args.personalized else global_search)(args, overrides))

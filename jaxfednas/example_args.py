@@ -35,6 +35,7 @@ class ExampleParser(argparse.ArgumentParser):
         super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         self._min_train_seeds: int | None = None
         self._flag_overrides: list[tuple[str, str]] = []  # (args attribute, config key)
+        self._train_algorithm: str | None = None
 
     def add_preset(self, presets: Sequence[str], help: str = "named preset of every stage (default: digits "
                    "settings)") -> None:
@@ -64,6 +65,15 @@ class ExampleParser(argparse.ArgumentParser):
             self.add_argument("--match-size", action="store_true", help=match_size_help)
         self._min_train_seeds = min_train_seeds
 
+    def add_train_set(self, algorithm: str, help: str) -> None:
+        """``--train-set SECTION.FIELD=VALUE`` (repeatable): ``algo.*`` and ``run.*`` settings
+        of the trainings that evaluate architectures (configurations of ``algorithm``);
+        :meth:`parse` checks them against that algorithm and leaves them in
+        ``args.train_overrides``."""
+        self.add_argument("--train-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                          help=help + "; repeatable")
+        self._train_algorithm = algorithm
+
     def add_seeds(self, help: str) -> None:
         self.add_argument("--seeds", metavar="LIST", help=help)
 
@@ -90,9 +100,24 @@ class ExampleParser(argparse.ArgumentParser):
             if args.train_seeds < self._min_train_seeds:
                 self.error(f"--train-seeds {args.train_seeds}: must be >= {self._min_train_seeds}"
                            + (" (one seed has no spread)" if self._min_train_seeds == 2 else ""))
+        if self._train_algorithm is not None:
+            args.train_overrides = self._checked_train_set(args.train_set)
         if getattr(args, "seeds", None) is not None and "run.seed" in args.overrides:
             self.error("--seeds sets run.seed of every run itself: drop --set run.seed")
         for attr, key in self._flag_overrides:
             if getattr(args, attr) is not None:
                 args.overrides[key] = getattr(args, attr)
         return args
+
+    def _checked_train_set(self, items: Sequence[str]) -> dict:
+        from jaxfednas.registry import make_config  # noqa: PLC0415  (the algorithms' modules, when used)
+
+        try:
+            over = parse_set(items)
+            make_config(self._train_algorithm, overrides=over)  # a wrong name or value: a usage error now
+        except ConfigError as e:
+            self.error(str(e))
+        if any(not k.startswith(("algo.", "run.")) for k in over):
+            self.error(f"--train-set {', '.join(k for k in over if not k.startswith(('algo.', 'run.')))}: only "
+                       "algo.* and run.* settings (the trainings use the search's clients)")
+        return over

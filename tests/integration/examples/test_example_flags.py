@@ -63,6 +63,43 @@ def test_fednas_train_set_reaches_the_evaluation_stage_of_every_cell(tmp_path, m
         assert e.value.code == 2 and message in err and "Traceback" not in err, bad
 
 
+def test_dfnas_train_set_reaches_every_child_not_the_search(tmp_path, monkeypatch, capsys):
+    """DFNAS's --train-set changes the FedAvg trainings of the control's children (searched,
+    repeated and random alike), not the search; a FedAvg name that does not exist or a
+    data.* key is a one-line usage error."""
+    from jaxfednas.search_spaces.shufflenet import uniform_arch
+
+    mod, ran = _example("dfnas"), {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_stage(runner, name, algo, cfg):
+        ran[name] = cfg
+        if algo == "dfnas":
+            arch = uniform_arch(cfg.algo.space, "k3")
+            return {"run": name, "algorithm": "dfnas", "space": arch.space, "choices": list(arch.choices),
+                    "global_test_acc": 0.5}
+        if name == "searched-fedavg-seed_1":
+            raise Stop
+        return {"run": name, "algorithm": algo, "global_test_acc": 0.5}
+
+    monkeypatch.setattr(mod, "_stage", fake_stage)
+    with pytest.raises(Stop):
+        mod.main(["--seeds", "0", "--random", "1", "--train-set", "algo.lr_schedule=cosine", "--train-set",
+                  "run.eval_every=2", "--out", str(tmp_path / "o")])
+    assert sorted(ran) == ["noniid-8", "random-0-fedavg", "searched-fedavg", "searched-fedavg-seed_1"]
+    assert ran["noniid-8"].algorithm == "dfnas" and ran["noniid-8"].run.eval_every != 2
+    for name in ("searched-fedavg", "searched-fedavg-seed_1", "random-0-fedavg"):
+        assert ran[name].algo.lr_schedule == "cosine" and ran[name].run.eval_every == 2, name
+    for bad, message in ((["--train-set", "algo.lr_schedul=cosine"], "did you mean algo.lr_schedule"),
+                         (["--train-set", "data.alpha=0.1"], "only algo.* and run.*")):
+        with pytest.raises(SystemExit) as e:
+            mod.main(bad + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and "Traceback" not in err, bad
+
+
 @pytest.mark.parametrize("name", sorted(ENTRY))
 def test_every_example_refuses_a_wrong_shared_flag_in_the_same_line(name, tmp_path, monkeypatch, capsys):
     """The shared flags (jaxfednas.example_args.ExampleParser) are checked in one place:
