@@ -141,7 +141,7 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
     monkeypatch.setattr(mod, "_stage", fake_stage)
     monkeypatch.setattr(mod, "_inherited_accuracies", fake_inherited)
     args = argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, children_bn_recal=0, resume=False, out=str(tmp_path),
-                              train_seeds=3)
+                              train_seeds=3, train_overrides={})
     res = mod.one_seed(args, {"run.seed": 5, "algo.space": "tiny"}, tmp_path / "seed_5", control_only=True)
     assert [r[:2] for r in ran] == [("noniid-8", "dfnas"), ("searched-fedavg", "fedavg"),
                                     ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg"),
