@@ -125,15 +125,18 @@ def ditto(
     dropout_rate: float = 0.0,
     server: Server = Server(),
     precision: str = "fp32",
+    rounds: int | None = None,
 ) -> FederatedAlgorithm:
     """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
     when given (e.g. a DARTS network from a genotype). ``precision``: what client training
-    (global and personal models) computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
+    (global and personal models) computes in (:mod:`jaxfednas.precision`; evaluation float32).
+    ``rounds``: ``run.rounds``, over which ``algo.lr_schedule=cosine`` anneals the global
+    model's rate (the personal models keep theirs)."""
     server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     m = resolve_clients_per_round(clients_per_round, info.num_clients)
     base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate,
-                  server=server, precision=precision)
+                  server=server, precision=precision, rounds=rounds)
     personal_train = make_personal_train(model, info, cfg, precision=precision)
 
     def init(key):

@@ -115,15 +115,18 @@ def local_adaptation(
     dropout_rate: float = 0.0,
     server: Server = Server(),
     precision: str = "fp32",
+    rounds: int | None = None,
 ) -> FederatedAlgorithm:
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
     ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
     ``precision``: what client training and the fine-tuning before the adapted evaluation
-    compute in (:mod:`jaxfednas.precision`; the accuracies are measured in float32)."""
+    compute in (:mod:`jaxfednas.precision`; the accuracies are measured in float32).
+    ``rounds``: ``run.rounds``, over which ``algo.lr_schedule=cosine`` anneals the rounds'
+    rate (the fine-tuning keeps ``algo.lr``)."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)
     base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model,
-                  dropout_rate=dropout_rate, server=server, precision=precision)
+                  dropout_rate=dropout_rate, server=server, precision=precision, rounds=rounds)
     finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs),
                                 precision=precision)
 

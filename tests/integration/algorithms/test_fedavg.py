@@ -61,3 +61,12 @@ def test_cosine_lr_schedule_scales_each_rounds_rate():
     assert max(np.abs(a - b).max() for a, b in zip(got, full)) > 1e-5  # not the constant rate
     with pytest.raises(ValueError, match="needs rounds"):
         fedavg(cfg.algo, data.info)
+
+
+@pytest.mark.parametrize("name", ["ditto", "local_adaptation"])
+def test_algorithms_built_on_fedavg_take_the_cosine_rate(name):
+    """Ditto and local adaptation share FedAvg's configuration, and so its schedule: the runner
+    hands them run.rounds, which the cosine rate needs (without it FedAvg refuses it)."""
+    cfg, data = tiny_federation(name, **{"algo.lr_schedule": "cosine", "run.rounds": 4})
+    algo = build_algorithm(cfg, data.info)
+    assert algo.round is not None
