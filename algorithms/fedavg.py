@@ -83,7 +83,7 @@ def lr_scale_schedule(cfg: FedAvgConfig, rounds: int | None) -> Callable[[jax.Ar
     if cfg.lr_schedule == "constant":
         return None
     if rounds is None:
-        raise ConfigError("fedavg: algo.lr_schedule='cosine' needs rounds (run.rounds)")
+        raise ConfigError("algo.lr_schedule='cosine' needs rounds (run.rounds)")
     return cosine_lr(1.0, 0.0, rounds)
 
 

@@ -53,11 +53,10 @@ import os
 
 import jax.numpy as jnp
 
-from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg, lr_scale_schedule
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.optim import cosine_lr
 from jaxfednas.runtime import Placement
 from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
@@ -148,16 +147,6 @@ def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
     return lambda t: jnp.float32(p) * jnp.minimum(t.astype(jnp.float32) / rounds, 1.0)
 
 
-def lr_scale_schedule(cfg: FedNASTrainConfig, rounds: int | None):
-    """``round -> s`` (traced), the factor of ``algo.lr`` in a round, for
-    :func:`jaxfednas.algorithms.fedavg.fedavg`; None for ``constant``."""
-    if cfg.lr_schedule == "constant":
-        return None
-    if rounds is None:
-        raise ValueError("fednas_train: lr_schedule='cosine' needs rounds (run.rounds)")
-    return cosine_lr(1.0, 0.0, rounds)
-
-
 @checked_factory(FedNASTrainConfig)
 def fednas_train(
     cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
@@ -170,7 +159,7 @@ def fednas_train(
                   arch_optimizer=True)
     algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
                   dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
-                  drop_path=drop_path_schedule(cfg, rounds), lr_scale=lr_scale_schedule(cfg, rounds), server=server,
+                  drop_path=drop_path_schedule(cfg, rounds), rounds=rounds, server=server,
                   precision=precision)
     return algo._replace(name="fednas_train")
 
