@@ -57,11 +57,15 @@ def make_augment(name: str, dataset: str) -> Augment:
     }[name]
 
 
-def make_client_optimizer(cfg: SupervisedConfig) -> optax.GradientTransformation:
+def make_client_optimizer(cfg: SupervisedConfig, lr: float | jax.Array | None = None) -> optax.GradientTransformation:
+    """The clients' SGD: gradient clipping (``cfg.grad_clip`` > 0), weight decay, momentum, at
+    learning rate ``lr`` (a number or a traced scalar, e.g. a round's value of a schedule;
+    None: ``cfg.lr``)."""
     parts = []
     if cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
-    parts += [optax.add_decayed_weights(cfg.weight_decay), optax.sgd(cfg.lr, momentum=cfg.momentum or None)]
+    lr = cfg.lr if lr is None else lr
+    parts += [optax.add_decayed_weights(cfg.weight_decay), optax.sgd(lr, momentum=cfg.momentum or None)]
     return optax.chain(*parts)
 
 
@@ -109,24 +113,22 @@ def make_batch_grad(model: nn.Module, info: DataInfo, augment: str, *, aux_weigh
 
 def make_local_train(model: nn.Module, info: DataInfo, cfg: SupervisedConfig, *, aux_weight: float = 0.0,
                      precision: str = "fp32") -> Callable:
-    """``local_train(variables, client, key, drop_path_prob=None, lr_scale=None) -> (variables,
+    """``local_train(variables, client, key, drop_path_prob=None, lr=None) -> (variables,
     metrics)``: E epochs of minibatch SGD from ``variables`` on one client's data, with a fresh
-    optimizer (as FedAvg's clients do every round); ``aux_weight`` and ``drop_path_prob``: see
-    :func:`make_batch_grad` (None: no drop path, and no dropout rng drawn); ``precision``:
-    see :func:`make_batch_grad`. ``lr_scale`` s (traced; None: 1) scales every update, which
-    for the client optimizer (momentum traces raw gradients, a fresh state every call) is
-    the learning rate s · ``cfg.lr``: a schedule over rounds."""
-    opt = make_client_optimizer(cfg)
+    optimizer (as FedAvg's clients do every round) at learning rate ``lr`` (a number or a
+    traced scalar, e.g. the round's value of ``algo.lr_schedule``; None: ``cfg.lr``);
+    ``aux_weight`` and ``drop_path_prob``: see :func:`make_batch_grad` (None: no drop path,
+    and no dropout rng drawn); ``precision``: see :func:`make_batch_grad`."""
     batch_grad = make_batch_grad(model, info, cfg.augment, aux_weight=aux_weight, precision=precision)
 
     def local_train(variables: dict, client: ClientData, key: jax.Array, drop_path_prob: jax.Array | None = None,
-                    lr_scale: jax.Array | None = None):
+                    lr: jax.Array | None = None):
+        opt = make_client_optimizer(cfg, lr)
+
         def step(carry, batch, key):
             params, stats, opt_state = carry
             grads, stats, metrics = batch_grad(params, stats, batch, key, drop_path_prob)
             updates, opt_state = opt.update(grads, opt_state, params)
-            if lr_scale is not None:
-                updates = jax.tree.map(lambda u: lr_scale * u, updates)
             params = optax.apply_updates(params, updates)
             return (params, stats, opt_state), metrics
 

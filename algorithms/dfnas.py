@@ -77,10 +77,11 @@ from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
-from jaxfednas.optim import active_momentum, cosine_lr
+from jaxfednas.optim import active_momentum, rate_schedule
 from jaxfednas.precision import compute_in
-from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
-from jaxfednas.server import Server, tolerate_missing_server_state
+from jaxfednas.run_options import RunOptions
+from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients
+from jaxfednas.server import tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas.search_spaces.shufflenet import (
     auto_depthwise_impl, BN_MOMENTUM, child_cost, derive, get_space, macs_table, MacsTable, ShuffleArch,
@@ -306,17 +307,28 @@ def make_local_search(cfg: DFNASConfig, info: DataInfo, model: ShuffleNetwork, e
 
 @checked_factory(DFNASConfig)
 def dfnas(
-    cfg: DFNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(), dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",
+    cfg: DFNASConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
 ) -> FederatedAlgorithm:
-    """DFNAS (Algorithm 2 around Algorithm 1) for ``rounds`` rounds (the cosine horizon). ``server``:
-    sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`;
-    fixed blocks keep their α whatever the α optimizer). ``precision``: what the local search
-    computes in (:mod:`jaxfednas.precision`); evaluation runs in float32."""
+    """DFNAS (Algorithm 2 around Algorithm 1) on data described by ``info``.
+
+    Args:
+      cfg: the ShuffleNet supernet, the DSNAS local search and its schedule (:class:`DFNASConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        ``run.rounds`` (the cosine horizon, needed), clients per round, placement (clients
+        mapped one at a time on a device: a single path each), the server (sampler,
+        aggregator, server optimizers of w and α; fixed blocks keep their α whatever the α
+        optimizer), drop-out and ``run.precision``, what the local search computes in
+        (evaluation runs in float32).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``dfnas`` with ``export``.
+    """
+    rounds = run.need_rounds("dfnas")
+    server, precision, dropout_rate = run.server, run.precision, run.dropout_rate
     model = make_supernet(cfg, info)
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    server.check_clients(info.num_clients, m)
-    placement = placement.single_path()
+    server.check_clients(info.num_clients, run.clients(info.num_clients))
+    placement = run.placement.single_path()
     local_search = make_local_search(cfg, info, model, cfg.local_epochs, precision=precision)
     nb = model.space.num_blocks
     table = cost_table(cfg, info)
@@ -328,10 +340,10 @@ def dfnas(
         return DFNASState(variables=v, fixed=jnp.zeros((nb,), bool), fixed_choice=jnp.zeros((nb,), jnp.int32),
                           round=jnp.int32(0), server=server.init(v, ("params", "arch")))
 
-    learning_rate = cosine_lr(cfg.lr, 0.0, rounds) if cfg.lr_schedule == "cosine" else lambda t: jnp.float32(cfg.lr)
+    learning_rate = rate_schedule(cfg.lr_schedule, cfg.lr, horizon=rounds)
 
     def round_fn(state: DFNASState, data: FederatedData, key):
-        idx, keys = server.sample(key, state.round, data, info.num_clients, m)  # Alg. 2: select S_t
+        idx, keys = run.sample(key, state.round, data, info.num_clients)  # Alg. 2: select S_t
         lr = learning_rate(state.round)
         per_client = (data.clients("train", idx), keys)
         shared = (state.variables, state.fixed, state.fixed_choice, lr)

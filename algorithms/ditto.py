@@ -51,9 +51,9 @@ from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas import rng
-from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
-                               scatter_rows)
-from jaxfednas.server import Server, tolerate_missing_server_state
+from jaxfednas.run_options import RunOptions
+from jaxfednas.runtime import (jit, gather_rows, map_clients, reporting_clients, scatter_rows)
+from jaxfednas.server import tolerate_missing_server_state
 
 DESCRIPTION = "Ditto (Li et al. 2021): FedAvg global model plus per-client personal models pulled toward it by λ"
 
@@ -119,25 +119,30 @@ def ditto(
     cfg: DittoConfig,
     info: DataInfo,
     *,
-    clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(),
+    run: RunOptions = RunOptions(),
     model: nn.Module | None = None,
-    dropout_rate: float = 0.0,
-    server: Server = Server(),
-    precision: str = "fp32",
-    rounds: int | None = None,
 ) -> FederatedAlgorithm:
-    """Build Ditto for data described by ``info``. ``model`` replaces ``cfg.model``
-    when given (e.g. a DARTS network from a genotype). ``precision``: what client training
-    (global and personal models) computes in (:mod:`jaxfednas.precision`; evaluation float32).
-    ``rounds``: ``run.rounds``, over which ``algo.lr_schedule=cosine`` anneals the global
-    model's rate (the personal models keep theirs)."""
-    server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
+    """Build Ditto for data described by ``info``.
+
+    Args:
+      cfg: the client recipe, λ and the personal epochs (:class:`DittoConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        clients per round, placement, the server (sampler, aggregator, server optimizer),
+        drop-out, precision and rounds.
+        ``run.precision``: what client training (global and personal models) computes in
+        (evaluation float32); ``run.rounds``: over which ``algo.lr_schedule=cosine``
+        anneals the global model's rate (the personal models keep theirs).
+      model: replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``ditto``.
+    """
+    run.server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    base = fedavg(cfg, info, clients_per_round=m, placement=placement, model=model, dropout_rate=dropout_rate,
-                  server=server, precision=precision, rounds=rounds)
-    personal_train = make_personal_train(model, info, cfg, precision=precision)
+    base = fedavg(cfg, info, run=run, model=model)
+    personal_train = make_personal_train(model, info, cfg, precision=run.precision)
+    placement = run.placement
 
     def init(key):
         g = base.init(key)
@@ -149,7 +154,7 @@ def ditto(
         g, metrics = base.round(FedAvgState(variables=state.variables, round=state.round, server=state.server), data,
                                 key)
         # (b) the sampled clients' personal models, anchored at w_t = state.variables.
-        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
+        idx, keys = run.sample(key, state.round, data, info.num_clients)
         new_rows, pm = map_clients(
             lambda c, w: personal_train(c[2], w, c[0], c[1]),
             (data.clients("train", idx), rng.personal_keys(keys), gather_rows(state.personal, idx)),
@@ -158,7 +163,7 @@ def ditto(
         )
         pm = train_metrics(pm)
         metrics.update({"personal_train_loss": pm["train_loss"], "personal_train_acc": pm["train_acc"]})
-        personal = scatter_rows(state.personal, idx, new_rows, keep=reporting_clients(key, idx, dropout_rate))
+        personal = scatter_rows(state.personal, idx, new_rows, keep=reporting_clients(key, idx, run.dropout_rate))
         return DittoState(variables=g.variables, personal=personal, round=g.round, server=g.server), metrics
 
     def evaluate(state: DittoState, data: FederatedData):

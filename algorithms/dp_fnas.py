@@ -97,6 +97,7 @@ from jaxfednas.optim import arch_hessian_vector, cosine_lr
 from jaxfednas.precision import compute_in
 from jaxfednas import rng
 from jaxfednas.rng import client_keys
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import jit, Placement, map_clients
 from jaxfednas.server import Server
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive, supernet_of
@@ -496,15 +497,27 @@ def export_genotype(cfg: DPFNASConfig, state: DPFNASState):
 
 
 @checked_factory(DPFNASConfig)
-def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, placement: Placement = Placement(),
-            precision: str = "fp32") -> FederatedAlgorithm:
+def dp_fnas(cfg: DPFNASConfig, info: DataInfo, *, run: RunOptions = RunOptions()) -> FederatedAlgorithm:
     """DP-FNAS (Algorithm 1) on data described by ``info``; every party takes part in
     every iteration. ``round`` and ``evaluate`` are compiled; the host accountant's μ
     and ε per mechanism for the iterations done so far are ``host_metrics(state,
     data)``, which the runner adds to both. Nothing depends on ``run.rounds``, so a
-    finished run can be extended or resumed exactly. ``precision``: what the parties'
-    per-example gradients compute in (:mod:`jaxfednas.precision`; evaluation float32).
+    finished run can be extended or resumed exactly.
+
+    Args:
+      cfg: the supernet, the mechanisms (clipping, noise, sampling) and the server's
+        optimizers (:class:`DPFNASConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`); of
+        its options DP-FNAS honours the placement and ``run.precision``, what the parties'
+        per-example gradients compute in (evaluation float32); the others are refused
+        (every party in every iteration: the accountant's assumption).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``dp_fnas`` with ``export`` and
+      ``host_metrics`` (μ and ε).
     """
+    placement, precision = run.placement, run.precision
     model = make_supernet(cfg, info)
     cap, accountant = privacy_budget(cfg)
     xi_schedule, w_tx = server_weight_optimizer(cfg)

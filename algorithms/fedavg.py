@@ -4,10 +4,12 @@ Decentralized Data" (AISTATS 2017, arXiv:1602.05629), Algorithm 1.
 Each round t: sample m = max(C·K, 1) clients S_t; every k in S_t runs E local
 epochs of minibatch SGD (batch B) from the global weights w_t; the server sets
 
-    w_{t+1} = w_t + η_s · Σ_{k∈S_t} (n_k / n_S) (w^k_{t+1} − w_t),   n_S = Σ_{k∈S_t} n_k,
+    w_{t+1} = w_t + Σ_{k∈S_t} (n_k / n_S) (w^k_{t+1} − w_t),   n_S = Σ_{k∈S_t} n_k.
 
-which is plain FedAvg for the server learning rate η_s = 1 (the default).
-BatchNorm running statistics are averaged with the same weights n_k / n_S.
+BatchNorm running statistics are averaged with the same weights n_k / n_S. A server step
+size η_s ≠ 1 (``w_t + η_s · (...)``) is ``run.server_optimizer=sgd`` at ``run.server_lr`` = η_s
+(the same numbers); the other server optimizers (FedAvgM, FedAdam, ...) step from the same
+average (:mod:`jaxfednas.server`).
 
 The clients' learning rate is ``algo.lr`` in every round (McMahan et al.), or with
 ``algo.lr_schedule=cosine`` ``algo.lr · (1 + cos(π t / T)) / 2`` in round t of
@@ -22,6 +24,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxfednas.algorithms.common import (
     SupervisedConfig,
@@ -35,16 +38,18 @@ from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.optim import cosine_lr
-from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
-from jaxfednas.server import Server, tolerate_missing_server_state
+from jaxfednas.optim import rate_schedule
+from jaxfednas.run_options import RunOptions
+from jaxfednas.runtime import jit, map_clients, reported_metrics, reporting_clients
+from jaxfednas.server import tolerate_missing_server_state
 
 DESCRIPTION = "FedAvg (McMahan et al. 2017): local SGD, n_k-weighted averaging of weights and BN statistics"
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAvgConfig(SupervisedConfig):
-    server_lr: float = param(1.0, "server learning rate η_s applied to the averaged update (1 = FedAvg)", range=(0.0, 100.0))
+    RETIRED = {"server_lr": (1.0, "FedAvg's server step size η_s is run.server_lr with run.server_optimizer=sgd "
+                                  "(one server learning rate for every algorithm)")}
     bn_recalibration_batches: int = param(
         0, "also report global_test_acc_bn_recal: the global model with BatchNorm statistics re-estimated on up to "
         "this many eval-size batches of each client's training examples, pooled n_k/n, instead of the clients' "
@@ -77,14 +82,13 @@ class FedAvgState:
     server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
-def lr_scale_schedule(cfg: FedAvgConfig, rounds: int | None) -> Callable[[jax.Array], jax.Array] | None:
-    """``round -> s`` (traced), the factor of ``cfg.lr`` in a round, of ``cfg.lr_schedule``;
-    None for ``constant``."""
-    if cfg.lr_schedule == "constant":
-        return None
-    if rounds is None:
-        raise ConfigError("algo.lr_schedule='cosine' needs rounds (run.rounds)")
-    return cosine_lr(1.0, 0.0, rounds)
+def round_rate(cfg: FedAvgConfig, rounds: int | None) -> optax.Schedule:
+    """``round -> lr`` (traced), the clients' learning rate in a round: ``cfg.lr`` by
+    ``cfg.lr_schedule`` over T = ``rounds`` (:func:`jaxfednas.optim.rate_schedule`)."""
+    if cfg.lr_schedule != "constant" and rounds is None:
+        raise ConfigError(f"algo.lr_schedule={cfg.lr_schedule!r} needs the run's length: "
+                          "run=RunOptions(rounds=T, ...) (run.rounds)")
+    return rate_schedule(cfg.lr_schedule, cfg.lr, horizon=rounds)
 
 
 @checked_factory(FedAvgConfig)
@@ -92,65 +96,65 @@ def fedavg(
     cfg: FedAvgConfig,
     info: DataInfo,
     *,
-    clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(),
+    run: RunOptions = RunOptions(),
     model: nn.Module | None = None,
-    dropout_rate: float = 0.0,
     aux_weight: float = 0.0,
     drop_path: Callable[[jax.Array], jax.Array] | None = None,
-    lr_scale: Callable[[jax.Array], jax.Array] | None = None,
-    server: Server = Server(),
-    precision: str = "fp32",
-    rounds: int | None = None,
 ) -> FederatedAlgorithm:
-    """Build FedAvg for data described by ``info`` (``model`` replaces ``cfg.model`` when given;
-    ``dropout_rate``: see :func:`jaxfednas.runtime.reporting_clients`).
+    """Build FedAvg for data described by ``info``.
 
-    For a DARTS evaluation network (:mod:`jaxfednas.algorithms.fednas_train`): ``aux_weight`` > 0
-    adds its auxiliary head's loss; ``drop_path(round) -> p`` gives the drop-path
-    probability of the round's local training (every client, every step), None: no drop
-    path (the computation of plain FedAvg). ``lr_scale(round) -> s`` multiplies the round's
-    client learning rate by s (a schedule over rounds), None: ``cfg.lr_schedule``'s
-    (:func:`lr_scale_schedule`; ``constant``: ``cfg.lr`` every round, plain FedAvg's
-    computation). ``rounds``: T, ``run.rounds``, which the cosine schedule anneals over.
-    ``server``: sampler, aggregator and server optimizer (:class:`jaxfednas.server.Server`);
-    with a server optimizer ``cfg.server_lr`` must stay 1 (use ``run.server_lr``).
-    ``precision``: what client training computes in (:mod:`jaxfednas.precision`; evaluation
-    float32)."""
-    if server.optimizer != "none" and cfg.server_lr != 1.0:
-        raise ConfigError(f"algo.server_lr={cfg.server_lr} and run.server_optimizer={server.optimizer!r} both given: "
-                          "algo.server_lr is plain server SGD; with a server optimizer set run.server_lr instead")
+    Args:
+      cfg: the client recipe and FedAvg's own settings (:class:`FedAvgConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        clients per round, placement, the server (sampler, aggregator, server optimizer:
+        ``sgd`` at ``run.server_lr`` is FedAvg's server step size η_s), drop-out, precision
+        (client training; evaluation is float32) and ``rounds``, T, which
+        ``cfg.lr_schedule='cosine'`` anneals over.
+      model: replaces ``cfg.model`` when given.
+      aux_weight: > 0 adds a DARTS evaluation network's auxiliary head loss
+        (:mod:`jaxfednas.algorithms.fednas_train`).
+      drop_path: ``drop_path(round) -> p``, the drop-path probability of the round's local
+        training (every client, every step); None: no drop path (plain FedAvg's computation).
+
+    The clients' learning rate in a round is ``cfg.lr`` by ``cfg.lr_schedule``
+    (:func:`round_rate`: ``constant`` every round, plain FedAvg; ``cosine`` over T).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``fedavg``: ``init``, ``round``
+      and ``evaluate``.
+    """
+    server, placement, dropout_rate = run.server, run.placement, run.dropout_rate
     server.refuse("fedavg", "FedAvg trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
-    lr_scale = lr_scale_schedule(cfg, rounds) if lr_scale is None else lr_scale
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    server.check_clients(info.num_clients, m)
-    local_train = make_local_train(model, info, cfg, aux_weight=aux_weight, precision=precision)
+    rate = round_rate(cfg, run.rounds)
+    server.check_clients(info.num_clients, run.clients(info.num_clients))
+    local_train = make_local_train(model, info, cfg, aux_weight=aux_weight, precision=run.precision)
 
     def init(key):
         variables = init_variables(model, key, info.image_shape)
         return FedAvgState(variables=variables, round=jnp.int32(0), server=server.init(variables))
 
     def round_fn(state: FedAvgState, data: FederatedData, key: jax.Array):
-        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
+        idx, keys = run.sample(key, state.round, data, info.num_clients)
         clients = data.clients("train", idx)
         p = None if drop_path is None else drop_path(state.round)
-        scale = None if lr_scale is None else lr_scale(state.round)
         new_vars, metrics = map_clients(
             lambda c, s: local_train(s[0], c[0], c[1], s[1], s[2]),
             (clients, keys),
-            (state.variables, p, scale),
+            (state.variables, p, rate(state.round)),
             placement=placement,
         )
-        weights = server.weights(clients.count, reporting_clients(key, idx, dropout_rate))  # failed clients weigh 0
-        avg = server.aggregate(new_vars, weights, fallback=state.variables)
-        if server.optimizer == "none":
-            old = state.variables["params"]
-            params = jax.tree.map(lambda w, a: w + cfg.server_lr * (a - w), old, avg["params"])
+        if server.optimizer == "none":  # Algorithm 1's server step, w + Σ n_k/n_S (w_k − w)
+            weights = server.weights(clients.count, reporting_clients(key, idx, dropout_rate))  # failed: weight 0
+            avg = server.aggregate(new_vars, weights, fallback=state.variables)
+            # written as an update of w, as every recorded FedAvg run computed it (bit for bit)
+            params = jax.tree.map(lambda w, a: w + (a - w), state.variables["params"], avg["params"])
             variables, opt = {"params": params, "batch_stats": avg["batch_stats"]}, state.server
-        else:
-            variables, opt = server.step(state.variables, avg, state.server, weights)
-        metrics = {**train_metrics(metrics), **reported_metrics(weights, key, idx, dropout_rate)}
+            reported = reported_metrics(weights, key, idx, dropout_rate)
+        else:  # drop-out, the aggregator, and the server optimizer stepping w towards the average
+            variables, opt, reported = run.combine(new_vars, clients.count, key, idx, state.variables, state.server)
+        metrics = {**train_metrics(metrics), **reported}
         return state.replace(variables=variables, round=state.round + 1, server=opt), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData):

@@ -59,13 +59,13 @@ from jaxfednas.evaluation import (client_accuracies, client_accuracy_summary, ev
 from jaxfednas.optim import ARCH, WEIGHTS, cosine_lr, darts_arch_optimizer, darts_weight_optimizer, milenas_grads
 from jaxfednas.precision import compute_in
 from jaxfednas.rng import client_keys
-from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
-from jaxfednas.server import Server, tolerate_missing_server_state
+from jaxfednas.run_options import RunOptions
+from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients
+from jaxfednas.server import tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas.search_spaces.darts import (BN_MOMENTUM, PRIMITIVE_SETS, DartsSearchNetwork, DartsSpaceConfig, derive,
                                  group_edges_param, supernet_of, Genotype, plot_genotype)
 from jaxfednas.search_spaces.darts.masks import mask_from_genotype, mask_weights
-from jaxfednas.search_spaces.darts.operations import unbiased_running_var
 
 DESCRIPTION = "FedNAS (He et al.): MiLeNAS local search on a DARTS supernet, FedAvg of weights and α"
 
@@ -166,16 +166,15 @@ def make_local_search(cfg: FedNASConfig, info: DataInfo, model: DartsSearchNetwo
     ``precision``: what both passes of Eq. 4 compute in (:func:`jaxfednas.precision.compute_in`:
     w, α, their gradients and the BatchNorm statistics stay float32)."""
     aug = make_augment(cfg.augment, info.name)
-    apply = compute_in(precision, model.apply)
-
     code_bn = cfg.bn_stats_updates == "code"
+    # parity option: PyTorch's n/(n-1) var in the running variance, a field of the module the search applies
+    apply = compute_in(precision, model.clone(unbiased_running_var=code_bn).apply)
 
     def loss_fn(params, arch, stats, batch):
-        with unbiased_running_var(code_bn):  # parity option: PyTorch's n/(n-1) var in the running variance
-            logits, new = apply(
-                {"params": params, "arch": arch, "batch_stats": stats}, batch["x"], train=True, mask=batch["mask"],
-                mutable=["batch_stats"],
-            )
+        logits, new = apply(
+            {"params": params, "arch": arch, "batch_stats": stats}, batch["x"], train=True, mask=batch["mask"],
+            mutable=["batch_stats"],
+        )
         mask = batch["mask"]
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]) * mask
         correct = ((jnp.argmax(logits, -1) == batch["y"]) & mask).sum()
@@ -252,17 +251,26 @@ def replay_bn_update(current: dict, start: dict, updated: dict) -> dict:
 
 @checked_factory(FedNASConfig)
 def fednas(
-    cfg: FedNASConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",
+    cfg: FedNASConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
 ) -> FederatedAlgorithm:
-    """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5. ``server``:
-    sampler, aggregator and server optimizers of w and α (:class:`jaxfednas.server.Server`).
-    ``precision``: what the local search and §2.5's adaptation compute in
-    (:mod:`jaxfednas.precision`); evaluation and BatchNorm recalibration run in float32."""
+    """FedNAS (Algorithm 1) on data described by ``info``; ``personalize`` is §2.5.
+
+    Args:
+      cfg: the supernet, the MiLeNAS local search and §2.5's adaptation (:class:`FedNASConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        clients per round, placement, the server (sampler, aggregator, server optimizers of
+        w and α), drop-out and ``run.precision``, what the local search and §2.5's
+        adaptation compute in (evaluation and BatchNorm recalibration run in float32).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``fednas`` with ``export``
+      (the derived genotype) and ``personalize``.
+    """
+    server, placement, precision, dropout_rate = run.server, run.placement, run.precision, run.dropout_rate
     primitives = PRIMITIVE_SETS[cfg.primitives]
     model = make_supernet(cfg, info)
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
-    server.check_clients(info.num_clients, m)
+    server.check_clients(info.num_clients, run.clients(info.num_clients))
     local_search = make_local_search(cfg, info, model, cfg.local_epochs, precision=precision)
     adapt = make_local_search(cfg, info, model, cfg.personalize_epochs, precision=precision)
 
@@ -274,7 +282,7 @@ def fednas(
 
     def round_fn(state: FedNASState, data: FederatedData, key):
         # Alg. 1 line 4: sample clients; line 5: ClientLocalSearch on each.
-        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
+        idx, keys = run.sample(key, state.round, data, info.num_clients)
         per_client = (data.clients("train", idx), data.clients("val", idx), keys)
         new_vars, met = map_clients(
             lambda c, v: local_search(v, *c), per_client, state.variables, placement=placement

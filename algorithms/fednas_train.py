@@ -53,12 +53,11 @@ import os
 
 import jax.numpy as jnp
 
-from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg, lr_scale_schedule
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg, round_rate
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import ConfigError, param
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.runtime import Placement
-from jaxfednas.server import Server
+from jaxfednas.run_options import RunOptions
 from jaxfednas.search_spaces.darts import aux_input_size, DARTS_V1, DARTS_V2, DartsNetwork, FEDNAS_V1, Genotype
 
 DESCRIPTION = "FedNAS evaluation stage: FedAvg training of a DARTS network built from a genotype"
@@ -149,18 +148,25 @@ def drop_path_schedule(cfg: FedNASTrainConfig, rounds: int | None):
 
 @checked_factory(FedNASTrainConfig)
 def fednas_train(
-    cfg: FedNASTrainConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, rounds: int | None = None, server: Server = Server(), precision: str = "fp32",
+    cfg: FedNASTrainConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
 ) -> FederatedAlgorithm:
-    """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``; ``rounds``
-    (T, ``run.rounds``) is needed by the linear drop-path ramp and the cosine learning rate. ``precision``: what client
-    training computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
+    """FedAvg (state :class:`FedAvgState`) of the DARTS network of ``cfg.genotype``.
+
+    Args:
+      cfg: the genotype, the network and its recipe (:class:`FedNASTrainConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`), as
+        for :func:`jaxfednas.algorithms.fedavg.fedavg`; ``run.rounds`` (T) is needed by the
+        linear drop-path ramp and the cosine learning rate.
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``fednas_train``.
+    """
+    server, rounds = run.server, run.rounds
     server.refuse("fednas_train", "the derived genotype is fixed: no architecture parameters are trained",
                   arch_optimizer=True)
-    algo = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=make_network(cfg, info),
-                  dropout_rate=dropout_rate, aux_weight=cfg.auxiliary_weight,
-                  drop_path=drop_path_schedule(cfg, rounds), rounds=rounds, server=server,
-                  precision=precision)
+    algo = fedavg(cfg, info, run=run, model=make_network(cfg, info), aux_weight=cfg.auxiliary_weight,
+                  drop_path=drop_path_schedule(cfg, rounds))
     return algo._replace(name="fednas_train")
 
 
@@ -169,4 +175,4 @@ RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "agg
 
 
 __all__ = ["FedNASTrainConfig", "FedAvgState", "fednas_train", "resolve_genotype", "make_network", "drop_path_schedule",
-           "lr_scale_schedule"]
+           "round_rate"]

@@ -33,8 +33,8 @@ from jaxfednas.config import param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas import rng
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import jit, Placement, map_clients
-from jaxfednas.server import Server
 
 DESCRIPTION = "Local adaptation (FedNAS Table 1): FedAvg, then each client fine-tunes the global model before testing"
 
@@ -109,26 +109,32 @@ def local_adaptation(
     cfg: LocalAdaptationConfig,
     info: DataInfo,
     *,
-    clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(),
+    run: RunOptions = RunOptions(),
     model: nn.Module | None = None,
-    dropout_rate: float = 0.0,
-    server: Server = Server(),
-    precision: str = "fp32",
-    rounds: int | None = None,
 ) -> FederatedAlgorithm:
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
-    ``model`` replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
-    ``precision``: what client training and the fine-tuning before the adapted evaluation
-    compute in (:mod:`jaxfednas.precision`; the accuracies are measured in float32).
-    ``rounds``: ``run.rounds``, over which ``algo.lr_schedule=cosine`` anneals the rounds'
-    rate (the fine-tuning keeps ``algo.lr``)."""
+
+    Args:
+      cfg: the client recipe and the fine-tuning epochs (:class:`LocalAdaptationConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        clients per round, placement, the server (sampler, aggregator, server optimizer),
+        drop-out, precision and rounds.
+        ``run.precision``: what client training and the fine-tuning before the adapted
+        evaluation compute in (the accuracies are measured in float32); ``run.rounds``:
+        over which ``algo.lr_schedule=cosine`` anneals the rounds' rate (the fine-tuning
+        keeps ``algo.lr``).
+      model: replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``local_adaptation``.
+    """
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
-    server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)
-    base = fedavg(cfg, info, clients_per_round=clients_per_round, placement=placement, model=model,
-                  dropout_rate=dropout_rate, server=server, precision=precision, rounds=rounds)
+    run.server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)
+    base = fedavg(cfg, info, run=run, model=model)
     finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs),
-                                precision=precision)
+                                precision=run.precision)
+    placement = run.placement
 
     def evaluate(state: FedAvgState, data: FederatedData):
         out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)

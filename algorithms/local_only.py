@@ -19,9 +19,8 @@ from jaxfednas.algorithms.common import SupervisedConfig, evaluate_clients, make
 from jaxfednas.search_spaces.models import init_variables, make_model
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.data.federated import DataInfo, FederatedData
-from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients, resolve_clients_per_round,
-                               scatter_rows)
-from jaxfednas.server import Server
+from jaxfednas.run_options import RunOptions
+from jaxfednas.runtime import (jit, gather_rows, map_clients, reporting_clients, scatter_rows)
 
 DESCRIPTION = "Local-only training: each client trains a personal model on its own data"
 
@@ -54,16 +53,25 @@ ROWS = ("clients",)  # per-client fields (leading axis K): split along the clien
 
 @checked_factory(LocalOnlyConfig)
 def local_only(
-    cfg: LocalOnlyConfig, info: DataInfo, *, clients_per_round: int | float = 1.0, placement: Placement = Placement(),
-    dropout_rate: float = 0.0, server: Server = Server(), precision: str = "fp32",
+    cfg: LocalOnlyConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
 ) -> FederatedAlgorithm:
-    """Each client trains its own model; ``server`` only samples the clients
-    (:class:`jaxfednas.server.Server`: no aggregator, no server optimizer). ``precision``:
-    what client training computes in (:mod:`jaxfednas.precision`; evaluation float32)."""
+    """Each client trains its own model; the server only samples the clients.
+
+    Args:
+      cfg: the client recipe (:class:`LocalOnlyConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        clients per round, placement, the sampler (no aggregator, no server optimizer),
+        drop-out and ``run.precision``, what client training computes in (evaluation float32).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``local_only``.
+    """
+    server, placement, precision, dropout_rate = run.server, run.placement, run.precision, run.dropout_rate
     server.refuse("local_only", "there is no server model: each client keeps its own", aggregator=True,
                   optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name)
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    m = run.clients(info.num_clients)
     server.check_clients(info.num_clients, m)
     local_train = make_local_train(model, info, cfg, precision=precision)
 
@@ -73,7 +81,7 @@ def local_only(
         return LocalOnlyState(clients=rows, round=jnp.int32(0))
 
     def round_fn(state: LocalOnlyState, data: FederatedData, key: jax.Array):
-        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
+        idx, keys = run.sample(key, state.round, data, info.num_clients)
         rows = gather_rows(state.clients, idx)
         new_rows, metrics = map_clients(
             lambda c, _: local_train(c[2], c[0], c[1]),

@@ -54,8 +54,9 @@ from jaxfednas.data.federated import (
     run_local_epochs,
     tree_where,
 )
-from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients, resolve_clients_per_round
-from jaxfednas.server import Server, tolerate_missing_server_state
+from jaxfednas.run_options import RunOptions
+from jaxfednas.runtime import jit, map_clients
+from jaxfednas.server import tolerate_missing_server_state
 
 DESCRIPTION = "Per-FedAvg (Fallah et al. 2020), first-order MAML local steps; clients adapt with SGD steps at test time"
 
@@ -185,19 +186,27 @@ def perfedavg(
     cfg: PerFedAvgConfig,
     info: DataInfo,
     *,
-    clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(),
+    run: RunOptions = RunOptions(),
     model: nn.Module | None = None,
-    dropout_rate: float = 0.0,
-    server: Server = Server(),
-    precision: str = "fp32",
 ) -> FederatedAlgorithm:
-    """Build first-order Per-FedAvg for data described by ``info``. ``model`` replaces
-    ``cfg.model`` when given (e.g. a DARTS network from a genotype). ``precision``: what the
-    meta-training and the adaptation steps before the personalized evaluation compute in
-    (:mod:`jaxfednas.precision`; the accuracies are measured in float32)."""
+    """Build first-order Per-FedAvg for data described by ``info``.
+
+    Args:
+      cfg: the client recipe and the inner step (:class:`PerFedAvgConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        clients per round, placement, the server (sampler, aggregator, server optimizer),
+        drop-out, precision and rounds.
+        ``run.precision``: what the meta-training and the adaptation steps before the
+        personalized evaluation compute in (the accuracies are measured in float32).
+      model: replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``perfedavg``.
+    """
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
-    m = resolve_clients_per_round(clients_per_round, info.num_clients)
+    server, placement, precision = run.server, run.placement, run.precision
+    m = run.clients(info.num_clients)
     server.refuse("perfedavg", "Per-FedAvg trains no architecture parameters", arch_optimizer=True)
     server.check_clients(info.num_clients, m)
     meta_train = make_meta_train(model, info, cfg, precision=precision)
@@ -208,16 +217,15 @@ def perfedavg(
         return PerFedAvgState(variables=variables, round=jnp.int32(0), server=server.init(variables))
 
     def round_fn(state: PerFedAvgState, data: FederatedData, key: jax.Array):
-        idx, keys = server.sample(key, state.round, data, info.num_clients, m)
+        idx, keys = run.sample(key, state.round, data, info.num_clients)
         clients = data.clients("train", idx)
         new_vars, metrics = map_clients(
             lambda c, v: meta_train(v, c[0], c[1]), (clients, keys), state.variables,
             placement=placement,
         )
-        weights = server.weights(clients.count, reporting_clients(key, idx, dropout_rate))  # failed clients weigh 0
-        avg = server.aggregate(new_vars, weights, fallback=state.variables)
-        variables, opt = server.step(state.variables, avg, state.server, weights)
-        metrics = {**train_metrics(metrics), **reported_metrics(weights, key, idx, dropout_rate)}
+        # drop-out (failed clients weigh 0), the aggregator and the server optimizer
+        variables, opt, reported = run.combine(new_vars, clients.count, key, idx, state.variables, state.server)
+        metrics = {**train_metrics(metrics), **reported}
         return state.replace(variables=variables, round=state.round + 1, server=opt), metrics
 
     def evaluate(state: PerFedAvgState, data: FederatedData):

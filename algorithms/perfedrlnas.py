@@ -88,8 +88,9 @@ from jaxfednas.config import ConfigError, ExperimentConfig, Validated, former_mo
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, client_accuracy_summary, evaluate_examples
 from jaxfednas.optim import cosine_lr
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, masked_weighted_mean, nothing_to_aggregate,
-                               reported_metrics, reporting_clients, resolve_clients_per_round, scatter_rows)
+                               reported_metrics, reporting_clients, scatter_rows)
 from jaxfednas.server import Server
 from jaxfednas.search_spaces.choice import BYTES_PER_FLOAT, SubnetCost, check_space, choice_mask
 from jaxfednas.search_spaces.sampling import random_choice
@@ -670,20 +671,32 @@ def _refuse_server_options(cfg: PerFedRLNASConfig, server: Server) -> None:
 
 
 @checked_factory(PerFedRLNASConfig)
-def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_per_round: int | float = 0.25,
-                placement: Placement = Placement(), dropout_rate: float = 0.0,
-                server: Server = Server(), precision: str = "fp32") -> FederatedAlgorithm:
-    """Build PerFedRLNAS for data described by ``info``; ``rounds`` sets the learning rate's
-    cosine. A client that fails to report (``dropout_rate``) neither enters the aggregate
-    nor gets a reward (its policy and accuracy history stay as they were). ``server``:
-    sampler and (with ``algo.aggregation=count_normalized``) aggregator
-    (:class:`jaxfednas.server.Server`); no server optimizer. ``precision``: what client
-    training computes in (:mod:`jaxfednas.precision`; rewards and evaluation float32)."""
+def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *,
+                run: RunOptions = RunOptions(clients_per_round=0.25)) -> FederatedAlgorithm:
+    """Build PerFedRLNAS for data described by ``info``.
+
+    Args:
+      cfg: the space, the clients' training, the policies and the rewards (:class:`PerFedRLNASConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`;
+        a quarter of the clients per round by default, the paper's): ``run.rounds`` (the
+        learning rate's cosine, needed), clients per round, placement, drop-out (a client
+        that fails to report neither enters the aggregate nor gets a reward: its policy and
+        accuracy history stay as they were), the server (sampler and, with
+        ``algo.aggregation=count_normalized``, aggregator; no server optimizer) and
+        ``run.precision``, what client training computes in (rewards and evaluation float32).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``perfedrlnas`` with ``export``
+      and ``personalize``.
+    """
+    rounds = run.need_rounds("perfedrlnas")
+    server, precision, dropout_rate = run.server, run.precision, run.dropout_rate
     _refuse_server_options(cfg, server)
     space = make_space(cfg, info)
-    placement = placement.single_path() if space.single_path else placement
+    placement = run.placement.single_path() if space.single_path else run.placement
     num_clients = info.num_clients
-    m = resolve_clients_per_round(clients_per_round, num_clients)
+    m = run.clients(num_clients)
     server.check_clients(num_clients, m)
     valid, probs_from = choice_mask(space.dims), reduce_probs_from(cfg, len(space.dims))
     policy_tx = policy_optimizer(cfg)
@@ -697,7 +710,7 @@ def perfedrlnas(cfg: PerFedRLNASConfig, info: DataInfo, *, rounds: int, clients_
         return init_state(cfg, space, info, policy_tx, num_clients, memory_range, key)
 
     def round_fn(state: PerFedRLNASState, data: FederatedData, key: jax.Array):
-        idx, keys = server.sample(key, state.round, data, num_clients, m)  # line 5
+        idx, keys = run.sample(key, state.round, data, num_clients)  # line 5
         policy = state.policy_logits[idx]
         choices = sample_subnets(rng.policy_keys(keys), policy, valid)  # line 6
         train_data, eval_data = data.clients("train", idx), data.clients(cfg.reward_split, idx)

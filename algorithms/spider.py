@@ -79,9 +79,10 @@ from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_lo
 from jaxfednas.files import make_dirs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
-                               resolve_clients_per_round, scatter_rows)
-from jaxfednas.server import Server, tolerate_missing_server_state
+                               scatter_rows)
+from jaxfednas.server import tolerate_missing_server_state
 from jaxfednas.search_spaces.darts import (BN_MOMENTUM, DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
                                  plot_genotype, PRIMITIVE_SETS, primitives_param, supernet_of)
 from jaxfednas.search_spaces.darts.masks import CELLS, Subnet, full_mask, genotype_from_mask, incoming_edges, variable_mask
@@ -359,26 +360,32 @@ def spider(
     cfg: SpiderConfig,
     info: DataInfo,
     *,
-    rounds: int,
-    clients_per_round: int | float = 1.0,
-    placement: Placement = Placement(),
-    dropout_rate: float = 0.0,
-    server: Server = Server(),
-    precision: str = "fp32",
+    run: RunOptions = RunOptions(),
 ) -> FederatedAlgorithm:
-    """Build SPIDER for data described by ``info``; ``rounds`` sets the learning rates'
-    per-round cosine. A client that fails to report (``dropout_rate``) is left out of the
-    aggregate and keeps its rows (model, architecture, search progress, clock). ``server``:
-    sampler, aggregator and server optimizer of the global supernet
-    (:class:`jaxfednas.server.Server`; the architectures are personal, never averaged).
-    ``precision``: what local training computes in (:mod:`jaxfednas.precision`); the searcher's
-    validation accuracies and evaluation run in float32."""
+    """Build SPIDER for data described by ``info``.
+
+    Args:
+      cfg: the supernet, the searcher and both learners' rates (:class:`SpiderConfig`).
+      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
+      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
+        ``run.rounds`` (the learning rates' per-round cosine, needed), clients per round,
+        placement, drop-out (a client that fails to report is left out of the aggregate and
+        keeps its rows: model, architecture, search progress, clock), the server (sampler,
+        aggregator and server optimizer of the global supernet; the architectures are
+        personal, never averaged) and ``run.precision``, what local training computes in
+        (the searcher's validation accuracies and evaluation run in float32).
+
+    Returns:
+      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``spider``.
+    """
+    rounds = run.need_rounds("spider")
+    server, placement, precision, dropout_rate = run.server, run.placement, run.precision, run.dropout_rate
     server.refuse("spider", "its architectures are personal (A_k), the server averages only the global supernet's "
                   "weights", arch_optimizer=True)
     net = supernet_of(cfg, info.num_classes)
     primitives = tuple(net.primitives)
     num_clients, steps = info.num_clients, cfg.nodes
-    m = resolve_clients_per_round(clients_per_round, num_clients)
+    m = run.clients(num_clients)
     server.check_clients(num_clients, m)
     start = initial_mask(primitives, steps)
     full = {c: jnp.asarray(v) for c, v in start.items()}  # the global supernet: every op, weight 1
@@ -407,7 +414,7 @@ def spider(
         )
 
     def round_fn(state: SpiderState, data: FederatedData, key: jax.Array):
-        idx, keys = server.sample(key, state.round, data, num_clients, m)
+        idx, keys = run.sample(key, state.round, data, num_clients)
         t = state.client_rounds[idx]
         mask = stack_cells(gather_rows(state.arch_masks, idx)).swapaxes(0, 1)  # [m, 2, E, |O|]
         edge_done, node_done = state.edge_done[idx], state.node_done[idx]

@@ -37,6 +37,7 @@ def worker(args) -> dict:
     import jax
 
     from jaxfednas.algorithms.fednas import FedNASConfig, fednas
+    from jaxfednas.run_options import RunOptions
     from jaxfednas.data import make_federated_data
     from jaxfednas.data import partition as part
     from jaxfednas.data.datasets import load_dataset
@@ -53,7 +54,7 @@ def worker(args) -> dict:
     ds = load_dataset("synthetic", seed=0, num_train=K * per_client, image_shape=(32, 32, 3))
     data = make_federated_data(ds, part.manifest_splits(make_partition(ecfg, ds)))
     cfg = FedNASConfig(C=C, layers=layers, nodes=nodes, batch_size=batch, local_epochs=1)
-    algo = fednas(cfg, data.info, clients_per_round=K, placement=Placement(args.placement))
+    algo = fednas(cfg, data.info, run=RunOptions(clients_per_round=K, placement=Placement(args.placement)))
     state = algo.init(init_key(0))
     t0 = time.perf_counter()
     state, metrics = algo.round(state, data, round_key(0, 0))

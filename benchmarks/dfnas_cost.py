@@ -283,11 +283,12 @@ def worker_clients(args, placement: str, impl: str, batch: int) -> dict:
     import jax.numpy as jnp
 
     from jaxfednas.algorithms.dfnas import DFNASConfig, dfnas
+    from jaxfednas.run_options import RunOptions
     from jaxfednas.runtime import Placement
 
     cfg = DFNASConfig(space=args.space, batch_size=batch, local_epochs=1, dw_impl=impl)
     data = _client_data(ROUND_CLIENTS, args.steps * batch, args.seed)
-    algo = dfnas(cfg, data.info, rounds=10, clients_per_round=ROUND_CLIENTS, placement=Placement(placement))
+    algo = dfnas(cfg, data.info, run=RunOptions(rounds=10, clients_per_round=ROUND_CLIENTS, placement=Placement(placement)))
     state0 = algo.init(jax.random.PRNGKey(args.seed))
     nb = state0.fixed.shape[0]
     res = {"kind": f"clients:{placement}:{impl}:{batch}", "machine": bu.machine_info(),

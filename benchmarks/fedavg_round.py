@@ -115,6 +115,7 @@ def build_placement(cfg, info, name):
     import dataclasses
 
     from jaxfednas.registry import algorithm_module, build_algorithm
+    from jaxfednas.run_options import RunOptions
     from jaxfednas.runtime import Placement
 
     mode, chunk, within, _ = SPECS[name]
@@ -122,10 +123,8 @@ def build_placement(cfg, info, name):
     if within == "vmap":  # what `build` exposes through the config
         run = dataclasses.replace(cfg.run, placement=mode, client_chunk_size=chunk)
         return build_algorithm(dataclasses.replace(cfg, run=run), info)
-    return fedavg.fedavg(
-        cfg.algo, info, clients_per_round=cfg.run.clients_per_round,
-        placement=Placement(mode, chunk, within=within),
-    )
+    placement = Placement(mode, chunk, within=within)
+    return fedavg.fedavg(cfg.algo, info, run=RunOptions(clients_per_round=cfg.run.clients_per_round, placement=placement))
 
 
 class LoopRound:
@@ -143,7 +142,6 @@ class LoopRound:
         self._np = np
         model = make_model(cfg.algo.model, info.num_classes, info.name)
         m = resolve_clients_per_round(cfg.run.clients_per_round, info.num_clients)
-        server_lr = cfg.algo.server_lr
 
         def prepare(key):
             idx, keys = round_clients(key, info.num_clients, m)
@@ -153,7 +151,7 @@ class LoopRound:
             stack = lambda xs: jax.tree.map(lambda *a: jax.numpy.stack(a), *xs)  # noqa: E731
             avg = weighted_mean(stack(new_vars), counts[idx])
             old = state.variables["params"]
-            params = jax.tree.map(lambda w, a: w + server_lr * (a - w), old, avg["params"])
+            params = jax.tree.map(lambda w, a: w + (a - w), old, avg["params"])  # as FedAvg's round
             variables = {"params": params, "batch_stats": avg["batch_stats"]}
             return state.replace(variables=variables, round=state.round + 1), train_metrics(stack(metrics))
 
@@ -203,13 +201,14 @@ def run_worker(args) -> dict:
     if fake and jax.device_count() != args.devices:
         raise RuntimeError(f"expected {args.devices} fake devices, jax sees {jax.device_count()}")
     from jaxfednas.algorithms.fedavg import fedavg
+    from jaxfednas.run_options import RunOptions
     from jaxfednas.rng import init_key, round_key
     from jaxfednas.runtime import Placement
 
     cfg, data = setup(args)
     info = data.info
     # One initial state for every placement (the jitted init of the FedAvg builder).
-    state0 = fedavg(cfg.algo, info, placement=Placement("vmap")).init(init_key(args.seed))
+    state0 = fedavg(cfg.algo, info, run=RunOptions(placement=Placement("vmap"))).init(init_key(args.seed))
     key0 = round_key(args.seed, 0)
     keys = [round_key(args.seed, r) for r in range(args.repeats)]
     res = {"name": name, "machine": bu.machine_info(), "load_start": bu.load_line()}

@@ -215,6 +215,7 @@ def worker_round(args, placement: str) -> dict:
     import numpy as np
 
     from jaxfednas.algorithms.fednas import cpu_scheduler, FedNASConfig, fednas, make_local_search, make_supernet
+    from jaxfednas.run_options import RunOptions
     from jaxfednas.data import make_federated_data
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.data.federated import ClientData
@@ -236,7 +237,7 @@ def worker_round(args, placement: str) -> dict:
     info = data.info
     cfg = with_overrides(FedNASConfig(C=C, layers=layers, nodes=NODES.get(args.round_config, 4), batch_size=batch,
                                       local_epochs=1), args)
-    state0 = fednas(cfg, info, clients_per_round=K, placement=Placement("map")).init(init_key(args.seed))
+    state0 = fednas(cfg, info, run=RunOptions(clients_per_round=K, placement=Placement("map"))).init(init_key(args.seed))
     keys = [round_key(args.seed, r) for r in range(args.round_repeats + 1)]
     res = {"kind": f"round:{placement}", "machine": bu.machine_info(), "load_start": bu.load_line(),
            "train_counts": [int(c) for c in np.asarray(data.train.counts)],
@@ -273,7 +274,7 @@ def worker_round(args, placement: str) -> dict:
             avg = agg_c([o[0] for o in outs], tr.counts, idx)
             return avg, sum(int(o[1]["steps"]) for o in outs)
     else:
-        algo = fednas(cfg, info, clients_per_round=K, placement=Placement(placement))
+        algo = fednas(cfg, info, run=RunOptions(clients_per_round=K, placement=Placement(placement)))
         t0 = time.perf_counter()
         lowered = algo.round.lower(state0, data, keys[0])
         t1 = time.perf_counter()

@@ -67,23 +67,58 @@ def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-# argument name -> (what it must be, check): the keywords the runner hands every factory
+# argument name -> (what it must be, check): the factory's own arguments and the run's options
 _FACTORY_ARGUMENTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "info": ("a jaxfednas.data.DataInfo (FederatedData.info)", lambda v: _is("jaxfednas.data.federated", "DataInfo", v)),
+    "run": ("a jaxfednas.run_options.RunOptions", lambda v: _is("jaxfednas.run_options", "RunOptions", v)),
     "placement": ("a jaxfednas.runtime.Placement", lambda v: _is("jaxfednas.runtime", "Placement", v)),
     "server": ("a jaxfednas.server.Server", lambda v: _is("jaxfednas.server", "Server", v)),
     "clients_per_round": ("an int count or a float fraction", _real),
     "dropout_rate": ("a number (its range is checked by the factory)", _real),
     "precision": ("a precision name (str)", lambda v: isinstance(v, str)),
+    "rounds": ("an int", lambda v: isinstance(v, int) and not isinstance(v, bool)),
 }
+
+LEGACY_RUN_KEYWORDS = ("rounds", "clients_per_round", "placement", "server", "dropout_rate", "precision")
+"""The run's options as separate keywords, which factories took before they all took ``run``:
+still accepted by every bundled factory for one release (folded into ``run``, with a
+``DeprecationWarning``)."""
+
+
+def _fold_legacy_keywords(factory_name: str, kwargs: dict) -> dict:
+    """``kwargs`` with any :data:`LEGACY_RUN_KEYWORDS` folded into ``run`` (checked, warned)."""
+    legacy = {k: kwargs.pop(k) for k in LEGACY_RUN_KEYWORDS if k in kwargs}
+    if not legacy:
+        return kwargs
+    import dataclasses  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    from jaxfednas.run_options import RunOptions  # noqa: PLC0415  (jax-heavy; this module is imported early)
+
+    for name, value in legacy.items():
+        want = _FACTORY_ARGUMENTS[name]
+        if not want[1](value):
+            raise TypeError(f"{factory_name}(): {name} must be {want[0]}, got {value!r:.60}")
+    names = ", ".join(f"{k}=" for k in legacy)
+    warnings.warn(f"{factory_name}({names}...) is deprecated: pass run=RunOptions({names}...) "
+                  f"(jaxfednas.run_options); the separate keywords go in the next release", DeprecationWarning,
+                  stacklevel=3)
+    run = kwargs.get("run")
+    if run is None:
+        run = RunOptions()
+    elif not _FACTORY_ARGUMENTS["run"][1](run):
+        raise TypeError(f"{factory_name}(): run must be {_FACTORY_ARGUMENTS['run'][0]}, got {run!r:.60}")
+    kwargs["run"] = dataclasses.replace(run, **legacy)
+    return kwargs
 
 
 def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgorithm]], Callable[..., FederatedAlgorithm]]:
-    """Decorator for an algorithm factory ``factory(cfg, info, *, ...)``: an argument of the
-    wrong type -- a config of another algorithm or a string as ``cfg``, a string as
-    ``placement`` -- is a ``TypeError`` naming the factory, the argument and what it must be,
-    before any work (instead of an ``AttributeError`` deep inside). The signature is kept
-    (the runner reads it to pass the run's options). The algorithm returned refuses data
+    """Decorator for an algorithm factory ``factory(cfg, info, *, run: RunOptions, ...its own)``:
+    an argument of the wrong type -- a config of another algorithm or a string as ``cfg``, a
+    string as ``run`` -- is a ``TypeError`` naming the factory, the argument and what it must
+    be, before any work (instead of an ``AttributeError`` deep inside). The run's options
+    given as separate keywords (:data:`LEGACY_RUN_KEYWORDS`, the former signature) are
+    folded into ``run`` with a ``DeprecationWarning``. The algorithm returned refuses data
     other than the data ``info`` describes in every function taking ``(state, data, ...)``
     (a ``ValueError`` naming what differs; see :func:`data_mismatch`)."""
     import functools  # noqa: PLC0415
@@ -94,6 +129,7 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
 
         @functools.wraps(factory)
         def checked(*args, **kwargs):
+            kwargs = _fold_legacy_keywords(factory.__name__, dict(kwargs))
             try:
                 bound = signature.bind(*args, **kwargs)
             except TypeError as e:
@@ -109,10 +145,24 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
             info = bound.arguments.get("info")
             if info is None or not isinstance(algo, FederatedAlgorithm):
                 return algo
+            _refuse_unsupported_options(factory, algo.name, bound.arguments.get("run"), info)
             return algo._replace(**{f: _ForData(getattr(algo, f), info, f"{algo.name}.{f}")
                                     for f in _DATA_FUNCTIONS if getattr(algo, f) is not None})
         return checked
     return wrap
+
+
+def _refuse_unsupported_options(factory: Callable, name: str, run: Any, info: Any) -> None:
+    """Called directly, a factory refuses a run option its module does not list in
+    ``RUN_OPTIONS`` as the runner does (after the factory's own refusals, with their reasons)."""
+    import sys  # noqa: PLC0415
+
+    supported = getattr(sys.modules.get(factory.__module__), "RUN_OPTIONS", None)
+    if run is None or supported is None:
+        return
+    from jaxfednas.run_options import refuse_unsupported  # noqa: PLC0415
+
+    refuse_unsupported(name, run, num_clients=info.num_clients, supported=supported)
 
 
 # the functions called as fn(state, data, ...): each refuses data of another dataset or client count

@@ -100,6 +100,8 @@ class _AcceptsFormerNames(type):
     def __call__(cls, *args, **kwargs):
         if kwargs and cls.RENAMED:
             kwargs = _renamed(cls, cls.SECTION, kwargs, warn=True, stacklevel=3)
+        if kwargs and cls.RETIRED:
+            kwargs = _retired(cls, cls.SECTION, kwargs, warn=True)
         return super().__call__(*args, **kwargs)
 
 
@@ -109,10 +111,16 @@ class Validated(metaclass=_AcceptsFormerNames):
     ``RENAMED`` maps a field's former name to its name now: the former name is accepted
     (with a one-line :class:`FutureWarning`) as a constructor keyword and in overrides,
     presets and ``--set``, and silently in a run directory's ``config.json``, so old
-    runs still resume. A subclass extends its parent's map (``{**Parent.RENAMED, ...}``)."""
+    runs still resume. A subclass extends its parent's map (``{**Parent.RENAMED, ...}``).
+
+    ``RETIRED`` maps a field that is gone to ``(value, advice)``: the field at ``value``
+    (what it always was where it had no effect left) is dropped -- silently from a run
+    directory's ``config.json``, with a :class:`FutureWarning` elsewhere -- and any other
+    value is a :class:`ConfigError` giving ``advice`` (what to set instead)."""
 
     SECTION = "config"
     RENAMED: typing.ClassVar[dict[str, str]] = {}
+    RETIRED: typing.ClassVar[dict[str, tuple[typing.Any, str]]] = {}
 
     def __post_init__(self):
         check_fields(self, self.SECTION)
@@ -343,10 +351,30 @@ def _renamed(cls: type, section: str, updates: Mapping[str, Any], warn: bool, st
     return out
 
 
+def _retired(cls: type, section: str, updates: Mapping[str, Any], warn: bool) -> dict[str, Any]:
+    retired = getattr(cls, "RETIRED", {})
+    out: dict[str, Any] = {}
+    for k, v in updates.items():
+        if k not in retired:
+            out[k] = v
+            continue
+        value, advice = retired[k]
+        try:
+            same = _coerce(v, type(value), f"{section}.{k}") == value
+        except ConfigError:
+            same = False
+        if not same:
+            raise ConfigError(f"{section}.{k}={v}: the setting is gone; {advice}")
+        if warn:
+            warnings.warn(f"{section}.{k}={value!r} has no effect and goes in jaxfednas {REMOVAL_VERSION}; {advice}",
+                          FutureWarning, stacklevel=6)
+    return out
+
+
 def replace_fields(cfg: Any, section: str, updates: Mapping[str, Any], *, warn_renamed: bool = True) -> Any:
-    """``dataclasses.replace`` with string coercion, former names (``RENAMED``) and
-    unknown-name errors."""
-    updates = _renamed(type(cfg), section, updates, warn_renamed)
+    """``dataclasses.replace`` with string coercion, former names (``RENAMED``), retired
+    fields (``RETIRED``) and unknown-name errors."""
+    updates = _retired(type(cfg), section, _renamed(type(cfg), section, updates, warn_renamed), warn_renamed)
     hints = typing.get_type_hints(type(cfg))
     known = {f.name for f in dataclasses.fields(cfg)}
     for k in updates:

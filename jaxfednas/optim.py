@@ -18,6 +18,8 @@
 * :func:`cosine_lr` — the library's one cosine annealing
   ``floor + (base − floor)(1 + cos(π min(t, T) / T)) / 2``: per local epoch (FedNAS, as
   DARTS' ``CosineAnnealingLR``), per round (DFNAS), per server iteration (DP-FNAS).
+* :func:`rate_schedule` — a configured learning rate (a number and a schedule's name,
+  ``algo.lr`` and ``algo.lr_schedule``) resolved once into an optax schedule.
 * :func:`active_momentum` — SGD momentum that moves only the leaves that ran this step
   (single-path supernets: PyTorch skips a parameter without a gradient).
 * :func:`darts_arch_grad` — the second-order DARTS architecture gradient (Liu et al.,
@@ -52,6 +54,24 @@ def cosine_lr(base: float, floor: float, horizon: int) -> Callable[[jax.Array], 
         return floor + 0.5 * (base - floor) * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t, horizon) / horizon))
 
     return lr
+
+
+SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+"""The named learning-rate schedules of the configs' ``lr_schedule`` fields."""
+
+
+def rate_schedule(name: str, base: float, *, horizon: int | None = None, floor: float = 0.0) -> optax.Schedule:
+    """A configured learning rate as an optax schedule of the step ``t`` it is stepped by (a
+    round, an epoch or an iteration): ``constant``: ``base`` at every ``t``; ``cosine``:
+    :func:`cosine_lr` from ``base`` to ``floor`` over ``horizon`` steps (needed). The value
+    is float32, so that a traced rate and the constant it equals give the same updates."""
+    if name == "constant":
+        return lambda t: jnp.float32(base)
+    if name == "cosine":
+        if horizon is None or horizon < 1:
+            raise ValueError(f"a cosine learning rate needs its horizon (run.rounds >= 1), got {horizon!r}")
+        return cosine_lr(base, floor, horizon)
+    raise ValueError(f"learning-rate schedule must be one of {SCHEDULES}, got {name!r}")
 
 
 def arch_labels(tree: dict) -> dict:

@@ -3,7 +3,7 @@ at import time).
 
 An algorithm module provides ``CONFIG`` (its config dataclass), ``PRESETS``
 (``{"smoke": {...}, "paper": {...}}`` flat overrides), ``DESCRIPTION``, a factory
-``(algo_config, info, **run options) -> FederatedAlgorithm`` (named ``FACTORY``, or
+``(algo_config, info, *, run: RunOptions) -> FederatedAlgorithm`` (named ``FACTORY``, or
 decorated with :func:`register_algorithm`, which also registers a module from outside the
 library) and ``RUN_OPTIONS`` (the options of :data:`jaxfednas.run_options.OPTIONS` it
 honours; the runner refuses the others), and optionally ``DEFAULTS`` (flat overrides of
@@ -56,6 +56,13 @@ def register_algorithm(name: str, *, replace: bool = False) -> Callable[[Callabl
         raise RegistrationError(f"algorithm name must be a Python identifier, got {name!r}")
 
     def add(factory: Callable[..., Any]) -> Callable[..., Any]:
+        import inspect  # noqa: PLC0415
+
+        params = inspect.signature(factory).parameters
+        if "run" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise RegistrationError(f"algorithm {name!r}: its factory {factory.__name__}{inspect.signature(factory)} "
+                                    "takes no run: every factory has the shape f(cfg, info, *, run: RunOptions = "
+                                    "RunOptions(), ...its own) (jaxfednas.run_options)")
         old = ALGORITHMS.get(name)
         if old is not None and old != factory.__module__ and not replace:
             raise RegistrationError(f"algorithm {name!r} is already registered (module {old}); pass replace=True to "
@@ -76,8 +83,9 @@ def algorithm_module(name: str) -> ModuleType:
 def build_algorithm(config: jaxfednas.config.ExperimentConfig,
                     info: jaxfednas.data.federated.DataInfo) -> jaxfednas.algorithm.FederatedAlgorithm:
     """The algorithm ``config`` names, built for data described by ``info``: its module's
-    ``check(config)`` if any, then ``FACTORY(config.algo, info, ...)`` given the run's
-    options (:class:`jaxfednas.run_options.RunOptions`, built here once), then a refusal,
+    ``check(config)`` if any, then ``FACTORY(config.algo, info, run=...)`` given the run's
+    options (:class:`jaxfednas.run_options.RunOptions`, built here once; the same call for a
+    bundled algorithm and a user's registered one), then a refusal,
     one line, of any run option set away from its default that the module does not list
     in ``RUN_OPTIONS`` (a factory's own refusals, with its reasons, come first)."""
     from jaxfednas.run_options import RunOptions, refuse_unsupported  # noqa: PLC0415  (jax, at build time only)
@@ -86,9 +94,8 @@ def build_algorithm(config: jaxfednas.config.ExperimentConfig,
     check = getattr(mod, "check", None)
     if check is not None:
         check(config)
-    options = RunOptions.from_run(config.run)
     factory = _FACTORIES.get(config.algorithm) or mod.FACTORY
-    algorithm = factory(config.algo, info, **options.factory_kwargs(factory))
+    algorithm = factory(config.algo, info, run=RunOptions.from_run(config.run))  # every factory's one shape
     refuse_unsupported(config.algorithm, config.run, num_clients=info.num_clients,
                        supported=getattr(mod, "RUN_OPTIONS", ()))
     return algorithm

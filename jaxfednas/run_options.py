@@ -8,12 +8,10 @@ compute precision — as one :class:`RunOptions`, and hands it to the algorithm'
 
 An algorithm module declares which of the run options (:data:`OPTIONS`) it honours in
 ``RUN_OPTIONS``; the runner refuses any other option set away from its default in one line
-naming the option and the algorithm, so an option is never ignored silently. A factory
-takes either the whole record (a ``run`` keyword: what a new algorithm writes, see the
-README's "Adding an algorithm") or the fields it uses as keywords of the same names
-(``clients_per_round=``, ``placement=``, ``server=``, ``dropout_rate=``,
-``precision=``, ``rounds=``; the library's algorithms, so that they read as functions of
-exactly what they use).
+naming the option and the algorithm, so an option is never ignored silently. Every factory,
+bundled or a user's (the README's "Adding an algorithm"), has one shape,
+``factory(cfg, info, *, run: RunOptions = RunOptions(), ...its own)``, and the runner builds
+every algorithm the same way: ``factory(config.algo, info, run=RunOptions.from_run(config.run))``.
 
 For an algorithm shaped like FedAvg, :meth:`RunOptions.sample` and
 :meth:`RunOptions.combine` are the server's half of a round: the run's sampler picks the
@@ -32,8 +30,8 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import Callable, Iterable, Mapping
+import numbers
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -58,15 +56,14 @@ OPTIONS: dict[str, str] = {
 changes. The others (rounds, placement, seed, checkpoints, evaluation) apply to every
 algorithm."""
 
-_FACTORY_KEYWORDS = ("rounds", "clients_per_round", "placement", "server", "dropout_rate", "precision")
-
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """What an algorithm receives from the run (see the module docstring).
 
     Attributes:
-      rounds: ``run.rounds`` (schedules over the run, e.g. a cosine learning rate).
+      rounds: ``run.rounds``, T (schedules over the run, e.g. a cosine learning rate); None:
+        not given (an algorithm whose schedules need T refuses it, :meth:`need_rounds`).
       clients_per_round: ``run.clients_per_round``: an integer count or a fraction of K.
       placement: how clients are laid on devices (:class:`jaxfednas.runtime.Placement`).
       server: sampler, aggregator and server optimizers (:class:`jaxfednas.server.Server`).
@@ -75,18 +72,50 @@ class RunOptions:
       precision: what client training computes in (:mod:`jaxfednas.precision`).
     """
 
-    rounds: int = 1
+    rounds: int | None = None
     clients_per_round: int | float = 1.0
     placement: Placement = Placement()
     server: Server = Server()
     dropout_rate: float = 0.0
     precision: str = "fp32"
 
+    def __post_init__(self):
+        def real(v):
+            return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+        checks = (("rounds", self.rounds is None or (isinstance(self.rounds, int) and not isinstance(self.rounds, bool)
+                                                      and self.rounds >= 1), "None or an int >= 1"),
+                  ("clients_per_round", real(self.clients_per_round) and self.clients_per_round > 0,
+                   "an int count >= 1 or a float fraction in (0, 1]"),
+                  ("placement", isinstance(self.placement, Placement), "a jaxfednas.runtime.Placement"),
+                  ("server", isinstance(self.server, Server), "a jaxfednas.server.Server"),
+                  ("dropout_rate", real(self.dropout_rate) and 0.0 <= self.dropout_rate < 1.0, "a number in [0, 1)"),
+                  ("precision", isinstance(self.precision, str), "a precision name (str)"))
+        for name, ok, what in checks:
+            if not ok:
+                value = getattr(self, name)
+                error = TypeError if name in ("placement", "server", "precision") else ConfigError
+                raise error(f"RunOptions: {name} must be {what}, got {value!r:.60}")
+
     @classmethod
     def from_run(cls, run: RunConfig) -> RunOptions:
         """The options of a run's configuration section (``config.run``)."""
         return cls(rounds=run.rounds, clients_per_round=run.clients_per_round, placement=Placement.from_run(run),
                    server=Server.from_run(run), dropout_rate=run.dropout_rate, precision=run.precision)
+
+    def settings(self) -> dict[str, Any]:
+        """The value of each run option of :data:`OPTIONS` in these options."""
+        s = self.server
+        return {"clients_per_round": self.clients_per_round, "dropout_rate": self.dropout_rate,
+                "precision": self.precision, "sampler": s.sampler, "aggregator": s.aggregator,
+                "server_optimizer": s.optimizer, "arch_server_optimizer": s.arch_optimizer}
+
+    def need_rounds(self, algorithm: str) -> int:
+        """T = :attr:`rounds`, or a one-line ``ConfigError`` naming ``algorithm`` when not given."""
+        if self.rounds is None:
+            raise ConfigError(f"{algorithm} needs the run's length: pass run=RunOptions(rounds=T, ...) "
+                              "(the runner passes run.rounds)")
+        return self.rounds
 
     def clients(self, num_clients: int) -> int:
         """m, the clients of a round among ``num_clients``."""
@@ -114,24 +143,16 @@ class RunOptions:
             combined, server_state = self.server.step(variables, combined, server_state, weights)
         return combined, server_state, reported_metrics(weights, round_key, ids, self.dropout_rate)
 
-    def factory_kwargs(self, factory: Callable[..., Any]) -> dict[str, Any]:
-        """The keywords ``factory`` takes from these options: ``{"run": self}`` when it has
-        a ``run`` parameter, else those of ``rounds``, ``clients_per_round``,
-        ``placement``, ``server``, ``dropout_rate``, ``precision`` it names."""
-        params = inspect.signature(factory).parameters
-        if "run" in params:
-            return {"run": self}
-        return {k: getattr(self, k) for k in _FACTORY_KEYWORDS if k in params}
 
-
-def asked_options(run: RunConfig, *, num_clients: int) -> dict[str, str]:
-    """The run options of :data:`OPTIONS` that ``run`` sets away from their defaults, each
-    as ``run.<field>=<value>`` (a ``clients_per_round`` that resolves to every client is
-    the default)."""
+def asked_options(run: RunConfig | RunOptions, *, num_clients: int) -> dict[str, str]:
+    """The run options of :data:`OPTIONS` that ``run`` (a run's configuration or the options
+    built from one) sets away from their defaults, each as ``run.<field>=<value>`` (a
+    ``clients_per_round`` that resolves to every client is the default)."""
     default = RunConfig()
+    values = run.settings() if isinstance(run, RunOptions) else {o: getattr(run, o) for o in OPTIONS}
     asked = {}
     for option in OPTIONS:
-        value = getattr(run, option)
+        value = values[option]
         if option == "clients_per_round":
             if resolve_clients_per_round(value, num_clients) == num_clients:
                 continue
@@ -141,7 +162,7 @@ def asked_options(run: RunConfig, *, num_clients: int) -> dict[str, str]:
     return asked
 
 
-def refuse_unsupported(algorithm: str, run: RunConfig, *, num_clients: int, supported: Iterable[str],
+def refuse_unsupported(algorithm: str, run: RunConfig | RunOptions, *, num_clients: int, supported: Iterable[str],
                        why: Mapping[str, str] | None = None) -> None:
     """Raise :class:`ConfigError`, one line, for the first run option ``run`` sets that
     ``algorithm`` does not declare among those it honours (``supported``); ``why`` gives

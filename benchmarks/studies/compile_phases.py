@@ -72,6 +72,7 @@ def parse_args(argv=None):
 def worker(args) -> dict:
     ensure_repo_on_path()
     from jaxfednas.algorithms.fednas import FedNASConfig, fednas
+    from jaxfednas.run_options import RunOptions
     from jaxfednas.data import make_federated_data, partition
     from jaxfednas.data.datasets import load_dataset
     from jaxfednas.experiment import make_partition
@@ -83,7 +84,7 @@ def worker(args) -> dict:
                                             "data.partition": "iid", "data.split": (0.5, 0.5, 0.0)})
     ds = load_dataset("synthetic", seed=0, num_train=K * 2 * args.steps * B, image_shape=(32, 32, 3))
     data = make_federated_data(ds, partition.manifest_splits(make_partition(ecfg, ds)))
-    algo = fednas(FedNASConfig(C=16, layers=8, batch_size=B, local_epochs=1), data.info, clients_per_round=K)
+    algo = fednas(FedNASConfig(C=16, layers=8, batch_size=B, local_epochs=1), data.info, run=RunOptions(clients_per_round=K))
     state = algo.init(init_key(0))
     t0 = time.perf_counter()
     lowered = algo.round.lower(state, data, round_key(0, 0))

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfednas.run_options import RunOptions
 from jaxfednas.algorithms import common
 from jaxfednas.algorithms.dfnas import dfnas
 from jaxfednas.data import partition as part
@@ -92,7 +93,7 @@ def run_variant(name: str, over: dict, found: list[str], curve: set[int]) -> dic
     cfg = make_config("dfnas", overrides={**over, "run.placement": "auto"})
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     data = make_federated_data(dataset, part.manifest_splits(make_partition(cfg, dataset)))
-    algo = dfnas(cfg.algo, data.info, rounds=cfg.run.rounds)
+    algo = dfnas(cfg.algo, data.info, run=RunOptions(rounds=cfg.run.rounds))
     state = algo.init(init_key(cfg.run.seed))
     if fixed_to:
         choices = [fixed_to] * len(found) if fixed_to != "found" else found
@@ -125,7 +126,7 @@ def run_variant(name: str, over: dict, found: list[str], curve: set[int]) -> dic
         orig = common.pool_batch_statistics
         try:  # federated_batch_statistics pools through this module-level name
             common.pool_batch_statistics = averaged_variance_stats
-            algo2 = dfnas(cfg.algo, data.info, rounds=cfg.run.rounds)
+            algo2 = dfnas(cfg.algo, data.info, run=RunOptions(rounds=cfg.run.rounds))
             row["global_test_acc_averaged_variance_bn"] = float(algo2.evaluate(state, data)["global_test_acc"])
         finally:
             common.pool_batch_statistics = orig

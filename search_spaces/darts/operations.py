@@ -6,8 +6,9 @@ in BatchNorm, ``mask`` ([B] booleans) keeps the padded rows of a partial batch o
 those statistics. Convolutions carry no bias and use the pre-activation order
 ReLU -> conv -> BN. BatchNorm uses PyTorch's defaults (momentum 0.1, i.e. Flax
 ``momentum=0.9``; eps 1e-5); ``affine=False`` drops scale and shift, as in search.
-Its running variance takes the biased batch variance (Flax); inside
-:func:`unbiased_running_var` the unbiased one, as PyTorch's ``running_var``.
+Its running variance takes the biased batch variance (Flax); with
+``unbiased_running_var=True`` (a field of every op and of the search network) the unbiased
+one, as PyTorch's ``running_var``.
 
 Every depthwise convolution in DARTS is directly followed by a 1x1 convolution:
 :class:`jaxfednas.nn.SeparableConv`, with three formulations of the same math picked
@@ -33,8 +34,6 @@ Dense convolutions use :class:`jaxfednas.nn.Conv`.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 
 import flax.linen as nn
@@ -76,36 +75,19 @@ GROUPS = 8  # "group" norm: gcd(C // 2, GROUPS) groups (>= 2 channels each)
 BN_MOMENTUM = 0.9  # Flax convention: running = 0.9 * running + 0.1 * batch (PyTorch momentum 0.1)
 BN_EPS = 1e-5
 
-_UNBIASED_RUNNING_VAR: contextvars.ContextVar = contextvars.ContextVar("darts_bn_unbiased_running_var",
-                                                                       default=False)
-
-
-@contextlib.contextmanager
-def unbiased_running_var(on: bool = True):
-    """Inside the block (at trace time), every training-mode BatchNorm of the DARTS search
-    network (:func:`batch_norm` and the grouped cell's) updates its running variance with
-    the unbiased batch variance ``n/(n-1) var``, ``n`` the real examples times the positions
-    it normalises over -- PyTorch's ``BatchNorm2d`` rule. Outside (the default), the biased
-    ``var`` as Flax. The forward and the gradients are the same either way."""
-    token = _UNBIASED_RUNNING_VAR.set(bool(on))
-    try:
-        yield
-    finally:
-        _UNBIASED_RUNNING_VAR.reset(token)
-
-
-def unbiased_running_var_on() -> bool:
-    """Whether the enclosing :func:`unbiased_running_var` block is on."""
-    return _UNBIASED_RUNNING_VAR.get()
-
-
 def unbiased_denominator(n):
     """``n - 1`` (at least 1): the unbiased variance is ``var + var / (n - 1)``."""
     return jnp.maximum(n - 1, 1)
 
 
-def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None, norm: str = "batch"):
+def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None = None, norm: str = "batch",
+               unbiased_running_var: bool = False):
     """BatchNorm with the reference constants; ``mask`` [B] excludes padded examples.
+
+    ``unbiased_running_var``: a training-mode call updates the running variance with the
+    unbiased batch variance ``n/(n-1) var``, ``n`` the real examples times the positions it
+    normalises over -- PyTorch's ``BatchNorm2d`` rule; False (default): the biased ``var``,
+    as Flax. The forward and the gradients are the same either way.
 
     ``norm="group"`` / ``"layer"`` replace it by a per-example GroupNorm (``gcd(C // 2, 8)``
     groups / one group; same eps, scale and shift only if ``affine``) that ignores
@@ -123,7 +105,7 @@ def batch_norm(x, train: bool, mask=None, affine: bool = True, name: str | None 
         use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
         use_scale=affine, use_bias=affine, name=name,
     )
-    if not (train and _UNBIASED_RUNNING_VAR.get()) or bn.is_initializing():
+    if not (train and unbiased_running_var) or bn.is_initializing():
         return bn(x, mask=m)
     old = bn.get_variable("batch_stats", "var")
     y = bn(x, mask=m)
@@ -194,12 +176,14 @@ class ReLUConvBN(nn.Module):
     padding: int = 0
     affine: bool = True
     norm: str = "batch"
+    unbiased_running_var: bool = False  # PyTorch's running variance (see batch_norm)
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         k, s = self.kernel_size, self.stride
         x = Conv(self.C_out, (k, k), (s, s), padding=_pad2(self.padding), use_bias=False)(nn.relu(x))
-        return batch_norm(x, train, mask, self.affine, norm=self.norm)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm,
+                          unbiased_running_var=self.unbiased_running_var)
 
 
 class FactorizedReduce(nn.Module):
@@ -211,6 +195,7 @@ class FactorizedReduce(nn.Module):
     C_out: int
     affine: bool = True
     norm: str = "batch"
+    unbiased_running_var: bool = False  # PyTorch's running variance (see batch_norm)
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
@@ -222,7 +207,8 @@ class FactorizedReduce(nn.Module):
         half = self.C_out // 2
         a = Conv(half, (1, 1), (2, 2), padding="VALID", use_bias=False)(x)
         b = Conv(half, (1, 1), (2, 2), padding="VALID", use_bias=False)(x[:, 1:, 1:, :])
-        return batch_norm(jnp.concatenate([a, b], axis=-1), train, mask, self.affine, norm=self.norm)
+        return batch_norm(jnp.concatenate([a, b], axis=-1), train, mask, self.affine, norm=self.norm,
+                          unbiased_running_var=self.unbiased_running_var)
 
 
 class DilConv(nn.Module):
@@ -236,12 +222,14 @@ class DilConv(nn.Module):
     affine: bool = True
     dw_impl: str | None = None
     norm: str = "batch"
+    unbiased_running_var: bool = False  # PyTorch's running variance (see batch_norm)
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         x = SeparableConv(self.C_out, self.kernel_size, self.stride, self.padding, self.dilation, self.dw_impl)(
             nn.relu(x))
-        return batch_norm(x, train, mask, self.affine, norm=self.norm)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm,
+                          unbiased_running_var=self.unbiased_running_var)
 
 
 class SepConv(nn.Module):
@@ -257,14 +245,17 @@ class SepConv(nn.Module):
     affine: bool = True
     dw_impl: str | None = None
     norm: str = "batch"
+    unbiased_running_var: bool = False  # PyTorch's running variance (see batch_norm)
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         c_in, k, p = x.shape[-1], self.kernel_size, self.padding
         x = SeparableConv(c_in, k, self.stride, p, 1, self.dw_impl)(nn.relu(x))
-        x = batch_norm(x, train, mask, self.affine, norm=self.norm)
+        x = batch_norm(x, train, mask, self.affine, norm=self.norm,
+                          unbiased_running_var=self.unbiased_running_var)
         x = SeparableConv(self.C_out, k, 1, p, 1, self.dw_impl)(nn.relu(x))
-        return batch_norm(x, train, mask, self.affine, norm=self.norm)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm,
+                          unbiased_running_var=self.unbiased_running_var)
 
 
 class Conv7x1_1x7(nn.Module):
@@ -274,21 +265,24 @@ class Conv7x1_1x7(nn.Module):
     stride: int = 1
     affine: bool = True
     norm: str = "batch"
+    unbiased_running_var: bool = False  # PyTorch's running variance (see batch_norm)
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         s = self.stride
         x = Conv(self.C_out, (1, 7), (1, s), padding=((0, 0), (3, 3)), use_bias=False)(nn.relu(x))
         x = Conv(self.C_out, (7, 1), (s, 1), padding=((3, 3), (0, 0)), use_bias=False)(x)
-        return batch_norm(x, train, mask, self.affine, norm=self.norm)
+        return batch_norm(x, train, mask, self.affine, norm=self.norm,
+                          unbiased_running_var=self.unbiased_running_var)
 
 
 def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None = None,
-            module_name: str | None = None, norm: str = "batch") -> nn.Module:
+            module_name: str | None = None, norm: str = "batch", unbiased_running_var: bool = False) -> nn.Module:
     """The candidate op ``name`` for C -> C channels at ``stride`` (1 or 2).
 
     ``module_name`` is the Flax name of the returned module (its parameter scope);
-    ``norm`` its normalisation (``"batch"``, or per-example ``"group"`` / ``"layer"``).
+    ``norm`` its normalisation (``"batch"``, or per-example ``"group"`` / ``"layer"``);
+    ``unbiased_running_var`` its BatchNorm's running-variance rule (:func:`batch_norm`).
     Pooling ops come without BN; the search :class:`~jaxfednas.search_spaces.darts.search.MixedOp`
     adds BN(affine=False) after them, the evaluation network does not.
     """
@@ -297,7 +291,7 @@ def make_op(name: str, C: int, stride: int, affine: bool, *, dw_impl: str | None
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     kw = {"name": module_name}
-    nkw = {"name": module_name, "norm": norm}
+    nkw = {"name": module_name, "norm": norm, "unbiased_running_var": unbiased_running_var}
     if name == "none":
         return Zero(stride, **kw)
     if name == "max_pool_3x3":

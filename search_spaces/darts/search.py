@@ -48,7 +48,7 @@ from jaxfednas.nn import (Conv, kernel_grad_gate, kernel_grads_if, resolve_depth
                           use_fast_grad)
 
 from .operations import (NORMS, PRIMITIVE_SETS, PRIMITIVES, batch_norm, FactorizedReduce, make_op, ReLUConvBN,
-                         unbiased_running_var, unbiased_running_var_on, validate_primitives)
+                         validate_primitives)
 from .wide import EDGE_STACKS, WideCell
 
 
@@ -188,6 +188,7 @@ class MixedOp(nn.Module):
     dw_impl: str | None = None
     norm: str = "batch"
     single_path: bool = False
+    unbiased_running_var: bool = False  # its BatchNorms' running-variance rule (operations.batch_norm)
 
     @nn.compact
     def __call__(self, x, weights, train: bool = False, mask=None):
@@ -199,10 +200,11 @@ class MixedOp(nn.Module):
                 continue
 
             def run(mdl, h, name=name):
-                y = make_op(name, self.C, s, False, dw_impl=self.dw_impl, module_name=name, norm=self.norm)(
-                    h, train, mask)
+                y = make_op(name, self.C, s, False, dw_impl=self.dw_impl, module_name=name, norm=self.norm,
+                            unbiased_running_var=self.unbiased_running_var)(h, train, mask)
                 if "pool" in name:
-                    y = batch_norm(y, train, mask, affine=False, name=f"{name}_bn", norm=self.norm)
+                    y = batch_norm(y, train, mask, affine=False, name=f"{name}_bn", norm=self.norm,
+                                   unbiased_running_var=self.unbiased_running_var)
                 return y
 
             if self.single_path and not self.is_initializing():
@@ -303,12 +305,11 @@ def _wide_cell(C, reduction, steps, multiplier, primitives, table, train, fast, 
     ``gate``: the caller's :func:`~jaxfednas.nn.kernel_grad_gate`, passed in so that it
     belongs to this trace. Every trace-time switch the cell reads is an argument, so that it
     is part of the cache key: ``fast`` (the backend's gradient form) and ``unbiased`` (the
-    caller's :func:`~.operations.unbiased_running_var`; read from the context instead, a
-    cell traced earlier with the other value would be reused)."""
+    cell's BatchNorm running-variance rule, its ``unbiased_running_var`` field)."""
     del fast  # part of the cache key only
-    with kernel_grads_if(gate), unbiased_running_var(unbiased):
-        return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask).run(
-            s0, s1, weights)
+    with kernel_grads_if(gate):
+        return WideCell(C, reduction, steps, multiplier, primitives, list(table), params, stats, train, mask,
+                        unbiased).run(s0, s1, weights)
 
 
 class SearchCell(nn.Module):
@@ -346,6 +347,7 @@ class SearchCell(nn.Module):
     norm: str = "batch"
     single_path: bool = False
     group_edges: bool | None = None
+    unbiased_running_var: bool = False  # its BatchNorms' running-variance rule (operations.batch_norm)
 
     def _grouped(self) -> bool:
         return edges_run_grouped(self.group_edges, self.scan_edges, self.norm, self.single_path, self.dw_impl)
@@ -353,10 +355,13 @@ class SearchCell(nn.Module):
     @nn.compact
     def __call__(self, s0, s1, weights, train: bool = False, mask=None):
         if self.reduction_prev:
-            s0 = FactorizedReduce(self.C, affine=False, norm=self.norm, name="preprocess0")(s0, train, mask)
+            s0 = FactorizedReduce(self.C, affine=False, norm=self.norm, unbiased_running_var=self.unbiased_running_var,
+                                  name="preprocess0")(s0, train, mask)
         else:
-            s0 = ReLUConvBN(self.C, 1, 1, 0, affine=False, norm=self.norm, name="preprocess0")(s0, train, mask)
-        s1 = ReLUConvBN(self.C, 1, 1, 0, affine=False, norm=self.norm, name="preprocess1")(s1, train, mask)
+            s0 = ReLUConvBN(self.C, 1, 1, 0, affine=False, norm=self.norm,
+                            unbiased_running_var=self.unbiased_running_var, name="preprocess0")(s0, train, mask)
+        s1 = ReLUConvBN(self.C, 1, 1, 0, affine=False, norm=self.norm, unbiased_running_var=self.unbiased_running_var,
+                        name="preprocess1")(s1, train, mask)
         table = edge_table(self.steps)
         if len(weights) != len(table):
             raise ValueError(f"weights must have {len(table)} rows (one per edge), got {len(weights)}")
@@ -364,7 +369,7 @@ class SearchCell(nn.Module):
         if self._grouped() and not self.is_initializing():
             edges = lambda col: {k: v for k, v in self.variables.get(col, {}).items() if k in EDGE_STACKS}  # noqa: E731
             out, new_stats = _wide_cell(self.C, self.reduction, self.steps, self.multiplier, tuple(self.primitives),
-                                        tuple(table), bool(train), use_fast_grad(), unbiased_running_var_on(),
+                                        tuple(table), bool(train), use_fast_grad(), bool(self.unbiased_running_var),
                                         edges("params"),
                                         edges("batch_stats"), s0, s1, weights, mask, kernel_grad_gate())
             if new_stats is not None and self.is_mutable_collection("batch_stats"):
@@ -374,7 +379,7 @@ class SearchCell(nn.Module):
 
         def mixed(stride, name):
             return MixedOp(self.C, stride, self.primitives, self.dw_impl, norm=self.norm, single_path=self.single_path,
-                           name=name)
+                           unbiased_running_var=self.unbiased_running_var, name=name)
 
         def run(mdl, h, w):
             return mdl(h, w, train, mask)
@@ -463,6 +468,10 @@ class DartsSearchNetwork(nn.Module):
     Such a network has no ``batch_stats`` and behaves the same in training and
     evaluation mode.
 
+    ``unbiased_running_var=True`` updates every BatchNorm's running variance in training
+    with the unbiased batch variance (PyTorch's rule; :func:`.operations.batch_norm`),
+    False (default) with the biased one (Flax's); the forward and gradients are the same.
+
     ``single_path=True`` puts every candidate op under a ``cond`` on its weight (see
     :class:`MixedOp`): with one-hot ``arch_weights`` only the chosen ops run (PerFedRLNAS's
     sampled subnets); same variables, same results.
@@ -485,6 +494,7 @@ class DartsSearchNetwork(nn.Module):
     norm: str = "batch"
     single_path: bool = False
     group_edges: bool | None = None
+    unbiased_running_var: bool = False
 
     def runs_grouped(self, image_shape) -> bool:
         """Whether this network's cells run grouped by source (:mod:`.wide`) on images of
@@ -525,7 +535,8 @@ class DartsSearchNetwork(nn.Module):
             raise ValueError(f"x must be NHWC images, got shape {x.shape}")
         c_stem = self.stem_multiplier * self.C
         s = Conv(c_stem, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, name="stem_conv")(x)
-        s = batch_norm(s, train, mask, affine=True, name="stem_bn", norm=self.norm)
+        s = batch_norm(s, train, mask, affine=True, name="stem_bn", norm=self.norm,
+                       unbiased_running_var=self.unbiased_running_var)
 
         plan = cell_plan(self.C, self.layers, self.multiplier, self.stem_multiplier)
 
@@ -536,7 +547,8 @@ class DartsSearchNetwork(nn.Module):
         def make_cell(spec: CellSpec, name: str):
             return SearchCell(spec.C, spec.reduction, spec.reduction_prev, self.steps, self.multiplier,
                               primitives, self.dw_impl, self.scan_edges, norm=self.norm,
-                              single_path=self.single_path, group_edges=group_edges, name=name)
+                              single_path=self.single_path, group_edges=group_edges,
+                              unbiased_running_var=self.unbiased_running_var, name=name)
 
         def call_cell(cell, s0, s1):
             w = w_reduce if cell.reduction else w_normal

@@ -45,7 +45,7 @@ from jax import lax
 
 from jaxfednas.nn import batch_norm_train, conv_canonical_grad, dense_conv, use_fast_grad
 
-from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3, unbiased_running_var_on, unbiased_denominator
+from .operations import BN_EPS, BN_MOMENTUM, avg_pool_3x3, unbiased_denominator
 
 _DN = ("NHWC", "HWIO", "NHWC")
 
@@ -182,7 +182,7 @@ class _Group:
         cell = self.cell
         w = jnp.ones(y.shape[0], y.dtype) if cell.mask is None else cell.mask.astype(y.dtype)
         out, mean, var = batch_norm_train(y, w, BN_EPS)
-        if unbiased_running_var_on():  # PyTorch's running variance: n/(n-1) var
+        if cell.unbiased_running_var:  # PyTorch's running variance: n/(n-1) var
             var = var + var / unbiased_denominator(w.sum() * (y.shape[1] * y.shape[2]))
         return out, mean, var
 
@@ -311,10 +311,12 @@ class WideCell:
     layout); ``run(s0, s1, weights)`` -> ``(output, new batch_stats stacks or None)``.
     """
 
-    def __init__(self, C, reduction, steps, multiplier, primitives, table, params, stats, train, mask):
+    def __init__(self, C, reduction, steps, multiplier, primitives, table, params, stats, train, mask,
+                 unbiased_running_var: bool = False):
         self.C, self.reduction, self.steps, self.multiplier = C, reduction, steps, multiplier
         self.primitives, self.table = tuple(primitives), table
         self.params, self.stats, self.train, self.mask = params, stats, train, mask
+        self.unbiased_running_var = unbiased_running_var
         self.slots = edge_slots(table, reduction)
         # the source groups: (source state, stack, first row in grouped order, edges (e, node))
         self.groups, order = [], {}

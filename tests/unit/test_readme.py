@@ -96,7 +96,7 @@ def test_readme_algorithm_with_a_loose_bound_is_fedavg(readme_module, tiny_data)
     cfg = readme_module.NormBoundConfig(batch_size=64, max_update_norm=1e6)
     algo = readme_module.fedavg_normbound(cfg, tiny_data.info, run=RunOptions(clients_per_round=2,
                                                                                placement=Placement("vmap")))
-    fa = fedavg(FedAvgConfig(batch_size=64), tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
+    fa = fedavg(FedAvgConfig(batch_size=64), tiny_data.info, run=RunOptions(clients_per_round=2, placement=Placement("vmap")))
     s0 = algo.init(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(11)
     s1, _ = algo.round(s0, tiny_data, key)

@@ -10,6 +10,7 @@ from jaxfednas.data import partition as part
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement
 
 # plain server SGD on W (no momentum, decay or clip) so updates can be written by hand
@@ -31,7 +32,7 @@ def make_s0(data2):
 
     Drawn on the host with the shapes ``init`` gives: compiling the real ``init`` costs
     seconds on XLA:CPU, and a fresh optimizer state is all zeros."""
-    algo = dp_fnas(DPFNASConfig(**TINY), data2.info, placement=Placement("map"))
+    algo = dp_fnas(DPFNASConfig(**TINY), data2.info, run=RunOptions(placement=Placement("map")))
     shapes = jax.eval_shape(algo.init, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
 

@@ -34,6 +34,7 @@ from jaxfednas.config import ConfigError
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas import rng
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement, round_clients
 from jaxfednas.search_spaces.shufflenet import ShuffleNetwork, ShuffleSpace, SPACES
 from conftest import assert_accuracy, tiny_federation
@@ -200,7 +201,7 @@ def test_single_path_is_a_real_branch_unless_vmapped(data4, algo_and_states):
     (config, data), s0 = data4, algo_and_states[2]
     hlo = {}
     for mode in ("map", "vmap"):
-        algo = dfnas(config.algo, data.info, rounds=2, placement=Placement(mode))
+        algo = dfnas(config.algo, data.info, run=RunOptions(rounds=2, placement=Placement(mode)))
         hlo[mode] = algo.round.lower(s0, data, rng.round_key(0, 1)).as_text()
     assert "stablehlo.case" in hlo["map"]
     assert "stablehlo.case" not in hlo["vmap"]
@@ -356,7 +357,7 @@ def test_scan_blocks_round_equals_unrolled(data2, monkeypatch):
     for scan in (True, False):
         cfg = DFNASConfig(**TINY, arch_lr=0.05, scan_blocks=scan)
         object.__setattr__(cfg, "space", space.name)  # not a registered choice; validated names only
-        algo = dfnas(cfg, data2.info, rounds=4)
+        algo = dfnas(cfg, data2.info, run=RunOptions(rounds=4))
         assert make_supernet(cfg, data2.info).block_runs()[-1] == (2, 3)
         s0 = algo.init(jax.random.key(0))
         out[scan] = algo.round(s0, data2, jax.random.key(7))

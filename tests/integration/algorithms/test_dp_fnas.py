@@ -13,6 +13,7 @@ from jaxfednas.algorithms.dp_fnas import DPFNASConfig, dp_fnas, make_parties, ma
 from jaxfednas.config import ConfigError
 from jaxfednas.optim import darts_arch_grad
 from jaxfednas.registry import build_algorithm, make_config
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement
 
 
@@ -46,7 +47,7 @@ def test_nonprivate_iteration_equals_a_manual_update_and_the_server_sums_H(data2
     cfg = DPFNASConfig(**TINY, noise_multiplier=0.0, clip_norm=0.0, arch_clip_norm=0.0, sampling_prob=1.0,
                        iterations_per_round=1, server_lr=xi, server_lr_min=xi, arch_server_optimizer="sgd",
                        arch_server_lr=eta, arch_gradient="second_hvp")
-    algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
+    algo = dp_fnas(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     s1, m = algo.round(s0, data2, jax.random.PRNGKey(7))
     m = algo.with_host_metrics(s1, data2, m)
     assert int(m["iterations"]) == 1 and int(m["train_overflow"]) == 0 and float(m["train_clipped_frac"]) == 0
@@ -188,7 +189,7 @@ def test_weight_step_follows_the_cosine_decay_of_xi(data2, s0):
     cfg = DPFNASConfig(**TINY, noise_multiplier=0.0, clip_norm=0.0, arch_clip_norm=0.0, sampling_prob=1.0,
                        iterations_per_round=2, server_lr=xi0, server_lr_min=xi1, server_lr_decay_iterations=1,
                        arch_gradient="first", arch_server_optimizer="sgd", arch_server_lr=eta)
-    algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
+    algo = dp_fnas(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     s2, m = algo.round(s0, data2, jax.random.PRNGKey(7))
     assert int(m["iterations"]) == 2 and float(m["lr"]) == pytest.approx(xi1)
 

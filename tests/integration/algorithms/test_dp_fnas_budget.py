@@ -14,6 +14,7 @@ from dp_fnas_setup import TINY, make_data2, make_s0
 from jaxfednas.algorithms.dp_fnas import (Accountant, DPFNASConfig, dp_fnas, make_parties, max_iterations, physical_batch,
                                 privacy_report)
 from jaxfednas import privacy, rng
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement
 from jaxfednas.search_spaces.darts import Genotype
 from conftest import assert_accuracy
@@ -55,7 +56,7 @@ def dp_run(data2, s0):
     cfg = DPFNASConfig(**TINY, sampling_prob=p, noise_multiplier=1.0, clip_norm=1.0, arch_clip_norm=1.0,
                        iterations_per_round=2, target_epsilon=(c3 + c4) / 2, accountant="clt")
     with pytest.warns(UserWarning, match="accountant=clt") as caught:
-        algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
+        algo = dp_fnas(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     states, metrics = [s0], []
     for r in range(3):
         s, m = algo.round(states[-1], data2, jax.random.PRNGKey(r))
@@ -110,7 +111,7 @@ def test_budget_epsilon_is_the_enforcing_accountants(data2, s0):
                        target_epsilon=target, accountant="rdp")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        algo = dp_fnas(cfg, data2.info, placement=Placement("map"))
+        algo = dp_fnas(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     assert not [w for w in caught if "accountant" in str(w.message)]
     m = algo.host_metrics(s0.replace(iteration=jnp.int32(3)), data2)  # 3 = max_iterations(cfg)
     assert m["budget_epsilon"] == m["epsilon_rdp"] == pytest.approx(_rdp(p, sigma, 3), rel=1e-9)

@@ -20,9 +20,9 @@ from jaxfednas.data.federated import ClientData
 from jaxfednas.evaluation import select_by_validation
 from jaxfednas.experiment import make_partition, run_experiment
 from jaxfednas.registry import build_algorithm, make_config
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement, round_clients
 from jaxfednas.search_spaces.darts import FEDNAS_V1, Genotype
-from jaxfednas.search_spaces.darts.operations import unbiased_running_var
 from conftest import assert_accuracy, assert_client_summary
 
 TINY = dict(C=4, layers=1, nodes=2, primitives="tiny", batch_size=16, local_epochs=1, personalize_epochs=1,
@@ -41,7 +41,7 @@ def data2():
 @pytest.fixture(scope="module")
 def algo_and_states(data2):
     cfg = FedNASConfig(**TINY, arch_lr=0.05)  # a large α step so averaging is visible
-    algo = fednas(cfg, data2.info, placement=Placement("map"))
+    algo = fednas(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     s0 = algo.init(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(7)
     s1, metrics = algo.round(s0, data2, key)
@@ -75,7 +75,8 @@ def test_round_averages_weights_and_alpha_with_nk(data2, algo_and_states, local_
     assert float(metrics["local_steps"]) > 0 and np.isfinite(float(metrics["train_loss"]))
 
     # parity option: the FedML bug broadcasts the first sampled client's α
-    bug = fednas(FedNASConfig(**TINY, arch_lr=0.05, alpha_aggregation="client0"), data2.info, placement=Placement("map"))
+    bug = fednas(FedNASConfig(**TINY, arch_lr=0.05, alpha_aggregation="client0"), data2.info,
+                 run=RunOptions(placement=Placement("map")))
     s_bug, _ = bug.round(s0, data2, key)
     np.testing.assert_allclose(np.asarray(s_bug.variables["arch"]["alphas_normal"]), a0, rtol=1e-6)
 
@@ -143,7 +144,7 @@ def test_bn_recalibration_pools_the_clients_training_statistics(data2, algo_and_
     for new, old in zip(jax.tree.leaves(stats), jax.tree.leaves(s1.variables["batch_stats"])):
         assert new.shape == old.shape and np.abs(np.asarray(new) - np.asarray(old)).max() > 1e-3
     # 0 switches the metric off (traced only); negative is a config error
-    off = fednas(FedNASConfig(**TINY, bn_recalibration_batches=0), data2.info, placement=Placement("map"))
+    off = fednas(FedNASConfig(**TINY, bn_recalibration_batches=0), data2.info, run=RunOptions(placement=Placement("map")))
     assert "global_test_acc_bn_recal" not in jax.eval_shape(off.evaluate, s1, data2)
     with pytest.raises(ConfigError, match="bn_recalibration_batches"):
         FedNASConfig(bn_recalibration_batches=-1)
@@ -203,10 +204,10 @@ def test_unbiased_running_var_is_the_same_in_the_grouped_cell(data2, algo_and_st
 
     def stats(group_edges):
         model = make_supernet(dataclasses.replace(cfg, group_edges=group_edges), data2.info)
+        model = model.clone(unbiased_running_var=True)
 
         def f(v, x, mask):
-            with unbiased_running_var():
-                return model.apply(v, x, train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+            return model.apply(v, x, train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
 
         return jax.jit(f)(s1.variables, x, mask)
 
@@ -315,7 +316,7 @@ def test_evaluation_stage_trains_the_derived_network(data2):
                  reduce=(("max_pool_3x3", 0), ("sep_conv_3x3", 1), ("skip_connect", 2), ("avg_pool_3x3", 1)),
                  reduce_concat=(2, 3))
     cfg = FedNASTrainConfig(genotype=g.to_json(), C=4, layers=2, batch_size=16, lr=0.05, eval_batch_size=64)
-    algo = fednas_train(cfg, data2.info, placement=Placement("map"))
+    algo = fednas_train(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     s = algo.init(jax.random.PRNGKey(0))
     before = jax.tree.leaves(s.variables["params"])
     s, m = algo.round(s, data2, jax.random.PRNGKey(1))

@@ -20,6 +20,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import run_local_epochs
 from jaxfednas.experiment import make_partition
 from jaxfednas.registry import make_config
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement
 from jaxfednas.search_spaces.darts import AuxiliaryHeadCIFAR, Genotype, aux_input_size, aux_pool, drop_path
 from jaxfednas.search_spaces.models import init_variables
@@ -101,8 +102,9 @@ def test_local_training_without_options_is_the_plain_loop(data2):
 
 @pytest.mark.slow
 def test_drop_path_round_changes_the_update_and_is_deterministic(data2):
-    off = fednas_train(BASE, data2.info, placement=Placement("map"))
-    ramp = fednas_train(dataclasses.replace(BASE, drop_path_prob=0.4), data2.info, placement=Placement("map"), rounds=2)
+    off = fednas_train(BASE, data2.info, run=RunOptions(placement=Placement("map")))
+    ramp = fednas_train(dataclasses.replace(BASE, drop_path_prob=0.4), data2.info,
+                        run=RunOptions(rounds=2, placement=Placement("map")))
     s0 = off.init(jax.random.PRNGKey(0))
     k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
     plain = _leaves(off.round(s0, data2, k1)[0].variables)
@@ -124,15 +126,16 @@ def test_cosine_lr_schedule_is_the_constant_rate_times_the_rounds_cosine(data2):
     """Round t of T = 4 with lr_schedule=cosine is, from the same state, the constant-rate
     round at lr · (1 + cos(π t / 4)) / 2 (rounds 1 and 3: 0.85355 and 0.14645 of it); round 0
     is the plain round bit for bit."""
-    cos = fednas_train(dataclasses.replace(BASE, lr_schedule="cosine"), data2.info, placement=Placement("map"),
-                       rounds=4)
+    cos = fednas_train(dataclasses.replace(BASE, lr_schedule="cosine"), data2.info,
+                       run=RunOptions(rounds=4, placement=Placement("map")))
     s0, key = cos.init(jax.random.PRNGKey(0)), jax.random.PRNGKey(5)
-    plain = fednas_train(BASE, data2.info, placement=Placement("map"))
+    plain = fednas_train(BASE, data2.info, run=RunOptions(placement=Placement("map")))
     assert all(a.tobytes() == b.tobytes() for a, b in zip(_leaves(cos.round(s0, data2, key)[0].variables),
                                                           _leaves(plain.round(s0, data2, key)[0].variables)))
     for t, factor in ((1, 0.8535534), (3, 0.1464466)):
         got = _leaves(cos.round(s0.replace(round=jnp.int32(t)), data2, key)[0].variables["params"])
-        slower = fednas_train(dataclasses.replace(BASE, lr=BASE.lr * factor), data2.info, placement=Placement("map"))
+        slower = fednas_train(dataclasses.replace(BASE, lr=BASE.lr * factor), data2.info,
+                              run=RunOptions(placement=Placement("map")))
         want = _leaves(slower.round(s0.replace(round=jnp.int32(t)), data2, key)[0].variables["params"])
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -162,7 +165,7 @@ def test_aux_pool_fits_small_maps():
 
 def test_aux_loss_is_main_plus_weighted_aux_and_evaluation_ignores_it(data2):
     cfg = dataclasses.replace(BASE, auxiliary_weight=0.4)
-    algo = fednas_train(cfg, data2.info, placement=Placement("map"))
+    algo = fednas_train(cfg, data2.info, run=RunOptions(placement=Placement("map")))
     s = algo.init(jax.random.PRNGKey(0))
     v = s.variables
     assert "auxiliary_head" in v["params"] and "auxiliary_head" in v["batch_stats"]
@@ -184,7 +187,7 @@ def test_aux_loss_is_main_plus_weighted_aux_and_evaluation_ignores_it(data2):
     assert ce_aux > 1e-3
 
     # evaluation: the main head only — the numbers of the same network without the head
-    plain = fednas_train(BASE, data2.info, placement=Placement("map"))
+    plain = fednas_train(BASE, data2.info, run=RunOptions(placement=Placement("map")))
     strip = {c: {k: w for k, w in v[c].items() if k != "auxiliary_head"} for c in ("params", "batch_stats")}
     want = plain.evaluate(s.replace(variables=strip), data2)
     got = algo.evaluate(s, data2)

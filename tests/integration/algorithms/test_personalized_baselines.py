@@ -22,6 +22,7 @@ from jaxfednas.search_spaces.models import CNN, init_variables
 from jaxfednas.algorithms.perfedavg import PerFedAvgConfig, make_adapt, make_meta_step, make_outer_optimizer, perfedavg
 from jaxfednas.experiment import run_experiment
 from jaxfednas import rng
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement, sample_clients, weighted_mean
 from conftest import assert_accuracy, assert_client_summary, assert_summary_consistent
 
@@ -77,8 +78,8 @@ def _mean_ce_grad(model, info, params, client):
 
 def test_local_adaptation_rounds_are_fedavg_and_eval_is_deterministic(tiny_data):
     cfg = LocalAdaptationConfig(batch_size=16, finetune_epochs=2)
-    la = local_adaptation(cfg, tiny_data.info, clients_per_round=2, placement=VMAP, model=_model())
-    fa = fedavg(FedAvgConfig(batch_size=16), tiny_data.info, clients_per_round=2, placement=VMAP, model=_model())
+    la = local_adaptation(cfg, tiny_data.info, run=RunOptions(clients_per_round=2, placement=VMAP), model=_model())
+    fa = fedavg(FedAvgConfig(batch_size=16), tiny_data.info, run=RunOptions(clients_per_round=2, placement=VMAP), model=_model())
     key = jax.random.PRNGKey(3)
     s_la, m_la = la.round(la.init(jax.random.PRNGKey(0)), tiny_data, key)
     s_fa, m_fa = fa.round(fa.init(jax.random.PRNGKey(0)), tiny_data, key)
@@ -136,8 +137,8 @@ def test_ditto_proximal_term_pulls_toward_global(tiny_data):
 def test_ditto_round(tiny_data):
     info, model = tiny_data.info, _model()
     cfg = DittoConfig(batch_size=16, prox_lambda=0.5)
-    algo = ditto(cfg, info, clients_per_round=2, placement=VMAP, model=model)
-    fa = fedavg(FedAvgConfig(batch_size=16), info, clients_per_round=2, placement=VMAP, model=model)
+    algo = ditto(cfg, info, run=RunOptions(clients_per_round=2, placement=VMAP), model=model)
+    fa = fedavg(FedAvgConfig(batch_size=16), info, run=RunOptions(clients_per_round=2, placement=VMAP), model=model)
     s0 = algo.init(jax.random.PRNGKey(0))
     # FedAvg's initial model (two compiled programs: equal up to float rounding, not bits)
     _close(s0.variables, fa.init(jax.random.PRNGKey(0)).variables, rtol=1e-6, atol=1e-7)
@@ -198,7 +199,7 @@ def test_perfedavg_round_by_hand(tiny_data):
     takes the n_k-weighted mean."""
     info, model = tiny_data.info, _model()
     cfg = PerFedAvgConfig(batch_size=BIG, lr=0.05, inner_lr_multiple=5.0, weight_decay=0.0)
-    algo = perfedavg(cfg, info, clients_per_round=3, placement=VMAP, model=model)
+    algo = perfedavg(cfg, info, run=RunOptions(clients_per_round=3, placement=VMAP), model=model)
     s0 = algo.init(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(5)
     s1, metrics = algo.round(s0, tiny_data, key)
@@ -218,7 +219,7 @@ def test_perfedavg_round_by_hand(tiny_data):
     assert all(np.array_equal(e1[k], e2[k], equal_nan=True) for k in e1)
     assert not np.array_equal(e1["client_test_acc"], e1["client_test_acc_global"])
     no_adapt_cfg = PerFedAvgConfig(batch_size=BIG, adapt_steps=0)
-    no_adapt = perfedavg(no_adapt_cfg, info, placement=VMAP, model=model)
+    no_adapt = perfedavg(no_adapt_cfg, info, run=RunOptions(placement=VMAP), model=model)
     e0 = no_adapt.evaluate(s1, tiny_data)
     _same_accuracy(e0["client_test_acc"], e0["client_test_acc_global"], tiny_data)
     # zero adaptation steps hand back the global weights themselves (data movement: exact)

@@ -31,6 +31,7 @@ from jaxfednas.experiment import fit_memory_budget, round_memory_gib
 from jaxfednas.registry import build_algorithm, ALGORITHMS, make_config
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.config import apply_overrides
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import CLIENT_AXIS, client_mesh, Placement
 
 FEDAVG = ["fedavg", "--clients", "8", "--set", "algo.local_epochs=1", "--set", "algo.batch_size=32"]
@@ -307,8 +308,8 @@ def test_per_client_rows_split_along_the_mesh(count_traces):
     data = make_federated_data(ds, splits, sharding=NamedSharding(client_mesh(), P(CLIENT_AXIS)))
     whole = make_federated_data(ds, splits)
     cfg = DittoConfig(local_epochs=1, batch_size=32)
-    split = ditto(cfg, data.info, placement=Placement("shard_map"))
-    one = ditto(cfg, data.info, placement=Placement("map"))
+    split = ditto(cfg, data.info, run=RunOptions(placement=Placement("shard_map")))
+    one = ditto(cfg, data.info, run=RunOptions(placement=Placement("map")))
     s, ref = split.init(init_key(0)), one.init(init_key(0))
     for r in range(2):
         with count_traces() as traced:

@@ -58,18 +58,23 @@ def test_refusal_names_the_option_the_algorithm_and_what_it_honours():
     refuse_unsupported("mine", RunConfig(aggregator="median"), num_clients=4, supported=("aggregator",))
 
 
-def test_run_options_of_a_run_config_and_the_factory_keywords():
+def test_run_options_of_a_run_config():
     run = RunOptions.from_run(RunConfig(rounds=7, clients_per_round=0.5, placement="map", aggregator="median",
                                         dropout_rate=0.1, precision="bf16"))
     assert (run.rounds, run.clients(8), run.placement, run.dropout_rate, run.precision) == (7, 4, Placement("map"), 0.1,
                                                                                             "bf16")
     assert run.server == Server(aggregator="median")
+    assert asked_options(run, num_clients=8) == asked_options(RunConfig(rounds=7, clients_per_round=0.5,
+                                                                        aggregator="median", dropout_rate=0.1,
+                                                                        precision="bf16"), num_clients=8)
 
-    def old_style(cfg, info, *, clients_per_round=1.0, server=Server(), other=3):
+
+def test_a_factory_without_run_is_refused_at_registration():
+    from jaxfednas.errors import RegistrationError
+    from jaxfednas.registry import register_algorithm
+
+    def old_style(cfg, info, *, clients_per_round=1.0, server=Server()):
         pass
 
-    def new_style(cfg, info, *, run=RunOptions()):
-        pass
-
-    assert run.factory_kwargs(old_style) == {"clients_per_round": 0.5, "server": run.server}
-    assert run.factory_kwargs(new_style) == {"run": run}
+    with pytest.raises(RegistrationError, match=r"takes no run: every factory has the shape f\(cfg, info, \*, run"):
+        register_algorithm("old_style_factory")(old_style)

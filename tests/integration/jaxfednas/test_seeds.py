@@ -12,6 +12,7 @@ import scipy.stats
 from jaxfednas.algorithms.fednas import FedNASConfig, fednas, make_inherited_accuracy, make_supernet
 from jaxfednas.data import make_federated_data
 from jaxfednas.data.datasets import load_dataset
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import Placement
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
 from jaxfednas.search_spaces.darts.masks import mask_from_genotype, mask_weights, Subnet
@@ -61,7 +62,7 @@ def test_inherited_accuracy_is_the_masked_supernet_with_the_clients_statistics(s
     data = same_train_and_test
     cfg = FedNASConfig(C=4, layers=2, nodes=2, primitives="tiny", batch_size=16, eval_batch_size=64,
                        bn_recalibration_batches=1)
-    algo = fednas(cfg, data.info, placement=Placement("map"))
+    algo = fednas(cfg, data.info, run=RunOptions(placement=Placement("map")))
     state, _ = algo.round(algo.init(jax.random.PRNGKey(0)), data, jax.random.PRNGKey(1))  # trained a little
     v = state.variables
     accuracy = make_inherited_accuracy(cfg, data.info, placement=Placement("map"))
@@ -90,7 +91,7 @@ def test_dp_fnas_inherited_accuracy_is_the_masked_supernet_whatever_its_alpha(sa
 
     data = same_train_and_test
     cfg = dpf.DPFNASConfig(C=4, layers=2, nodes=2, primitives="tiny", eval_batch_size=64)
-    v = dpf.dp_fnas(cfg, data.info, placement=Placement("map")).init(jax.random.PRNGKey(0)).variables
+    v = dpf.dp_fnas(cfg, data.info, run=RunOptions(placement=Placement("map"))).init(jax.random.PRNGKey(0)).variables
     accuracy = dpf.make_inherited_accuracy(cfg, data.info)
     net, prims = dpf.make_supernet(cfg, data.info), PRIMITIVE_SETS[cfg.primitives]
     x, y = data.info.normalize(jnp.asarray(data.server_x)), jnp.asarray(data.server_y)

@@ -93,11 +93,10 @@ def _assert_same(scan, grouped):
 
 def test_unbiased_running_var_reaches_a_grouped_cell_traced_before():
     """The parity option of FedNAS' ``bn_stats_updates=code`` (PyTorch's unbiased running
-    variance) is part of the grouped cell's jit cache key: traced first with the default
-    (biased) variance, the cell still updates its edges' statistics unbiased inside the
-    switch, as the edge scan does, and biased again outside it."""
-    from jaxfednas.search_spaces.darts.operations import unbiased_running_var
-
+    variance, the network's ``unbiased_running_var`` field) is part of the grouped cell's jit
+    cache key: traced first with the default (biased) variance, the cell still updates its
+    edges' statistics unbiased in a network with the field on, as the edge scan does, and
+    biased again without it."""
     kw = dict(C=4, num_classes=5, layers=1, steps=2, multiplier=2, primitives=("avg_pool_3x3", "sep_conv_3x3"))
     scan, grouped = DartsSearchNetwork(**kw, group_edges=False), DartsSearchNetwork(**kw, group_edges=True)
     x = jax.random.normal(jax.random.key(0), (6, 8, 8, 3))
@@ -106,8 +105,8 @@ def test_unbiased_running_var_reaches_a_grouped_cell_traced_before():
 
     def stats(net, unbiased):
         def f(v):  # a new outer trace each call; the grouped cell's own jit cache persists
-            with unbiased_running_var(unbiased):
-                return net.apply(v, x, train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
+            model = net.clone(unbiased_running_var=unbiased)
+            return model.apply(v, x, train=True, mask=mask, mutable=["batch_stats"])[1]["batch_stats"]
         return jax.jit(f)(variables)
 
     got = {flag: stats(grouped, flag) for flag in (False, True, False)}  # default first, as a default run would

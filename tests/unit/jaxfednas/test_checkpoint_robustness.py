@@ -175,20 +175,20 @@ def test_old_single_checkpoint_directory_resumes(tmp_path, straight):
 
 
 def test_a_run_from_before_a_new_config_field_resumes_with_its_default(tmp_path, straight):
-    """A run directory written before the library gained a config field (here: algo.server_lr
-    absent from config.json, checkpoints hashed without it) resumes, says so in one line,
+    """A run directory written before the library gained a config field (here:
+    algo.bn_recalibration_batches absent from config.json, checkpoints hashed without it) resumes, says so in one line,
     and ends with the bytes of an uninterrupted run; a foreign checkpoint is still refused."""
     d = tmp_path / "older"
     shutil.copytree(straight[0], d)
     cfg = json.loads((d / "config.json").read_text())
-    del cfg["algo"]["server_lr"]
+    del cfg["algo"]["bn_recalibration_batches"]
     (d / "config.json").write_text(json.dumps(cfg))
     state, _ = read_checkpoint(d / "checkpoint.3.msgpack", shape_template(_straight_state()))
     (d / "checkpoint.3.msgpack").unlink()
     save_checkpoint(d / "checkpoint.msgpack", state, round=3, config_sha256=_dict_hash(cfg), keep=1)
     logged = []
     run_experiment(_cfg(), d, resume=True, progress=False, log=logged.append)
-    assert "note: config.json predates the fields algo.server_lr; resuming with their defaults" in logged
+    assert "note: config.json predates the fields algo.bn_recalibration_batches; resuming with their defaults" in logged
     assert f"resumed {d} at round 3" in logged
     for name in ("config.json", "metrics.jsonl", "checkpoint.msgpack", "clients.csv"):
         assert (d / name).read_bytes() == (straight[0] / name).read_bytes(), name

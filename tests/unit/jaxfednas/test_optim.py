@@ -34,9 +34,11 @@ def test_milenas_update_equals_eq4():
         return grads, jax.grad(f)(params, arch, tr), jax.grad(f, 1)(params, arch, tr), jax.grad(f, 1)(params, arch, va)
 
     grads, g_w_tr, g_a_tr, g_a_val = run()
-    np.testing.assert_allclose(grads["params"]["w1"], g_w_tr["w1"], rtol=1e-6)
+    # the same gradients from differently fused programs: float32 results 1.1e-6 relative apart
+    # on some CPUs (jax 0.12.1, AMD EPYC), so a tolerance of a few float32 roundings
+    np.testing.assert_allclose(grads["params"]["w1"], g_w_tr["w1"], rtol=1e-5)
     expect_a = g_a_tr["a"] + lam * g_a_val["a"]
-    np.testing.assert_allclose(grads["arch"]["a"], expect_a, rtol=1e-6)
+    np.testing.assert_allclose(grads["arch"]["a"], expect_a, rtol=1e-5)
 
     # One optimizer step with plain SGD on both parts equals the formula exactly.
     eta_w, eta_a = 0.1, 0.05

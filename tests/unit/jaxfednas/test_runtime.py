@@ -12,6 +12,7 @@ from jaxfednas.algorithms.fedavg import FedAvgConfig, fedavg
 from jaxfednas.algorithms.local_only import LocalOnlyConfig, local_only
 from jaxfednas import rng
 from jaxfednas import runtime
+from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import (
     Placement,
     CPU_COMPILER_OPTIONS,
@@ -58,7 +59,7 @@ def test_fedavg_round_without_training_examples_keeps_the_server_state(tiny_data
     """Every sampled client has an empty train split (label skew on tiny clients): the
     average is undefined, so the server keeps w and BatchNorm statistics and says so."""
     empty = tiny_data.replace(train=tiny_data.train.replace(counts=jnp.zeros_like(tiny_data.train.counts)))
-    algo = fedavg(FedAvgConfig(batch_size=16), tiny_data.info, clients_per_round=3, placement=Placement("map"))
+    algo = fedavg(FedAvgConfig(batch_size=16), tiny_data.info, run=RunOptions(clients_per_round=3, placement=Placement("map")))
     s0 = algo.init(jax.random.PRNGKey(0))
     s1, m1 = algo.round(s0, empty, jax.random.PRNGKey(7))
     for a, b in zip(jax.tree.leaves(s0.variables), jax.tree.leaves(s1.variables)):
@@ -81,7 +82,7 @@ def test_dropped_clients_are_left_out_of_the_aggregate_and_keep_their_rows(tiny_
     np.testing.assert_array_equal(rep, reporting_clients(rk, ids, 0.5))  # seeded: same key, same draw
     assert reporting_clients(rk, ids, 0.0).all()
     cfg = FedAvgConfig(batch_size=16)
-    algo = fedavg(cfg, data.info, clients_per_round=n, placement=Placement("map"), dropout_rate=0.5)
+    algo = fedavg(cfg, data.info, run=RunOptions(clients_per_round=n, placement=Placement("map"), dropout_rate=0.5))
     s0 = algo.init(jax.random.PRNGKey(0))
     s1, m1 = algo.round(s0, data, rk)
     assert int(m1["clients_reported"]) == rep.sum() and float(m1["server_update_skipped"]) == 0.0
@@ -94,8 +95,8 @@ def test_dropped_clients_are_left_out_of_the_aggregate_and_keep_their_rows(tiny_
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(s1.variables)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
     # local-only: a dropped client's row is untouched, a reporting one's moved
-    lo = local_only(LocalOnlyConfig(batch_size=16), data.info, clients_per_round=n, placement=Placement("map"),
-                    dropout_rate=0.5)
+    lo = local_only(LocalOnlyConfig(batch_size=16), data.info,
+                    run=RunOptions(clients_per_round=n, placement=Placement("map"), dropout_rate=0.5))
     r0 = lo.init(jax.random.PRNGKey(0))
     r1, _ = lo.round(r0, data, rk)
     for k in range(n):
@@ -213,7 +214,7 @@ def test_map_clients_inactive_clients_skip_the_work_and_give_zeros(active):
 
 
 def _round_params(data, placement, m=3):
-    algo = fedavg(FedAvgConfig(batch_size=16), data.info, clients_per_round=m, placement=placement)
+    algo = fedavg(FedAvgConfig(batch_size=16), data.info, run=RunOptions(clients_per_round=m, placement=placement))
     state = algo.init(jax.random.PRNGKey(0))
     state, metrics = algo.round(state, data, jax.random.PRNGKey(7))
     return state.variables, metrics
@@ -224,7 +225,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
     ref_vars, ref_metrics = _round_params(data, Placement("vmap"))
     # Sequential Python loop over the same jitted per-client function.
     cfg = FedAvgConfig(batch_size=16)
-    algo = fedavg(cfg, data.info, clients_per_round=3, placement=Placement("vmap"))
+    algo = fedavg(cfg, data.info, run=RunOptions(clients_per_round=3, placement=Placement("vmap")))
     init_vars = algo.init(jax.random.PRNGKey(0)).variables
     from jaxfednas.search_spaces.models import make_model
 
@@ -243,7 +244,7 @@ def test_fedavg_round_equal_across_placements_and_python_loop(tiny_data):
 
 
 def test_fedavg_learns_and_local_only_keeps_unsampled_rows(tiny_data):
-    algo = fedavg(FedAvgConfig(batch_size=16, lr=0.05), tiny_data.info, placement=Placement("vmap"))
+    algo = fedavg(FedAvgConfig(batch_size=16, lr=0.05), tiny_data.info, run=RunOptions(placement=Placement("vmap")))
     state = algo.init(jax.random.PRNGKey(0))
     before = float(algo.evaluate(state, tiny_data)["global_test_acc"])
     for r in range(4):
@@ -252,7 +253,8 @@ def test_fedavg_learns_and_local_only_keeps_unsampled_rows(tiny_data):
     assert float(after["global_test_acc"]) > before + 0.2
     assert after["client_test_acc"].shape == (4,)
 
-    lo = local_only(LocalOnlyConfig(batch_size=16), tiny_data.info, clients_per_round=2, placement=Placement("vmap"))
+    lo = local_only(LocalOnlyConfig(batch_size=16), tiny_data.info,
+                    run=RunOptions(clients_per_round=2, placement=Placement("vmap")))
     s0 = lo.init(jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(5)
     s1, _ = lo.round(s0, tiny_data, key)
