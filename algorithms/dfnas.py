@@ -80,7 +80,7 @@ from jaxfednas.evaluation import client_accuracies, global_accuracy
 from jaxfednas.optim import active_momentum, rate_schedule
 from jaxfednas.precision import compute_in
 from jaxfednas.run_options import RunOptions
-from jaxfednas.runtime import jit, Placement, map_clients, reported_metrics, reporting_clients
+from jaxfednas.runtime import jit, Placement, map_clients
 from jaxfednas.server import tolerate_missing_server_state
 from jaxfednas.search_spaces import arch_entropy
 from jaxfednas.search_spaces.shufflenet import (
@@ -325,7 +325,7 @@ def dfnas(
       The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``dfnas`` with ``export``.
     """
     rounds = run.need_rounds("dfnas")
-    server, precision, dropout_rate = run.server, run.precision, run.dropout_rate
+    server, precision = run.server, run.precision
     model = make_supernet(cfg, info)
     server.check_clients(info.num_clients, run.clients(info.num_clients))
     placement = run.placement.single_path()
@@ -349,9 +349,9 @@ def dfnas(
         shared = (state.variables, state.fixed, state.fixed_choice, lr)
         new_vars, met = map_clients(
             lambda c, s: local_search(*s, *c), per_client, shared, placement=placement)  # Alg. 1 on each
-        weights = server.weights(per_client[0].count, reporting_clients(key, idx, dropout_rate))  # failed: weight 0
-        avg = server.aggregate(new_vars, weights, fallback=state.variables)  # Alg. 2: w and α with n_i / n
-        avg, opt = server.step(state.variables, avg, state.server, weights, ("params", "arch"))
+        # Alg. 2: w and α averaged with n_i / n (failed clients weigh 0), the server optimizers of both
+        avg, opt, reported = run.combine(new_vars, per_client[0].count, key, idx, state.variables, state.server,
+                                         ("params", "arch"))
         # fixed blocks keep their stored α exactly (an average of equal values can round)
         old_alpha = state.variables["arch"]["alpha"]
         avg["arch"] = {"alpha": jnp.where(state.fixed[:, None], old_alpha, avg["arch"]["alpha"])}
@@ -367,7 +367,7 @@ def dfnas(
             "expected_macs": expected_cost(avg["arch"]["alpha"], fixed, choice, madds, table.fixed),
             "child_macs": table.fixed + jnp.take_along_axis(
                 madds, jnp.argmax(avg["arch"]["alpha"], -1)[:, None], -1).sum(),
-            **reported_metrics(weights, key, idx, dropout_rate),
+            **reported,
         }
         return DFNASState(variables=avg, fixed=fixed, fixed_choice=choice, round=state.round + 1, server=opt), metrics
 

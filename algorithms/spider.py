@@ -80,7 +80,7 @@ from jaxfednas.files import make_dirs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
 from jaxfednas.optim import cosine_lr
 from jaxfednas.run_options import RunOptions
-from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reported_metrics, reporting_clients,
+from jaxfednas.runtime import (jit, Placement, gather_rows, map_clients, reporting_clients,
                                scatter_rows)
 from jaxfednas.server import tolerate_missing_server_state
 from jaxfednas.search_spaces.darts import (BN_MOMENTUM, DartsSearchNetwork, DartsSpaceConfig, group_edges_param, num_edges,
@@ -440,10 +440,9 @@ def spider(
         new_w, new_v, new_opt, metrics = map_clients(
             client, (personal, gather_rows(state.opt_state, idx), mask, train_data, keys),
             (state.variables, lr_w(state.round), lr_v(state.round)), placement=placement)
-        reported = reporting_clients(key, idx, dropout_rate)
-        weights = server.weights(train_data.count, reported)
-        w = server.aggregate(new_w, weights, fallback=state.variables)  # line 6: Σ N_k/N w_k
-        w, opt = server.step(state.variables, w, state.server, weights)
+        # line 6: Σ N_k/N w_k over the clients that report, then the server optimizer, if any
+        w, opt, server_metrics = run.combine(new_w, train_data.count, key, idx, state.variables, state.server)
+        reported = reporting_clients(key, idx, dropout_rate)  # who keeps their new rows
         rows = scatter_rows(
             {"personal": state.personal, "opt_state": state.opt_state, "arch_masks": state.arch_masks,
              "edge_done": state.edge_done, "node_done": state.node_done, "client_rounds": state.client_rounds}, idx,
@@ -457,7 +456,7 @@ def spider(
             "personal_train_acc": metrics["personal_correct"].sum() / n,
             "train_examples": metrics["examples"].sum(), "searching_clients": trigger.sum(),
             "edges_decided": state.edge_done.mean(), "final_clients": _final(state).sum(),
-            **reported_metrics(weights, key, idx, dropout_rate),
+            **server_metrics,
         }
 
     def logits_of_subnet(v):

@@ -127,7 +127,7 @@ class RunOptions:
         return self.server.sample(round_key, round, data, num_clients, self.clients(num_clients))
 
     def combine(self, new: dict, counts: jax.Array, round_key: jax.Array, ids: jax.Array, variables: dict,
-                server_state: dict) -> tuple[dict, dict, dict]:
+                server_state: dict, parts: tuple[str, ...] = ("params",)) -> tuple[dict, dict, dict]:
         """The server's half of a FedAvg-shaped round: ``(variables, server_state, metrics)``.
 
         ``new`` holds the sampled clients' variables (leading axis m), ``counts`` their
@@ -135,12 +135,13 @@ class RunOptions:
         global model and the server optimizer's state (``server.init(variables)``). A
         client that drops out (:attr:`dropout_rate`) weighs 0; the aggregator combines the
         rest (nothing reported: ``variables`` is kept); a server optimizer, if any, steps
-        the weights towards the combination. ``metrics``: ``clients_reported`` and
-        ``server_update_skipped``."""
+        each of ``parts`` towards the combination (``"params"``, the weights, and
+        ``"arch"``, the architecture parameters, with ``run.arch_server_optimizer``; other
+        entries, e.g. BatchNorm statistics, are the combination's). ``metrics``:
+        ``clients_reported`` and ``server_update_skipped``."""
         weights = self.server.weights(counts, reporting_clients(round_key, ids, self.dropout_rate))
         combined = self.server.aggregate(new, weights, fallback=variables)
-        if self.server.optimizer != "none":
-            combined, server_state = self.server.step(variables, combined, server_state, weights)
+        combined, server_state = self.server.step(variables, combined, server_state, weights, parts)
         return combined, server_state, reported_metrics(weights, round_key, ids, self.dropout_rate)
 
 
