@@ -62,8 +62,10 @@ class StageRunner:
                  same_test_rows: bool = True):
         self.out, self.resume, self.describe, self.same_test_rows = Path(out), resume, describe, same_test_rows
         path = self.out / self.WALL_TIMES
+        #: Each stage's wall time in seconds, by name (kept in ``out/wall_times.json``).
         self.times: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
-        self.test_splits: tuple[str, list] | None = None  # (first stage, its clients' test indices)
+        #: The first stage and its clients' test indices, once a stage has run.
+        self.test_splits: tuple[str, list] | None = None
         self._datasets: dict[tuple, Dataset] = {}  # (dataset, data_dir) -> loaded, for finished stages' checks
 
     def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
