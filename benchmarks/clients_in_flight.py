@@ -2,7 +2,7 @@
 
 ``run.client_chunk_size`` = c clients in flight per device (``lax.map`` over chunks of c
 vmapped clients); ``run.memory_budget_gib`` picks c from XLA's memory analysis of the
-compiled round (``jaxfednas.experiment.round_memory_gib``). For each c, one subprocess
+compiled round (``jaxfednas.memory_fit.round_memory_gib``). For each c, one subprocess
 (peak RSS is per process) builds the FedNAS round on one device (``run.placement=map``),
 compiles it ahead of time (compile seconds, XLA's estimate: arguments + outputs - donated +
 temporaries) and runs the compiled round twice: peak RSS growth during the first run (the
@@ -38,7 +38,8 @@ def worker(chunk: int, image: int, clients: int, out: str, supernet: dict) -> No
     from jaxfednas.data import make_federated_data
     from jaxfednas.data import partition as part
     from jaxfednas.data.datasets import load_dataset
-    from jaxfednas.experiment import make_partition, round_memory_gib
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.memory_fit import round_memory_gib
     from jaxfednas.registry import build_algorithm, make_config
     from jaxfednas.rng import init_key, round_key
 

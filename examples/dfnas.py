@@ -54,7 +54,8 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, exit_process, run_script, StageRunner
+from jaxfednas.process import exit_process, run_script
+from jaxfednas.stages import inherited_accuracies, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
@@ -265,7 +266,7 @@ def _inherited_accuracies(out: Path, search_dir: Path, children: list[ShuffleArc
     """Each child's global test accuracy with the weights it inherits from the DFNAS run in
     ``search_dir`` (its single path in the trained supernet, BN recalibrated on the clients:
     :func:`jaxfednas.algorithms.dfnas.make_inherited_accuracy`); kept in ``out/inherited.json``
-    by child (:func:`jaxfednas.experiment.inherited_accuracies`)."""
+    by child (:func:`jaxfednas.stages.inherited_accuracies`)."""
     from jaxfednas.algorithms.dfnas import make_inherited_accuracy  # noqa: PLC0415
     from jaxfednas.runtime import Placement  # noqa: PLC0415
 

@@ -70,7 +70,9 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import apply_overrides
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, make_partition, exit_process, run_script, StageRunner
+from jaxfednas.experiment import make_partition
+from jaxfednas.process import exit_process, run_script
+from jaxfednas.stages import inherited_accuracies, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
@@ -253,7 +255,7 @@ def _inherited_accuracies(out: Path, search_dir: Path, genotypes: list[Genotype]
     """Each cell's global test accuracy with the weights it inherits from the private search's
     supernet in ``search_dir`` (:func:`jaxfednas.algorithms.dp_fnas.make_inherited_accuracy`;
     a post-processing of the released supernet, so no privacy is spent); kept in
-    ``out/inherited.json`` by genotype (:func:`jaxfednas.experiment.inherited_accuracies`)."""
+    ``out/inherited.json`` by genotype (:func:`jaxfednas.stages.inherited_accuracies`)."""
     from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy  # noqa: PLC0415
 
     return inherited_accuracies(out, search_dir, genotypes,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 
 from jaxfednas.config import ConfigError, parse_set
-from jaxfednas.experiment import run_experiment, exit_process, run_script
+from jaxfednas.experiment import run_experiment
+from jaxfednas.process import exit_process, run_script
 from jaxfednas.registry import make_config
 
 

@@ -73,7 +73,8 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import inherited_accuracies, load_run, exit_process, run_script, StageRunner
+from jaxfednas.process import exit_process, run_script
+from jaxfednas.stages import inherited_accuracies, load_run, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import personalize_key, random_arch_key
@@ -132,7 +133,7 @@ def _inherited_accuracies(out: Path, genotypes: list) -> list[float]:
     """Each cell's global test accuracy with the weights it inherits from the finished search
     stage's supernet (BN recalibrated on the clients' training examples:
     :func:`jaxfednas.algorithms.fednas.make_inherited_accuracy`); kept in
-    ``out/inherited.json`` by genotype (:func:`jaxfednas.experiment.inherited_accuracies`)."""
+    ``out/inherited.json`` by genotype (:func:`jaxfednas.stages.inherited_accuracies`)."""
     from jaxfednas.algorithms.fednas import make_inherited_accuracy  # noqa: PLC0415
     from jaxfednas.runtime import Placement  # noqa: PLC0415
 

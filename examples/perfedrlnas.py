@@ -126,7 +126,8 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
-from jaxfednas.experiment import load_run, exit_process, run_script, StageRunner
+from jaxfednas.process import exit_process, run_script
+from jaxfednas.stages import load_run, StageRunner
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round

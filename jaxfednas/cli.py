@@ -185,8 +185,10 @@ def _run(args) -> int:
     from jaxfednas.distributed import initialize, is_main
 
     initialize(args.coordinator, args.num_processes, args.process_id)  # (before any other JAX work)
-    from jaxfednas.experiment import NonFiniteError, enable_compilation_cache, resume_config, run_experiment
+    from jaxfednas.experiment import NonFiniteError, run_experiment
+    from jaxfednas.process import enable_compilation_cache
     from jaxfednas.registry import make_config
+    from jaxfednas.resume import resume_config
 
     flags = {
         "data.dataset": args.dataset, "data.data_dir": args.data_dir, "data.num_clients": args.clients,
@@ -245,7 +247,8 @@ def _run_seeds(args, cfg) -> int:
     import dataclasses
 
     from jaxfednas.distributed import is_main
-    from jaxfednas.experiment import holds_run, run_experiment
+    from jaxfednas.experiment import run_experiment
+    from jaxfednas.rundir import holds_run
     from jaxfednas.seeds import over_seeds, parse_seeds
 
     seeds = parse_seeds(args.seeds)
@@ -307,9 +310,9 @@ def _download(dataset: str, data_dir: str | None) -> None:
 def _partition(args) -> int:
     from jaxfednas.config import ExperimentConfig, replace_fields
     from jaxfednas.data.datasets import load_dataset
-    from jaxfednas.experiment import (
-        check_run_directory, holds_run, make_partition, RunDirectoryError, write_partition_report,
-    )
+    from jaxfednas.experiment import make_partition
+    from jaxfednas.reports import write_partition_report
+    from jaxfednas.rundir import check_run_directory, holds_run, RunDirectoryError
 
     d = replace_fields(DataConfig(), "data", {
         "dataset": args.dataset, "data_dir": args.data_dir, "num_clients": args.clients, "partition": args.method,
@@ -407,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from jaxfednas.data.datasets import DatasetUnavailableError
     from jaxfednas.distributed import DistributedError
-    from jaxfednas.experiment import environment_error, RunDirectoryError, stop_on_sigterm, Terminated
     from jaxfednas.files import WriteError
+    from jaxfednas.process import environment_error, stop_on_sigterm, Terminated
+    from jaxfednas.rundir import RunDirectoryError
 
     stop_on_sigterm()
     try:
@@ -439,10 +443,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The ``jaxfednas`` command: :func:`main`, its status the process's
-    (:func:`jaxfednas.experiment.exit_process`: no interpreter shutdown after a signal)."""
+    (:func:`jaxfednas.process.exit_process`: no interpreter shutdown after a signal)."""
     code = main()
     if code in (EXIT_INTERRUPT, EXIT_TERMINATED):  # jax is imported by then
-        from jaxfednas.experiment import exit_process  # noqa: PLC0415
+        from jaxfednas.process import exit_process  # noqa: PLC0415
 
         exit_process(code)
     sys.exit(code)

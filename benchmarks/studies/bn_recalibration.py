@@ -30,7 +30,7 @@ from pathlib import Path
 
 from jaxfednas.algorithms.common import recalibrated_batch_stats
 from jaxfednas.evaluation import global_accuracy
-from jaxfednas.experiment import load_run
+from jaxfednas.stages import load_run
 from jaxfednas.runtime import Placement
 from jaxfednas.search_spaces.models import make_model
 

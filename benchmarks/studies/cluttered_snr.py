@@ -22,7 +22,7 @@ from pathlib import Path
 
 from jaxfednas.config import parse_set
 from jaxfednas.data.datasets import DATASETS
-from jaxfednas.experiment import run_stage
+from jaxfednas.stages import run_stage
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS

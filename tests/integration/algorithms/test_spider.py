@@ -19,7 +19,8 @@ import pytest
 
 from jaxfednas.algorithms import spider as sp
 from jaxfednas.config import ConfigError
-from jaxfednas.experiment import load_run, run_experiment
+from jaxfednas.experiment import run_experiment
+from jaxfednas.stages import load_run
 from jaxfednas.registry import build_algorithm, make_config
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.runtime import round_clients

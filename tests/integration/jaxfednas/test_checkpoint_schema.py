@@ -130,7 +130,8 @@ def test_a_dp_fnas_run_directory_from_before_both_renames_resumes_to_the_same_en
     resumes and ends exactly where a run under today's names ends."""
     import json
 
-    from jaxfednas.experiment import _dict_hash, run_experiment
+    from jaxfednas.experiment import run_experiment
+    from jaxfednas.resume import _dict_hash
 
     cfg, _ = tiny_federation("dp_fnas", **{"algo.server_lr": 0.05, "algo.arch_server_optimizer": "sgd"})
     cut = lambda r: dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, rounds=r))  # noqa: E731

@@ -27,7 +27,7 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.distributed import DistributedError, initialize
-from jaxfednas.experiment import fit_memory_budget, round_memory_gib
+from jaxfednas.memory_fit import fit_memory_budget, round_memory_gib
 from jaxfednas.registry import build_algorithm, ALGORITHMS, make_config
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.config import apply_overrides
@@ -253,22 +253,22 @@ def test_auto_placement_fills_an_accelerator_by_itself(monkeypatch, tiny_data):
     """placement=auto on an accelerator (faked here: 10 GiB, so 9 GiB usable) keeps every
     client at once when that round fits and otherwise takes the largest chunk that fits; a
     chunk size, a budget or another placement given by the user turns it off, as does the CPU."""
-    from jaxfednas import experiment as ex
+    from jaxfednas import memory_fit as mf
 
     cfg = make_config("fedavg", overrides={"data.dataset": "synthetic", "data.num_clients": 4, **TINY["fedavg"]})
-    assert ex.auto_memory_budget_gib(cfg) is None  # the CPU: clients one after another, nothing to fit
-    monkeypatch.setattr(ex, "on_accelerator", lambda: True)
-    monkeypatch.setattr(ex, "device_memory_limit", lambda: 10 * 2**30)
+    assert mf.auto_memory_budget_gib(cfg) is None  # the CPU: clients one after another, nothing to fit
+    monkeypatch.setattr(mf, "on_accelerator", lambda: True)
+    monkeypatch.setattr(mf, "device_memory_limit", lambda: 10 * 2**30)
     monkeypatch.setattr(Placement, "clients_per_device", lambda self, n: n)  # one device holds every client
-    assert ex.auto_memory_budget_gib(cfg) == pytest.approx(9.0)
+    assert mf.auto_memory_budget_gib(cfg) == pytest.approx(9.0)
     for given in ({"run.client_chunk_size": 2}, {"run.memory_budget_gib": 5.0}, {"run.placement": "map"}):
-        assert ex.auto_memory_budget_gib(apply_overrides(cfg, given)) is None
+        assert mf.auto_memory_budget_gib(apply_overrides(cfg, given)) is None
     # GiB of the round by clients in flight (None: as configured, every client at once)
     for need, want in (({None: 8.0}, None), ({None: 20.0, 1: 2.0, 2: 4.0, 4: 20.0}, 2),
                        ({None: 20.0, 1: 12.0, 2: 14.0, 4: 20.0}, 1)):
         logs = []
-        monkeypatch.setattr(ex, "_round_gib", lambda c, d, need=need: need[c.run.client_chunk_size])
-        assert ex.fit_memory_budget(cfg, tiny_data, logs.append).run.client_chunk_size == want
+        monkeypatch.setattr(mf, "_round_gib", lambda c, d, need=need: need[c.run.client_chunk_size])
+        assert mf.fit_memory_budget(cfg, tiny_data, logs.append).run.client_chunk_size == want
         assert logs[-1].startswith("placement=auto (9 GiB: 90% of the device)")
         assert (want == 1) == any(line.startswith("warning:") for line in logs)
 

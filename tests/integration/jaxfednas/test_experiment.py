@@ -7,8 +7,9 @@ import pytest
 
 from jaxfednas import cli
 from jaxfednas.config import ConfigError
-from jaxfednas.experiment import NonFiniteError, RunExistsError, run_experiment
+from jaxfednas.experiment import NonFiniteError, run_experiment
 from jaxfednas.registry import make_config
+from jaxfednas.rundir import RunExistsError
 from conftest import assert_summary_consistent, poison_algorithms
 
 SMALL = {
@@ -69,7 +70,8 @@ def test_a_run_resumes_on_another_layout_and_from_a_checkpoint_of_the_former_has
     layout left the config hash (it carries the older hash) still resumes."""
     import flax.serialization
 
-    import jaxfednas.experiment as exp
+    from jaxfednas.checkpoint import checkpoint_config_hash, save_checkpoint
+    from jaxfednas.resume import config_hash, _dict_hash_v1
 
     straight = tmp_path / "straight"
     run_experiment(_cfg(4), straight, progress=False, log=lambda s: None)
@@ -87,13 +89,13 @@ def test_a_run_resumes_on_another_layout_and_from_a_checkpoint_of_the_former_has
     run_experiment(_cfg(2), old, progress=False, log=lambda s: None)
     _header, payload = (old / "checkpoint.msgpack").read_bytes().split(b"\n", 1)
     raw = flax.serialization.msgpack_restore(payload)
-    former = exp._dict_hash_v1(json.loads((old / "config.json").read_text()))
+    former = _dict_hash_v1(json.loads((old / "config.json").read_text()))
     assert raw["config_sha256"] != former
-    exp.save_checkpoint(old / "checkpoint.msgpack", raw["state"], round=raw["round"], config_sha256=former)
+    save_checkpoint(old / "checkpoint.msgpack", raw["state"], round=raw["round"], config_sha256=former)
     # resumed on another layout and stopped before its next save (here: no round left to run),
     # then resumed on a third: the checkpoint was saved again under today's hash, so it still resumes
     run_experiment(_cfg(2, **{"run.placement": "map"}), old, resume=True, progress=False, log=lambda s: None)
-    assert exp.checkpoint_config_hash(old / "checkpoint.msgpack") == exp.config_hash(_cfg(2))
+    assert checkpoint_config_hash(old / "checkpoint.msgpack") == config_hash(_cfg(2))
     run_experiment(_cfg(4, **{"run.placement": "map", "run.client_chunk_size": 2}), old, resume=True,
                    progress=False, log=lambda s: None)
     a = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
@@ -213,7 +215,7 @@ def test_cli_privacy_table(capsys):
 
 
 def test_load_run_rebuilds_a_finished_run(tmp_path):
-    from jaxfednas.experiment import load_run
+    from jaxfednas.stages import load_run
 
     d = tmp_path / "run"
     summary = run_experiment(_cfg(2), d, progress=False, log=lambda s: None)
@@ -228,7 +230,7 @@ def test_load_run_rebuilds_a_finished_run(tmp_path):
 
 
 def test_stage_runner_keeps_wall_times_and_checks_test_splits(tmp_path, capsys):
-    from jaxfednas.experiment import StageRunner
+    from jaxfednas.stages import StageRunner
 
     describe = lambda row: f"loss {row['train_loss']:.3f}"  # noqa: E731
     runner = StageRunner(tmp_path, resume=False, describe=describe)
@@ -250,7 +252,8 @@ def test_stage_runner_reads_a_finished_stage_from_its_text_files(tmp_path, capsy
     """--resume on a finished stage reads its summary.json (no checkpoint needed); a stage whose
     partition or configuration no longer matches goes to run_stage, which says why."""
     from jaxfednas.checkpoint import checkpoint_files
-    from jaxfednas.experiment import CHECKPOINT, StageRunner
+    from jaxfednas.rundir import CHECKPOINT
+    from jaxfednas.stages import StageRunner
 
     describe = lambda row: f"loss {row['train_loss']:.3f}"  # noqa: E731
     first = StageRunner(tmp_path, resume=False, describe=describe).stage("a", _cfg(1))[0]
@@ -263,12 +266,15 @@ def test_stage_runner_reads_a_finished_stage_from_its_text_files(tmp_path, capsy
     assert s["final"] == json.loads(json.dumps(first["final"])) and s["rounds"] == 1
     # a partition that differs from the recorded one (the partitioner changed) is not finished
     import jaxfednas.experiment as exp
+    import jaxfednas.stages as stages
 
     real = exp.make_partition
-    monkeypatch.setattr(exp, "make_partition", lambda cfg, ds: {**real(cfg, ds), "sha256": "0" * 64})
+    for where in (stages, exp):  # StageRunner's check, then the resumed run's
+        monkeypatch.setattr(where, "make_partition", lambda cfg, ds: {**real(cfg, ds), "sha256": "0" * 64})
     with pytest.raises(ValueError, match="partition recomputed now differs"):
         again.stage("a", _cfg(1))
-    monkeypatch.setattr(exp, "make_partition", real)
+    for where in (stages, exp):
+        monkeypatch.setattr(where, "make_partition", real)
     with pytest.raises(ConfigError, match="configuration differs"):
         again.stage("a", _cfg(1, **{"algo.lr": 0.5}))
 
@@ -432,7 +438,7 @@ def test_a_run_directory_written_with_former_names_resumes_to_the_same_end(tmp_p
     resumes, and ends exactly where a run under today's names ends."""
     import flax.serialization
 
-    from jaxfednas.experiment import _dict_hash
+    from jaxfednas.resume import _dict_hash
 
     straight = tmp_path / "straight"
     run_experiment(_cfg(3), straight, progress=False, log=lambda s: None)

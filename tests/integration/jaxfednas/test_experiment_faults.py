@@ -15,9 +15,10 @@ import pytest
 
 from jaxfednas import cli
 from jaxfednas.checkpoint import CheckpointError
-from jaxfednas.experiment import NonFiniteError, RunInUseError, run_experiment
+from jaxfednas.experiment import NonFiniteError, run_experiment
 from jaxfednas.files import WriteError, write_bytes, write_error, write_text
 from jaxfednas.registry import make_config
+from jaxfednas.rundir import RunInUseError
 from conftest import poison_algorithms
 
 SMALL = {"data.dataset": "synthetic", "data.num_clients": 4, "run.clients_per_round": 2,
@@ -138,7 +139,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_directory(tmp_pat
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from jaxfednas.experiment import _RunLock
+        from jaxfednas.rundir import _RunLock
         lock = _RunLock(Path({str(d)!r}), print)
         lock.acquire()
         print("locked", flush=True)
@@ -435,7 +436,7 @@ def test_a_signal_during_compilation_exits_cleanly(tmp_path, sig, code):
 
 
 def test_out_of_memory_is_one_line_with_advice(capsys, monkeypatch):
-    from jaxfednas.experiment import run_script
+    from jaxfednas.process import run_script
 
     def job():  # a real XLA allocation failure: 1 TiB on the host
         jax.jit(lambda: jnp.ones((2 ** 38,), jnp.float32))().block_until_ready()
@@ -455,7 +456,7 @@ def test_out_of_memory_is_one_line_with_advice(capsys, monkeypatch):
 
 
 def test_a_file_system_fault_is_one_line_naming_the_path(tmp_path, capsys):
-    from jaxfednas.experiment import run_script
+    from jaxfednas.process import run_script
 
     long_out = tmp_path / ("r" * 300)  # longer than a file name may be (255 bytes on Linux)
     assert cli.main(["run", "fedavg", "--preset", "smoke", "--out", str(long_out)]) == 2

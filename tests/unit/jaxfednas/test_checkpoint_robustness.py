@@ -19,7 +19,8 @@ import pytest
 from jaxfednas import cli
 from jaxfednas.checkpoint import (CheckpointError, checkpoint_files, load_checkpoint, read_checkpoint, save_checkpoint,
                                   shape_template)
-from jaxfednas.experiment import _dict_hash, run_experiment
+from jaxfednas.experiment import run_experiment
+from jaxfednas.resume import _dict_hash
 from jaxfednas.registry import build_algorithm, make_config
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -113,6 +113,7 @@ def test_the_guides_example_aggregator_by_hand(plugin_file):
 
 def test_cli_import_of_a_file_or_module_registers_the_aggregator_before_the_config(plugin_file, monkeypatch, capsys):
     import jaxfednas.experiment as experiment
+    import jaxfednas.process as process
 
     name, path = plugin_file
     seen = []
@@ -125,7 +126,7 @@ def test_cli_import_of_a_file_or_module_registers_the_aggregator_before_the_conf
         raise Ran
 
     monkeypatch.setattr(experiment, "run_experiment", fake_run)
-    monkeypatch.setattr(experiment, "enable_compilation_cache", lambda *a, **k: None)
+    monkeypatch.setattr(process, "enable_compilation_cache", lambda *a, **k: None)
     argv = ["run", "fedavg", "--dataset", "synthetic", "--set", f"run.aggregator={name}", "--out", "unused"]
     assert cli.main(argv) == 2  # not imported: refused, the registered ones listed
     err = capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""The example scripts' stages on top of :func:`~jaxfednas.experiment.run_experiment`: a stage
+per compared method (resumable, its wall time kept), a finished run rebuilt, and the
+accuracies architectures inherit from a finished search."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+from jaxfednas.checkpoint import atomic_write_text, checkpoint_files, load_checkpoint
+from jaxfednas.config import ExperimentConfig
+from jaxfednas.data.datasets import Dataset, load_dataset
+from jaxfednas.data.federated import make_federated_data
+from jaxfednas.data import partition as part
+from jaxfednas.experiment import make_partition, run_experiment, _quiet
+from jaxfednas.registry import build_algorithm, config_from_dict
+from jaxfednas.resume import config_hash, _accepted_hashes
+from jaxfednas.rng import init_key
+from jaxfednas.rundir import CHECKPOINT, holds_run
+
+
+def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool,
+              describe: Callable[[dict], str]) -> dict:
+    """:func:`run_experiment` for one stage of a multi-stage script: resumed only when asked
+    *and* the directory already holds a run (so ``--resume`` also starts later stages),
+    with one printed line per round, ``describe(row)`` filling in the metrics."""
+    out, t0 = Path(out_dir), time.perf_counter()
+
+    def show(r, row):
+        print(f"  [{out.name}] round {r}/{cfg.run.rounds}: {describe(row)} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+
+    return run_experiment(cfg, out, resume=resume and holds_run(out), progress=False,
+                          on_round_end=show)
+
+
+class StageRunner:
+    """The stages of a script that compares methods: each a :func:`run_stage` into
+    ``out/<name>``, checked to test on the same local test indices as the first stage
+    (the comparison means something only on the same test rows; ``same_test_rows=False``
+    for scripts whose stages differ in partition on purpose), with its wall time.
+
+    Wall times survive ``--resume`` in ``out/wall_times.json``: a run that was finished
+    keeps the time it took; an interrupted one counts the call that finished it; a finished
+    run extended to more rounds adds this call's time. With ``--resume`` a finished stage
+    (its ``summary.json`` at the configured rounds, ``config.json`` the same configuration,
+    the partition recomputed now the one in ``partition/manifest.json``) is read, not
+    loaded: a finished job's tables are rewritten in seconds, and a stage's text files alone
+    (no checkpoint) are enough to do so::
+
+        runner = StageRunner(out, resume=args.resume, describe=_describe)
+        summary, wall_s = runner.stage("spider", cfg)
+    """
+
+    WALL_TIMES = "wall_times.json"
+
+    def __init__(self, out: str | os.PathLike, *, resume: bool, describe: Callable[[dict], str],
+                 same_test_rows: bool = True):
+        self.out, self.resume, self.describe, self.same_test_rows = Path(out), resume, describe, same_test_rows
+        path = self.out / self.WALL_TIMES
+        #: Each stage's wall time in seconds, by name (kept in ``out/wall_times.json``).
+        self.times: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+        #: The first stage and its clients' test indices, once a stage has run.
+        self.test_splits: tuple[str, list] | None = None
+        self._datasets: dict[tuple, Dataset] = {}  # (dataset, data_dir) -> loaded, for finished stages' checks
+
+    def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
+        """Run (or resume, or find finished) stage ``name``: its ``summary.json`` and wall time."""
+        d = self.out / name
+        print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
+              f"{cfg.run.rounds} rounds -> {d}", flush=True)
+        resumed = self.resume and holds_run(d)
+        summary = json.loads((d / "summary.json").read_text()) if resumed and (d / "summary.json").exists() else None
+        done = summary is not None and summary["rounds"] >= cfg.run.rounds
+        s = self._finished(d, cfg, summary) if done else None
+        if s is None:
+            s = run_stage(cfg, d, resume=self.resume, describe=self.describe)
+        else:
+            print(f"  [{name}] finished: its summary.json", flush=True)
+        if not (done and name in self.times):
+            before = self.times.get(name, 0.0) if resumed else 0.0
+            self.times[name] = round(before + s["timing"]["wall_time_s"], 3)
+            atomic_write_text(self.out / self.WALL_TIMES, json.dumps(self.times, indent=1, sort_keys=True) + "\n")
+        if not self.same_test_rows:
+            return s, self.times[name]
+        tests = [c["test"] for c in part.load_manifest(d / "partition" / "manifest.json")["clients"]]
+        if self.test_splits is None:
+            self.test_splits = (name, tests)
+        elif tests != self.test_splits[1]:
+            raise RuntimeError(f"{name}: local test splits differ from {self.test_splits[0]}'s")
+        return s, self.times[name]
+
+    def _finished(self, d: Path, cfg: ExperimentConfig, summary: dict) -> dict | None:
+        """``summary`` (``d``'s ``summary.json``) if the run in ``d`` is ``cfg``'s run at
+        ``cfg``'s rounds on the partition ``cfg`` gives now; None where :func:`run_stage` must
+        decide."""
+        manifest_path = d / "partition" / "manifest.json"
+        if summary["rounds"] != cfg.run.rounds or not manifest_path.exists() or \
+                config_hash(config_from_dict(json.loads((d / "config.json").read_text()))) != config_hash(cfg):
+            return None
+        if part.load_manifest(manifest_path)["sha256"] != make_partition(cfg, self._dataset(cfg))["sha256"]:
+            return None  # (run_stage says what differs)
+        return summary
+
+    def _dataset(self, cfg: ExperimentConfig) -> Dataset:
+        key = (cfg.data.dataset, cfg.data.data_dir)
+        if key not in self._datasets:
+            self._datasets[key] = load_dataset(*key)
+        return self._datasets[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    """What a run directory holds, rebuilt: its configuration, algorithm, data and
+    checkpointed state after ``rounds`` completed rounds."""
+
+    config: ExperimentConfig
+    algorithm: Any  # FederatedAlgorithm
+    data: Any  # FederatedData
+    state: Any
+    rounds: int
+    manifest: dict
+    dataset: Dataset
+
+
+def load_run(out_dir: str | os.PathLike) -> FinishedRun:
+    """Rebuild a run directory's algorithm, data and last checkpointed state from its
+    own ``config.json`` (for examples and notebooks that continue from a finished stage,
+    e.g. personalization after a search). The partition is recomputed and must equal
+    the saved manifest."""
+    out = Path(out_dir)
+    if not (out / "config.json").exists() or not checkpoint_files(out / CHECKPOINT):
+        raise FileNotFoundError(f"{out} holds no finished run (config.json and {CHECKPOINT} are needed)")
+    stored = json.loads((out / "config.json").read_text())
+    cfg = config_from_dict(stored)
+    dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    manifest = make_partition(cfg, dataset)
+    saved = out / "partition" / "manifest.json"
+    if saved.exists() and part.load_manifest(saved)["sha256"] != manifest["sha256"]:
+        raise ValueError(f"the partition recomputed now differs from {saved}")
+    data = make_federated_data(dataset, part.manifest_splits(manifest))
+    algo = build_algorithm(cfg, data.info)
+    state, rounds = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)),
+                                    config_sha256=_accepted_hashes(cfg, stored, _quiet))
+    return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
+
+
+def inherited_accuracies(out: str | os.PathLike, search_dir: str | os.PathLike, architectures: list,
+                         make_accuracy: Callable[[FinishedRun], Callable[[Any, Any, Any], float]], *,
+                         key: Callable[[Any], str] = str) -> list[float]:
+    """Each architecture's accuracy with the weights it inherits from the finished search in
+    ``search_dir``: ``make_accuracy(run)`` gives ``accuracy(variables, architecture, data)``
+    (an algorithm's ``make_inherited_accuracy``), applied to that run's state and data.
+    Kept in ``out/inherited.json`` by ``key(architecture)``, so a resumed job loads the run
+    and measures only the architectures it has not measured."""
+    path = Path(out) / "inherited.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    missing = [a for a in architectures if key(a) not in known]
+    if missing:
+        print(f"== inherited-weight accuracy of {len(missing)} architectures ({Path(search_dir).name}'s supernet)",
+              flush=True)
+        run = load_run(search_dir)
+        accuracy = make_accuracy(run)
+        for a in missing:
+            known[key(a)] = accuracy(run.state.variables, a, run.data)
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return [known[key(a)] for a in architectures]
