@@ -7,16 +7,19 @@ Layout of ``out_dir``::
     partition/label_counts.txt  per-client label counts
     partition/label_heatmap.png
     metrics.jsonl               one line per round (train metrics; eval metrics on eval rounds)
+    layout.json                 the clients' layout that ran: placement, clients in flight per device
+                                (the chunk the memory fit picked), devices
     checkpoint.msgpack          whole algorithm state after the last saved round (atomic, sha256 header)
     checkpoint.<round>.msgpack  the previous saved round, kept to fall back on (see jaxfednas.checkpoint)
     clients.csv                 final per-client accuracies
     plots/curves.png, plots/client_accuracy.png
     architecture.json           (NAS algorithms) the exported architecture (SPIDER: personal_genotypes.json);
                                 cell diagrams in plots/
-    summary.json                final metrics, wall time, device info
+    summary.json                final metrics, wall time, device info, layout
 
-Everything except the ``timing`` and ``device`` entries of ``summary.json`` is
-a function of the configuration alone: equal seeds give equal bytes, and a
+Everything except ``layout.json`` and the ``timing``, ``device`` and ``layout``
+entries of ``summary.json`` (what machine ran it, and how) is a function of the
+configuration alone: equal seeds give equal bytes, and a
 resumed run ends with the bytes of an uninterrupted one. A resume restores the
 newest checkpoint that verifies and that ``metrics.jsonl`` covers (a damaged one
 is skipped with a one-line warning) and cuts ``metrics.jsonl`` back to its round.
@@ -51,7 +54,7 @@ from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
 from jaxfednas.distributed import broadcast, is_main, on_main, put_like, to_host
-from jaxfednas.memory_fit import fit_memory_budget
+from jaxfednas.memory_fit import LAYOUT, fit_memory_budget, layout_changes, run_layout
 from jaxfednas.progress import Progress
 from jaxfednas.rng import init_key, round_key
 from jaxfednas.registry import build_algorithm
@@ -94,6 +97,7 @@ class _Prepared:
     state: Any
     start: int
     rows: list
+    layout: dict  # the clients' layout that runs (layout.json)
 
 
 def _data_sharding(cfg: ExperimentConfig, num_clients: int, log: Callable[[str], None]):
@@ -134,7 +138,9 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log
     _warn_about_inert_settings(cfg, log)
     data = make_federated_data(dataset, splits, sharding=_data_sharding(cfg, len(splits["train"]), log))
 
-    algo = build_algorithm(fit_memory_budget(cfg, data, log), data.info)
+    fitted = fit_memory_budget(cfg, data, log)
+    layout = run_layout(cfg, fitted, data.info.num_clients)  # what runs, recorded in the run directory
+    algo = build_algorithm(fitted, data.info)
     state = algo.init(init_key(cfg.run.seed))
     drop_compiled(algo.init)  # it runs once: its program need not stay resident while the rounds run
     start, rows, restored = 0, [], None
@@ -163,10 +169,29 @@ def _prepare(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock, log
             # so that a run stopped before its next save still resumes
             save_checkpoint(out / CHECKPOINT, restored, round=start, config_sha256=config_hash(cfg))
         atomic_write_text(out / "config.json", cfg.to_json())
+        _write_layout(out, layout, start, log)
         return write_partition_report(manifest, dataset, out / "partition")
 
     table = on_main(write, errors=_ERRORS)
-    return _Prepared(dataset, manifest, table, data, algo, state, start, rows)
+    return _Prepared(dataset, manifest, table, data, algo, state, start, rows, layout)
+
+
+def _write_layout(out: Path, layout: dict, start: int, log: Callable[[str], None]) -> None:
+    """``layout.json``: the clients' layout of the rounds from ``start`` on; a resumed run
+    whose layout differs from the one its earlier rounds ran with says so (config.json
+    records the settings; a chunk picked by the memory fit or by ``placement=auto`` shows
+    only here)."""
+    path = out / LAYOUT
+    if start and path.is_file():
+        try:
+            before = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError):
+            before = None
+        moved = layout_changes(before, layout) if isinstance(before, dict) else []
+        if moved:
+            log(f"note: the clients' layout that runs changed ({', '.join(moved)}); the rounds from here agree with "
+                "an uninterrupted run's up to floating-point rounding, not bit for bit")
+    atomic_write_text(path, json.dumps(layout, indent=2, sort_keys=True) + "\n")
 
 
 _NO_DATA_DIR = ("digits", "cluttered_digits", "synthetic")  # bundled or generated: data.data_dir is not read

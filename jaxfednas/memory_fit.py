@@ -83,3 +83,27 @@ def fit_memory_budget(cfg: ExperimentConfig, data, log: Callable[[str], None] = 
     log(f"{setting}: clients in flight per device -> round memory {', '.join(table)}; "
         f"using client_chunk_size={chosen}")
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, client_chunk_size=chosen))
+
+
+LAYOUT = "layout.json"
+"""The file of a run directory that records the clients' layout that ran (:func:`run_layout`)."""
+
+
+def run_layout(configured: ExperimentConfig, fitted: ExperimentConfig, num_clients: int) -> dict:
+    """The clients' layout a run ran with: the placement resolved on this machine, the
+    clients in flight per device (``client_chunk_size``, after :func:`fit_memory_budget`;
+    None: the placement's default) and what chose them (the configured settings)."""
+    import jax  # noqa: PLC0415
+
+    placement = Placement.from_run(fitted.run)
+    return {"placement": placement.resolved(), "within": placement.resolved_within(),
+            "client_chunk_size": fitted.run.client_chunk_size, "devices": jax.device_count(),
+            "clients_per_device": placement.clients_per_device(num_clients),
+            "configured": {f: getattr(configured.run, f) for f in ("placement", "client_chunk_size",
+                                                                     "memory_budget_gib")}}
+
+
+def layout_changes(before: dict, now: dict) -> list[str]:
+    """What differs between two :func:`run_layout` records (``"client_chunk_size: 8 -> 4"``)."""
+    return [f"{k}: {before.get(k)} -> {now.get(k)}" for k in ("placement", "within", "client_chunk_size", "devices")
+            if before.get(k) != now.get(k)]

@@ -133,6 +133,7 @@ def _report(cfg: ExperimentConfig, out: Path, run: Any, state, rows: list, final
             algo.write_architecture(architecture, out / "plots")
     summary["timing"] = timing
     summary["device"] = device_info()
+    summary["layout"] = run.layout  # the clients' layout that ran (also layout.json)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     summary["_partition_table"] = run.table
     if "client_test_acc" in final:

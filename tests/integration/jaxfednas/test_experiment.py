@@ -79,6 +79,11 @@ def test_a_run_resumes_on_another_layout_and_from_a_checkpoint_of_the_former_has
     run_experiment(_cfg(2), moved, progress=False, log=lambda s: None)
     run_experiment(_cfg(4, **{"run.placement": "map"}), moved, resume=True, progress=False, log=notes.append)
     assert any("the clients' layout changed (run.placement: vmap -> map)" in n for n in notes), notes
+    # layout.json records what ran: the first rounds' layout, then the resumed rounds'
+    assert json.loads((straight / "layout.json").read_text())["placement"] == "vmap"
+    assert json.loads((moved / "layout.json").read_text())["placement"] == "map"
+    assert json.loads((moved / "summary.json").read_text())["layout"]["placement"] == "map"
+    assert any("the clients' layout that runs changed (placement: vmap -> map" in n for n in notes), notes
     a, b = ([json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (straight, moved))
     assert [r["round"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):  # the same trajectory, up to rounding (vmap and map sum in other orders)
@@ -469,3 +474,19 @@ def test_a_former_class_name_resolves_with_a_warning():
         assert pf.PersonalArchitectures is pf.PersonalSubnets
     with pytest.raises(AttributeError):
         sp.PersonalArchitecture  # noqa: B018 -- not a former name
+
+
+def test_the_run_directory_records_the_chunk_the_memory_fit_picked(tmp_path):
+    """run.memory_budget_gib picks the clients in flight at run time; config.json keeps the
+    settings (no chunk) and layout.json the chunk that ran (here every client of the round's
+    two: the budget is roomy)."""
+    d = tmp_path / "fit"
+    logged = []
+    run_experiment(_cfg(1, **{"run.placement": "map", "run.memory_budget_gib": 100.0}), d, progress=False,
+                   log=logged.append)
+    assert json.loads((d / "config.json").read_text())["run"]["client_chunk_size"] is None
+    layout = json.loads((d / "layout.json").read_text())
+    assert any("using client_chunk_size=" in s for s in logged), logged
+    chosen = int(next(s for s in logged if "using client_chunk_size=" in s).rsplit("=", 1)[1])
+    assert layout["client_chunk_size"] == chosen and layout["placement"] == "map"
+    assert layout["configured"] == {"placement": "map", "client_chunk_size": None, "memory_budget_gib": 100.0}
