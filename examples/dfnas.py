@@ -268,10 +268,9 @@ def _inherited_accuracies(out: Path, search_dir: Path, children: list[ShuffleArc
     :func:`jaxfednas.algorithms.dfnas.make_inherited_accuracy`); kept in ``out/inherited.json``
     by child (:func:`jaxfednas.stages.inherited_accuracies`)."""
     from jaxfednas.algorithms.dfnas import make_inherited_accuracy  # noqa: PLC0415
-    from jaxfednas.runtime import Placement  # noqa: PLC0415
 
     return inherited_accuracies(out, search_dir, children, lambda run: make_inherited_accuracy(
-        run.config.algo, run.data.info, placement=Placement.from_run(run.config.run)))
+        run.config.algo, run.data.info, placement=run.options.placement))
 
 
 def _f(x, fmt="{:.4f}") -> str:

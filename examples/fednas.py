@@ -135,10 +135,9 @@ def _inherited_accuracies(out: Path, genotypes: list) -> list[float]:
     :func:`jaxfednas.algorithms.fednas.make_inherited_accuracy`); kept in
     ``out/inherited.json`` by genotype (:func:`jaxfednas.stages.inherited_accuracies`)."""
     from jaxfednas.algorithms.fednas import make_inherited_accuracy  # noqa: PLC0415
-    from jaxfednas.runtime import Placement  # noqa: PLC0415
 
     return inherited_accuracies(out, out / "search", genotypes, lambda run: make_inherited_accuracy(
-        run.config.algo, run.data.info, placement=Placement.from_run(run.config.run)), key=lambda g: g.to_json())
+        run.config.algo, run.data.info, placement=run.options.placement), key=lambda g: g.to_json())
 
 
 def _fmt(x: float) -> str:

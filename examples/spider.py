@@ -105,7 +105,6 @@ from jaxfednas.stages import load_run, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.rng import random_arch_key
-from jaxfednas.runtime import Placement
 from jaxfednas.seeds import over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking, versus_random
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
 from jaxfednas.search_spaces.darts.masks import CELLS
@@ -366,11 +365,11 @@ def gain(out: Path, epochs: int, resume: bool, draws: int = 0, match_size: bool 
     masks = {c: np.concatenate([np.broadcast_to(arch[c][None], (k,) + arch[c].shape), rand[c]], axis=1)
              for c in CELLS}
     acc = sp.fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=epochs,
-                                 placement=Placement.from_run(run.config.run))
+                                 placement=run.options.placement)
     p, g = acc[:, :k], sp.personalization_gain(acc[:, :k])
     diagnostics = {}
     if draws and train_seeds > 1:
-        place = Placement.from_run(run.config.run)
+        place = run.options.placement
         own = {c: arch[c][:, None] for c in CELLS}  # [K, 1, E, |O|]: each client's searched mask
         repeats = [sp.fine_tuned_accuracy(cfg, info, state.variables, own, run.data, epochs=epochs, placement=place,
                                           training_seed=repeat_seed(run.config.run.seed, j))[:, 0]
@@ -414,7 +413,7 @@ def _inherited(run, g: dict) -> dict:
         rand = random_masks(cfg, run.config.run.seed, k, draws, size=size, targets=searched)
         masks = _masks_json({c: arch[c][:, None] for c in CELLS}, rand)
     acc = sp.inherited_accuracy(cfg, info, state.variables, {c: np.asarray(m, np.float32) for c, m in masks.items()},
-                                run.data, placement=Placement.from_run(run.config.run))
+                                run.data, placement=run.options.placement)
     return {"inherited": acc.round(6).tolist(), "inherited_bn": INHERITED_BN, "masks": masks}
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import jaxfednas.algorithm
     import jaxfednas.config
     import jaxfednas.data.federated
+    import jaxfednas.run_options
 
 ALGORITHMS: dict[str, str] = {
     "fedavg": "jaxfednas.algorithms.fedavg",
@@ -80,12 +81,12 @@ def algorithm_module(name: str) -> ModuleType:
     return importlib.import_module(ALGORITHMS[name])
 
 
-def build_algorithm(config: jaxfednas.config.ExperimentConfig,
-                    info: jaxfednas.data.federated.DataInfo) -> jaxfednas.algorithm.FederatedAlgorithm:
+def build_algorithm(config: jaxfednas.config.ExperimentConfig, info: jaxfednas.data.federated.DataInfo, *,
+                    run: jaxfednas.run_options.RunOptions | None = None) -> jaxfednas.algorithm.FederatedAlgorithm:
     """The algorithm ``config`` names, built for data described by ``info``: its module's
     ``check(config)`` if any, then ``FACTORY(config.algo, info, run=...)`` given the run's
-    options (:class:`jaxfednas.run_options.RunOptions`, built here once; the same call for a
-    bundled algorithm and a user's registered one), then a refusal,
+    options (:class:`jaxfednas.run_options.RunOptions`, built here once unless ``run`` gives
+    them; the same call for a bundled algorithm and a user's registered one), then a refusal,
     one line, of any run option set away from its default that the module does not list
     in ``RUN_OPTIONS`` (a factory's own refusals, with its reasons, come first)."""
     from jaxfednas.run_options import RunOptions, refuse_unsupported  # noqa: PLC0415  (jax, at build time only)
@@ -95,7 +96,9 @@ def build_algorithm(config: jaxfednas.config.ExperimentConfig,
     if check is not None:
         check(config)
     factory = _FACTORIES.get(config.algorithm) or mod.FACTORY
-    algorithm = factory(config.algo, info, run=RunOptions.from_run(config.run))  # every factory's one shape
+    if run is None:
+        run = RunOptions.from_run(config.run)
+    algorithm = factory(config.algo, info, run=run)  # every factory's one shape
     refuse_unsupported(config.algorithm, config.run, num_clients=info.num_clients,
                        supported=getattr(mod, "RUN_OPTIONS", ()))
     return algorithm

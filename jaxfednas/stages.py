@@ -16,9 +16,10 @@ from jaxfednas.config import ExperimentConfig
 from jaxfednas.data.datasets import Dataset, load_dataset
 from jaxfednas.data.federated import make_federated_data
 from jaxfednas.data import partition as part
-from jaxfednas.experiment import make_partition, run_experiment, _quiet
+from jaxfednas.experiment import NonFiniteError, make_partition, run_experiment, _quiet
 from jaxfednas.registry import build_algorithm, config_from_dict
-from jaxfednas.resume import config_hash, _accepted_hashes
+from jaxfednas.resume import config_hash, _accepted_hashes, _nonfinite_leaves
+from jaxfednas.run_options import RunOptions
 from jaxfednas.rng import init_key
 from jaxfednas.rundir import CHECKPOINT, holds_run
 
@@ -116,7 +117,10 @@ class StageRunner:
 @dataclasses.dataclass(frozen=True)
 class FinishedRun:
     """What a run directory holds, rebuilt: its configuration, algorithm, data and
-    checkpointed state after ``rounds`` completed rounds."""
+    checkpointed state after ``rounds`` completed rounds, and the run's options
+    (:class:`jaxfednas.run_options.RunOptions`, built once: the algorithm was built with
+    them, and code that continues from the run -- its placement, its server -- reads them
+    here)."""
 
     config: ExperimentConfig
     algorithm: Any  # FederatedAlgorithm
@@ -125,6 +129,7 @@ class FinishedRun:
     rounds: int
     manifest: dict
     dataset: Dataset
+    options: Any = None  # RunOptions
 
 
 def load_run(out_dir: str | os.PathLike) -> FinishedRun:
@@ -143,10 +148,15 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     if saved.exists() and part.load_manifest(saved)["sha256"] != manifest["sha256"]:
         raise ValueError(f"the partition recomputed now differs from {saved}")
     data = make_federated_data(dataset, part.manifest_splits(manifest))
-    algo = build_algorithm(cfg, data.info)
+    options = RunOptions.from_run(cfg.run)
+    algo = build_algorithm(cfg, data.info, run=options)
     state, rounds = load_checkpoint(out / CHECKPOINT, algo.init(init_key(cfg.run.seed)),
                                     config_sha256=_accepted_hashes(cfg, stored, _quiet))
-    return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset)
+    bad = _nonfinite_leaves(state)
+    if bad:  # as --resume refuses it
+        raise NonFiniteError(f"{out / CHECKPOINT} holds non-finite values ({', '.join(bad[:3])}"
+                             f"{', ...' if len(bad) > 3 else ''}): the run diverged before its round {rounds}")
+    return FinishedRun(cfg, algo, data, state, rounds, manifest, dataset, options)
 
 
 def inherited_accuracies(out: str | os.PathLike, search_dir: str | os.PathLike, architectures: list,

@@ -105,6 +105,10 @@ def test_a_checkpoint_holding_nan_is_refused_on_resume_in_one_line(tmp_path):
                                               r"\.variables\['params'\].*start afresh") as e:
         run_experiment(_cfg(3), d, resume=True, progress=False, log=lambda s: None)
     assert "\n" not in str(e.value)
+    from jaxfednas.stages import load_run  # the Python API refuses it as --resume does
+
+    with pytest.raises(NonFiniteError, match=r"checkpoint\.msgpack holds non-finite values \(\.variables\['params'\]"):
+        load_run(d)
 
 
 def test_a_nan_evaluation_loss_stops_and_says_when_no_checkpoint_exists(tmp_path, monkeypatch):
