@@ -115,28 +115,20 @@ def make_personal_train(model: nn.Module, info: DataInfo, cfg: DittoConfig, *, p
 
 
 @checked_factory(DittoConfig)
-def ditto(
-    cfg: DittoConfig,
-    info: DataInfo,
-    *,
-    run: RunOptions = RunOptions(),
-    model: nn.Module | None = None,
-) -> FederatedAlgorithm:
-    """Build Ditto for data described by ``info``.
+def ditto(cfg: DittoConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
+          model: nn.Module | None = None) -> FederatedAlgorithm:
+    """Build Ditto for data described by ``info`` (``FederatedData.info``).
 
     Args:
-      cfg: the client recipe, λ and the personal epochs (:class:`DittoConfig`).
-      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
-      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
-        clients per round, placement, the server (sampler, aggregator, server optimizer),
-        drop-out, precision and rounds.
-        ``run.precision``: what client training (global and personal models) computes in
-        (evaluation float32); ``run.rounds``: over which ``algo.lr_schedule=cosine``
-        anneals the global model's rate (the personal models keep theirs).
+      cfg: the client recipe, λ and the personal epochs.
+      run: the run's options (:class:`~jaxfednas.run_options.RunOptions`), FedAvg's for the
+        global model; both models train in ``run.precision`` (evaluation float32), and a
+        cosine ``algo.lr_schedule`` anneals the global model's rate over ``run.rounds``
+        (the personal models keep theirs).
       model: replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
 
     Returns:
-      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``ditto``.
+      The algorithm ``ditto``: FedAvg's global model and a personal one per client.
     """
     run.server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model

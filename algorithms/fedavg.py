@@ -92,15 +92,8 @@ def round_rate(cfg: FedAvgConfig, rounds: int | None) -> optax.Schedule:
 
 
 @checked_factory(FedAvgConfig)
-def fedavg(
-    cfg: FedAvgConfig,
-    info: DataInfo,
-    *,
-    run: RunOptions = RunOptions(),
-    model: nn.Module | None = None,
-    aux_weight: float = 0.0,
-    drop_path: Callable[[jax.Array], jax.Array] | None = None,
-) -> FederatedAlgorithm:
+def fedavg(cfg: FedAvgConfig, info: DataInfo, *, run: RunOptions = RunOptions(), model: nn.Module | None = None,
+           aux_weight: float = 0.0, drop_path: Callable[[jax.Array], jax.Array] | None = None) -> FederatedAlgorithm:
     """Build FedAvg for data described by ``info``.
 
     Args:

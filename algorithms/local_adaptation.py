@@ -105,29 +105,16 @@ def evaluate_adapted(
 
 
 @checked_factory(LocalAdaptationConfig)
-def local_adaptation(
-    cfg: LocalAdaptationConfig,
-    info: DataInfo,
-    *,
-    run: RunOptions = RunOptions(),
-    model: nn.Module | None = None,
-) -> FederatedAlgorithm:
+def local_adaptation(cfg: LocalAdaptationConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
+                     model: nn.Module | None = None) -> FederatedAlgorithm:
     """FedAvg rounds; evaluation fine-tunes the global model on every client first.
 
-    Args:
-      cfg: the client recipe and the fine-tuning epochs (:class:`LocalAdaptationConfig`).
-      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
-      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
-        clients per round, placement, the server (sampler, aggregator, server optimizer),
-        drop-out, precision and rounds.
-        ``run.precision``: what client training and the fine-tuning before the adapted
-        evaluation compute in (the accuracies are measured in float32); ``run.rounds``:
-        over which ``algo.lr_schedule=cosine`` anneals the rounds' rate (the fine-tuning
-        keeps ``algo.lr``).
-      model: replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
-
-    Returns:
-      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``local_adaptation``.
+    ``cfg`` adds the fine-tuning epochs to FedAvg's recipe; ``run`` is FedAvg's
+    (:class:`~jaxfednas.run_options.RunOptions`): the rounds' training and the fine-tuning
+    compute in ``run.precision`` (the accuracies in float32), and a cosine
+    ``algo.lr_schedule`` anneals the rounds' rate over ``run.rounds`` (the fine-tuning keeps
+    ``algo.lr``); ``model`` replaces ``cfg.model`` when given. Returns the algorithm
+    ``local_adaptation``.
     """
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     run.server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)

@@ -182,28 +182,13 @@ def make_adapt(model: nn.Module, info: DataInfo, cfg: PerFedAvgConfig, *, precis
 
 
 @checked_factory(PerFedAvgConfig)
-def perfedavg(
-    cfg: PerFedAvgConfig,
-    info: DataInfo,
-    *,
-    run: RunOptions = RunOptions(),
-    model: nn.Module | None = None,
-) -> FederatedAlgorithm:
-    """Build first-order Per-FedAvg for data described by ``info``.
-
-    Args:
-      cfg: the client recipe and the inner step (:class:`PerFedAvgConfig`).
-      info: the data's description (:attr:`jaxfednas.data.federated.FederatedData.info`).
-      run: what the run gives every algorithm (:class:`jaxfednas.run_options.RunOptions`):
-        clients per round, placement, the server (sampler, aggregator, server optimizer),
-        drop-out, precision and rounds.
-        ``run.precision``: what the meta-training and the adaptation steps before the
-        personalized evaluation compute in (the accuracies are measured in float32).
-      model: replaces ``cfg.model`` when given (e.g. a DARTS network from a genotype).
-
-    Returns:
-      The :class:`~jaxfednas.algorithm.FederatedAlgorithm` ``perfedavg``.
-    """
+def perfedavg(cfg: PerFedAvgConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
+              model: nn.Module | None = None) -> FederatedAlgorithm:
+    """Build first-order Per-FedAvg for data described by ``info``: ``cfg`` its recipe and
+    inner step, ``run`` the run's options (:class:`~jaxfednas.run_options.RunOptions`; the
+    meta-training and the adaptation before the personalized evaluation compute in
+    ``run.precision``, the accuracies in float32), ``model`` a network in place of
+    ``cfg.model``. Returns the algorithm ``perfedavg``."""
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     server, placement, precision = run.server, run.placement, run.precision
     m = run.clients(info.num_clients)

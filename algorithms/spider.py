@@ -356,12 +356,7 @@ def make_trainer(cfg: SpiderConfig, info: DataInfo, net: DartsSearchNetwork, ful
 
 
 @checked_factory(SpiderConfig)
-def spider(
-    cfg: SpiderConfig,
-    info: DataInfo,
-    *,
-    run: RunOptions = RunOptions(),
-) -> FederatedAlgorithm:
+def spider(cfg: SpiderConfig, info: DataInfo, *, run: RunOptions = RunOptions()) -> FederatedAlgorithm:
     """Build SPIDER for data described by ``info``.
 
     Args:
