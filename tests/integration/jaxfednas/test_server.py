@@ -232,7 +232,6 @@ def test_every_server_field_is_read_from_its_run_setting():
     ("dp_fnas", {"run.server_optimizer": "sgd"}, "own optimizers"),
     ("perfedrlnas", {"run.server_optimizer": "avgm"}, "does not apply to perfedrlnas"),
     ("fedavg", {"run.arch_server_optimizer": "adam"}, "no architecture parameters"),
-    ("fedavg", {"run.server_optimizer": "sgd", "algo.server_lr": 0.5}, "set run.server_lr instead"),
     ("fedavg", {"run.sampler": "available", "run.availability_period": 4}, "raise availability_on"),
 ])
 def test_options_that_do_not_apply_raise_a_config_error_naming_them(name, over, match):

@@ -24,6 +24,9 @@ def test_a_moved_name_is_reachable_from_experiment_and_warns_naming_its_new_modu
         experiment.no_such_name  # noqa: B018
 
 
+ADDED_SINCE = {"LAYOUT", "run_layout", "layout_changes"}  # new in these modules after the move: never in experiment
+
+
 def test_every_public_name_of_the_new_modules_is_reachable_from_experiment():
     listed: dict[str, set[str]] = {}
     for name, module in experiment._MOVED.items():
@@ -33,7 +36,7 @@ def test_every_public_name_of_the_new_modules_is_reachable_from_experiment():
         tree = ast.parse(pathlib.Path(mod.__file__).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-        assert {n for n in defined if not n.startswith("_")} == names, module
+        assert {n for n in defined if not n.startswith("_")} - ADDED_SINCE == names, module
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             for name in names:
