@@ -77,7 +77,7 @@ from jaxfednas.config import ConfigError, Validated, param
 from jaxfednas.data.augment import augment_batch
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.evaluation import client_accuracies, global_accuracy
-from jaxfednas.optim import active_momentum, rate_schedule
+from jaxfednas.optim import active_momentum, rate_at, rate_schedule
 from jaxfednas.precision import compute_in
 from jaxfednas.run_options import RunOptions
 from jaxfednas.runtime import jit, Placement, map_clients
@@ -340,11 +340,11 @@ def dfnas(
         return DFNASState(variables=v, fixed=jnp.zeros((nb,), bool), fixed_choice=jnp.zeros((nb,), jnp.int32),
                           round=jnp.int32(0), server=server.init(v, ("params", "arch")))
 
-    learning_rate = rate_schedule(cfg.lr_schedule, cfg.lr, horizon=rounds)
+    learning_rate = rate_schedule(cfg.lr_schedule, cfg.lr, horizon=rounds)  # a number or a schedule of the round
 
     def round_fn(state: DFNASState, data: FederatedData, key):
         idx, keys = run.sample(key, state.round, data, info.num_clients)  # Alg. 2: select S_t
-        lr = learning_rate(state.round)
+        lr = rate_at(learning_rate, state.round)
         per_client = (data.clients("train", idx), keys)
         shared = (state.variables, state.fixed, state.fixed_choice, lr)
         new_vars, met = map_clients(

@@ -82,9 +82,10 @@ class FedAvgState:
     server: dict = flax.struct.field(default_factory=dict)  # server optimizer state (jaxfednas.server)
 
 
-def round_rate(cfg: FedAvgConfig, rounds: int | None) -> optax.Schedule:
-    """``round -> lr`` (traced), the clients' learning rate in a round: ``cfg.lr`` by
-    ``cfg.lr_schedule`` over T = ``rounds`` (:func:`jaxfednas.optim.rate_schedule`)."""
+def round_rate(cfg: FedAvgConfig, rounds: int | None) -> optax.ScalarOrSchedule:
+    """The clients' learning rate by round: ``cfg.lr`` by ``cfg.lr_schedule`` over T =
+    ``rounds`` (:func:`jaxfednas.optim.rate_schedule`: the number ``cfg.lr``, or a schedule
+    ``round -> lr``)."""
     if cfg.lr_schedule != "constant" and rounds is None:
         raise ConfigError(f"algo.lr_schedule={cfg.lr_schedule!r} needs the run's length: "
                           "run=RunOptions(rounds=T, ...) (run.rounds)")
@@ -135,7 +136,7 @@ def fedavg(cfg: FedAvgConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
         new_vars, metrics = map_clients(
             lambda c, s: local_train(s[0], c[0], c[1], s[1], s[2]),
             (clients, keys),
-            (state.variables, p, rate(state.round)),
+            (state.variables, p, rate(state.round) if callable(rate) else None),  # None: cfg.lr, a constant
             placement=placement,
         )
         if server.optimizer == "none":  # Algorithm 1's server step, w + Σ n_k/n_S (w_k − w)

@@ -60,18 +60,24 @@ SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 """The named learning-rate schedules of the configs' ``lr_schedule`` fields."""
 
 
-def rate_schedule(name: str, base: float, *, horizon: int | None = None, floor: float = 0.0) -> optax.Schedule:
-    """A configured learning rate as an optax schedule of the step ``t`` it is stepped by (a
-    round, an epoch or an iteration): ``constant``: ``base`` at every ``t``; ``cosine``:
-    :func:`cosine_lr` from ``base`` to ``floor`` over ``horizon`` steps (needed). The value
-    is float32, so that a traced rate and the constant it equals give the same updates."""
+def rate_schedule(name: str, base: float, *, horizon: int | None = None,
+                  floor: float = 0.0) -> optax.ScalarOrSchedule:
+    """A configured learning rate as optax takes one (a number or a schedule of the step ``t``
+    it is stepped by: a round, an epoch or an iteration): ``constant``: the number ``base``
+    (a compile-time constant of the optimizer, as optax treats a float); ``cosine``:
+    :func:`cosine_lr` from ``base`` to ``floor`` over ``horizon`` steps (needed)."""
     if name == "constant":
-        return lambda t: jnp.float32(base)
+        return float(base)
     if name == "cosine":
         if horizon is None or horizon < 1:
             raise ValueError(f"a cosine learning rate needs its horizon (run.rounds >= 1), got {horizon!r}")
         return cosine_lr(base, floor, horizon)
     raise ValueError(f"learning-rate schedule must be one of {SCHEDULES}, got {name!r}")
+
+
+def rate_at(rate: optax.ScalarOrSchedule, t: Any) -> jax.Array:
+    """The value of ``rate`` (:func:`rate_schedule`) at step ``t``, float32."""
+    return rate(t) if callable(rate) else jnp.float32(rate)
 
 
 def arch_labels(tree: dict) -> dict:

@@ -108,8 +108,10 @@ def test_drop_path_round_changes_the_update_and_is_deterministic(data2):
     s0 = off.init(jax.random.PRNGKey(0))
     k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
     plain = _leaves(off.round(s0, data2, k1)[0].variables)
-    # p_t = 0.4 * t / 2: round 0 has p = 0 and is the round without drop path, bit for bit
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(_leaves(ramp.round(s0, data2, k1)[0].variables), plain))
+    # p_t = 0.4 * t / 2: round 0 has p = 0 and is the round without drop path, to float rounding (two
+    # programs: XLA may fuse them differently; bit for bit on some CPUs, not on all, jax 0.12.1)
+    for x, y in zip(_leaves(ramp.round(s0, data2, k1)[0].variables), plain):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     s1 = s0.replace(round=jnp.int32(1))  # same weights, round 1: p = 0.2 (same compiled round)
     a, m = ramp.round(s1, data2, k1)
     b, _ = ramp.round(s1, data2, k1)
@@ -141,7 +143,7 @@ def test_cosine_lr_schedule_is_the_constant_rate_times_the_rounds_cosine(data2):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         moved = _leaves(plain.round(s0, data2, key)[0].variables["params"])
         assert max(np.abs(a - b).max() for a, b in zip(got, moved)) > 1e-5  # not the constant rate
-    with pytest.raises(ValueError, match="needs rounds"):
+    with pytest.raises(ValueError, match="needs the run's length"):
         fednas_train(dataclasses.replace(BASE, lr_schedule="cosine"), data2.info)
 
 
