@@ -62,6 +62,7 @@ in a row); the augmentation stage is not private.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -72,11 +73,10 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.experiment import make_partition
 from jaxfednas.process import exit_process, run_script
-from jaxfednas.stages import inherited_accuracies, StageRunner
+from jaxfednas.evidence import Control, Labels, Names, random_architectures, searched_vs_random, stage_trainer, write_page
+from jaxfednas.stages import StageRunner
 from jaxfednas.registry import make_config
-from jaxfednas.rng import random_arch_key
-from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
-                             versus_random)
+from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, versus_random)
 from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
 from jaxfednas.search_spaces.sampling import random_genotype
 
@@ -92,6 +92,8 @@ DIGITS_AUGMENT = {"run.rounds": 6, "algo.C": 8, "algo.layers": 2, "algo.local_ep
 TABLE1 = [("Vanilla NAS", 1, 0.0), ("FNAS", 2, 0.0), ("FNAS", 4, 0.0), ("FNAS", 8, 0.0),
           ("DP-FNAS", 2, 1.0), ("DP-FNAS", 4, 1.0), ("DP-FNAS", 8, 1.0)]
 NOISES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)
+LABELS = Labels(searched="searched cell: augmented test acc")
+METRIC = "augmented test accuracy (non-private training from scratch)"
 
 
 def _describe(row: dict) -> str:
@@ -231,14 +233,12 @@ def _random_control(runner: StageRunner, search_cfg, results: list[dict], args, 
 
 
 def _random_cells(runner: StageRunner, search_cfg, args, overrides: dict) -> list[tuple[Genotype, dict]]:
-    """``args.random`` cells drawn uniformly from the searched space (keys
-    ``rng.random_arch_key(seed, i)``), each through the augmentation stage into ``random-<i>/``."""
-    prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
-    cells = []
-    for i in range(args.random):
-        g = random_genotype(random_arch_key(search_cfg.run.seed, i), prims, search_cfg.algo.nodes)
-        cells.append((g, _augment(runner, search_cfg, g.to_dict(), args, overrides, name=f"random-{i}")))
-    return cells
+    """``args.random`` cells drawn uniformly from the searched space
+    (:func:`jaxfednas.evidence.random_architectures`), each through the augmentation stage
+    into ``random-<i>/``."""
+    control = _control(runner, search_cfg, None, None, args, overrides, {})
+    return [(g, _augment(runner, search_cfg, g.to_dict(), args, overrides, name=f"random-{i}"))
+            for i, g in enumerate(random_architectures(control, search_cfg.run.seed, args.random))]
 
 
 def _augmented_params(search_cfg, genotype: Genotype, args, overrides: dict, dataset_cache: dict) -> int:
@@ -249,18 +249,6 @@ def _augmented_params(search_cfg, genotype: Genotype, args, overrides: dict, dat
         dataset_cache[key] = load_dataset(*key)
     ds = dataset_cache[key]
     return network_params(genotype, cfg.algo.C, ds.num_classes, cfg.algo.layers, tuple(ds.image_shape))
-
-
-def _inherited_accuracies(out: Path, search_dir: Path, genotypes: list[Genotype]) -> list[float]:
-    """Each cell's global test accuracy with the weights it inherits from the private search's
-    supernet in ``search_dir`` (:func:`jaxfednas.algorithms.dp_fnas.make_inherited_accuracy`;
-    a post-processing of the released supernet, so no privacy is spent); kept in
-    ``out/inherited.json`` by genotype (:func:`jaxfednas.stages.inherited_accuracies`)."""
-    from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy  # noqa: PLC0415
-
-    return inherited_accuracies(out, search_dir, genotypes,
-                                lambda run: make_inherited_accuracy(run.config.algo, run.data.info),
-                                key=lambda g: g.to_json())
 
 
 def _seed_parties(args) -> int:
@@ -283,7 +271,7 @@ def over_seeds_control(args, overrides: dict) -> None:
     over_seeds(parse_seeds(args.seeds),
                lambda seed, out: private_vs_random(args, {**overrides, "run.seed": seed}, out), args.out,
                title=title,
-               metric="augmented test accuracy (non-private training from scratch)",
+               metric=METRIC,
                note=(f"Each seed (`seed_<s>/results.md`): its own split of the parties, {search}, "
                      f"the derived cell and {args.random} random cells of the same space each through "
                      f"the same augmentation stage (non-private). {eps}The other Table 1 rows are not run here. "
@@ -297,7 +285,10 @@ def over_seeds_control(args, overrides: dict) -> None:
 def private_vs_random(args, overrides: dict, out: Path) -> dict:
     """One seed of ``--seeds``: the DP-FNAS row with ``--parties`` (default 4) parties and
     ``--noise``, its cell's augmentation and ``args.random`` random cells' augmentations into
-    ``out``; writes results.md / results.json there, returns ``{"numbers", "points"}``."""
+    ``out`` (:func:`jaxfednas.evidence.searched_vs_random`); writes results.md / results.json
+    there, returns ``{"numbers", "points"}``."""
+    from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy  # noqa: PLC0415
+
     parties = _seed_parties(args)
     cache: dict = {}
     cfg = _search_config(args.preset, parties, args.noise,
@@ -306,46 +297,39 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
     name = _row_name("DP-FNAS" if private else "FNAS", parties, 0)
     runner = _runner(out, args)
     s = _stage(runner, name, cfg)  # the private search (Algorithm 1)
-    a = _augment(runner, cfg, s["architecture"], args, overrides)
-    repeats = [a["final"]["global_test_acc"]]  # the searched cell again with other training seeds: the seed noise
-    for j in range(1, args.train_seeds):
-        repeats.append(_augment(runner, cfg, s["architecture"], args, overrides, name=f"augment-seed_{j}",
-                                seed=repeat_seed(cfg.run.seed, j))["final"]["global_test_acc"])
-    randoms = _random_cells(runner, cfg, args, overrides)
-    vs = versus_random(a["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r in randoms])
     searched = Genotype.from_dict(s["architecture"])
-    snr = signal_to_noise([r["final"]["global_test_acc"] for _, r in randoms], repeats)
-    inherited = _inherited_accuracies(out, out / name, [searched] + [g for g, _ in randoms])
-    ranking = supernet_ranking(inherited, [vs["searched"]] + [r["final"]["global_test_acc"] for _, r in randoms])
-    eps_name = f"ε (PLD, δ={cfg.algo.delta:g})"
-    numbers = {"supernet test acc (private search)": s["final"]["global_test_acc"],
-               eps_name: s["final"]["epsilon_pld"]} if private else \
+
+    def config_for(g, training_seed):  # the augmentation stage: non-private, from scratch, the whole pool
+        text = json.dumps(s["architecture"] if g is searched else g.to_dict(), sort_keys=True)
+        c = _augment_config(cfg, text, args, overrides)
+        return c if training_seed is None else apply_overrides(c, {"run.seed": training_seed})
+
+    control = _control(runner, cfg, searched, config_for, args, overrides, cache)
+    control = dataclasses.replace(control, inherited=(out / name, lambda run: make_inherited_accuracy(
+        run.config.algo, run.data.info)))  # a post-processing of the released supernet: no privacy spent
+    tag = hashlib.sha256(json.dumps(s["architecture"], sort_keys=True).encode()).hexdigest()[:10]
+    ev = searched_vs_random(control, out, seed=cfg.run.seed, random=args.random, train_seeds=args.train_seeds,
+                            names=Names(searched=f"augment-{tag}", repeat="augment-seed_{j}", random="random-{i}"))
+    head = {"supernet test acc (private search)": s["final"]["global_test_acc"],
+            f"ε (PLD, δ={cfg.algo.delta:g})": s["final"]["epsilon_pld"]} if private else \
         {"supernet test acc (non-private search)": s["final"]["global_test_acc"]}
-    numbers |= {"searched cell: augmented test acc": vs["searched"],
-               "random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
-               "searched − random mean": vs["searched_minus_random"],
-               "random cells beaten (fraction)": vs["beats"] / len(randoms),
-               f"searched cell: std over {len(repeats)} training seeds": snr["seed_std"],
-               "architecture signal-to-noise": snr["ratio"],
-               "supernet ranking: Kendall τ": ranking["kendall_tau"],
-               "supernet ranking: Spearman ρ": ranking["spearman"]}
-    points = {"searched": (_augmented_params(cfg, searched, args, overrides, cache), vs["searched"]),
-              "random": [(_augmented_params(cfg, g, args, overrides, cache), r["final"]["global_test_acc"])
-                         for g, r in randoms]}
-    lines = ["| quantity | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in numbers.items()]
-    lines += [f"| derived normal cell | {' '.join(f'{op}<-{i}' for op, i in searched.normal)} |",
-              f"| augmentation network parameters (searched; random) | {points['searched'][0]:,}; "
-              f"{', '.join(f'{n:,}' for n, _ in points['random'])} |",
-              f"| searched cell's augmented test acc over its {len(repeats)} training seeds | "
-              f"{', '.join(f'{x:.4f}' for x in repeats)} |",
-              f"| inherited from the supernet (searched; random), over {ranking['n']} cells | "
-              f"{'; '.join(f'{x:.4f}' for x in inherited[:1])}; {', '.join(f'{x:.4f}' for x in inherited[1:])} |"]
-    table = "\n".join(lines) + "\n"
-    atomic_write_text(out / "results.md", f"# {'DP-FNAS' if private else 'FNAS'} ({cfg.data.dataset}, {parties} parties, noise "
-                      f"{cfg.algo.noise_multiplier:g}, seed {cfg.run.seed}): searched vs random cells\n\n{table}")
-    atomic_write_text(out / "results.json", json.dumps({"numbers": numbers, "points": points}, indent=1) + "\n")
-    print("\n" + table)
-    return {"numbers": numbers, "points": points}
+    page = write_page(out, ev, title=f"{'DP-FNAS' if private else 'FNAS'} ({cfg.data.dataset}, {parties} parties, "
+                      f"noise {cfg.algo.noise_multiplier:g}, seed {cfg.run.seed}): searched vs random cells",
+                      labels=LABELS, head=[(k, f"{v:.4f}") for k, v in head.items()] + [
+                          ("derived normal cell", " ".join(f"{op}<-{i}" for op, i in searched.normal))],
+                      metric=METRIC, describe=lambda g: " ".join(f"{op}<-{i}" for op, i in g.normal),
+                      size_name="augmentation network parameters")
+    return {"numbers": head | page["numbers"], "points": page["points"]}
+
+
+def _control(runner: StageRunner, search_cfg, searched: Genotype, config_for, args, overrides: dict,
+             cache: dict) -> Control:
+    """The searched cell's control: random cells drawn uniformly from the searched space, each
+    through the augmentation stage (``config_for``)."""
+    prims = PRIMITIVE_SETS[search_cfg.algo.primitives]
+    return Control(searched=searched, sample=lambda k: random_genotype(k, prims, search_cfg.algo.nodes),
+                   train=stage_trainer(runner, config_for),
+                   size=lambda g: _augmented_params(search_cfg, g, args, overrides, cache), key=lambda g: g.to_json())
 
 
 def sweep_noise(args, overrides: dict) -> None:

@@ -66,22 +66,21 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxfednas.algorithms.fednas import client_genotypes
+from jaxfednas.algorithms.fednas import client_genotypes, make_inherited_accuracy
 from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.evidence import Control, Labels, Names, searched_vs_random, stage_trainer, write_page
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.process import exit_process, run_script
-from jaxfednas.stages import inherited_accuracies, load_run, StageRunner
+from jaxfednas.stages import load_run, StageRunner
 from jaxfednas.registry import make_config
-from jaxfednas.plots import plot_searched_vs_random
-from jaxfednas.rng import personalize_key, random_arch_key
-from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking,
-                             versus_random)
+from jaxfednas.rng import personalize_key
+from jaxfednas.seeds import over_seeds, parse_seeds
 from jaxfednas.search_spaces.darts import network_params, PRIMITIVE_SETS
-from jaxfednas.search_spaces.sampling import matched, random_genotype
+from jaxfednas.search_spaces.sampling import random_genotype
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
 SEARCH = {"run.rounds": 10, "run.eval_every": 5, "algo.C": 8, "algo.layers": 5, "algo.local_epochs": 1,
@@ -129,17 +128,6 @@ def _model_params(cfg, ds) -> int:
     return count_params({k: p for k, p in v["params"].items() if k != "auxiliary_head"})
 
 
-def _inherited_accuracies(out: Path, genotypes: list) -> list[float]:
-    """Each cell's global test accuracy with the weights it inherits from the finished search
-    stage's supernet (BN recalibrated on the clients' training examples:
-    :func:`jaxfednas.algorithms.fednas.make_inherited_accuracy`); kept in
-    ``out/inherited.json`` by genotype (:func:`jaxfednas.stages.inherited_accuracies`)."""
-    from jaxfednas.algorithms.fednas import make_inherited_accuracy  # noqa: PLC0415
-
-    return inherited_accuracies(out, out / "search", genotypes, lambda run: make_inherited_accuracy(
-        run.config.algo, run.data.info, placement=run.options.placement), key=lambda g: g.to_json())
-
-
 def _fmt(x: float) -> str:
     return "nan" if x != x else f"{x:.4f}"
 
@@ -163,6 +151,10 @@ def global_search(args, overrides: dict) -> None:
                      "recalibrated on the clients) and their evaluation-stage accuracy."))
 
 
+LABELS = Labels(searched="searched cell: evaluation-stage global test acc",
+                seed_std="searched cell: std over training seeds")
+
+
 def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     """One seed: search, the derived cell's evaluation stage, ``args.random`` random cells'
     evaluation stages (the same recipe), results.md / results.json; returns the numbers."""
@@ -171,7 +163,8 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
     runner = StageRunner(out, resume=args.resume, describe=_describe)
     s = _stage(runner, "search", search_cfg)  # FedNAS, Algorithm 1
-    genotype = json.dumps(s["architecture"], sort_keys=True)
+    text = json.dumps(s["architecture"], sort_keys=True)
+    searched = resolve_genotype(text)
 
     d = search_cfg.data
     train_over = {
@@ -180,112 +173,58 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         "data.min_size": d.min_size, "data.partition_seed": d.partition_seed, "run.seed": search_cfg.run.seed,
         # the clients' search-train + search-val examples; the local test split is the same
         "data.split": (d.split[0] + d.split[1], 0.0, d.split[2]),
-        "algo.genotype": genotype, "algo.C": search_cfg.algo.C, "algo.layers": search_cfg.algo.layers,
-        "run.placement": search_cfg.run.placement,
-    }
-    if not preset:
-        train_over.update(TRAIN)
-    if args.train_rounds:
-        train_over["run.rounds"] = args.train_rounds
-    train_over.update(args.train_overrides)  # e.g. algo.lr_schedule=cosine
-    train_cfg = make_config("fednas_train", preset=preset, overrides=train_over)
-    t = _stage(runner, "train", train_cfg)  # the evaluation stage: FedAvg of the derived cell
-    # the same cell again with other training seeds on the same partition: the seed noise
-    repeats = [t["final"]["global_test_acc"]]
-    for j in range(1, args.train_seeds):
-        part_seed = d.partition_seed if d.partition_seed is not None else search_cfg.run.seed
-        cfg = make_config("fednas_train", preset=preset, overrides={
-            **train_over, "data.partition_seed": part_seed, "run.seed": repeat_seed(search_cfg.run.seed, j)})
-        repeats.append(_stage(runner, f"train_seed_{j}", cfg)["final"]["global_test_acc"])
-    ds = load_dataset(search_cfg.data.dataset, search_cfg.data.data_dir)
-    searched_params = _model_params(train_cfg, ds)
+        "algo.C": search_cfg.algo.C, "algo.layers": search_cfg.algo.layers, "run.placement": search_cfg.run.placement,
+        **({} if preset else TRAIN), **({"run.rounds": args.train_rounds} if args.train_rounds else {}),
+        **args.train_overrides}  # e.g. algo.lr_schedule=cosine
 
-    # the control: random cells of the same space, trained with the same recipe on the same clients
-    prims, steps = PRIMITIVE_SETS[search_cfg.algo.primitives], search_cfg.algo.nodes
-    size = dict(C=train_cfg.algo.C, num_classes=ds.num_classes, layers=train_cfg.algo.layers,
-                image_shape=tuple(ds.image_shape))
-    target = network_params(resolve_genotype(genotype), **size) if args.match_size else None
-    randoms = []
-    for i in range(args.random):
-        key = random_arch_key(search_cfg.run.seed, i)
-        if args.match_size:
-            g, _ = matched(key, lambda k: random_genotype(k, prims, steps), lambda g: network_params(g, **size),
-                           target)
-        else:
-            g = random_genotype(key, prims, steps)
-        cfg = make_config("fednas_train", preset=preset, overrides={**train_over, "algo.genotype": g.to_json()})
-        r = _stage(runner, f"random_{i}", cfg)
-        randoms.append((g, r, _model_params(cfg, ds)))
-    vs = versus_random(t["final"]["global_test_acc"], [r["final"]["global_test_acc"] for _, r, _ in randoms])
-    if randoms:  # the two diagnostics: can this task tell cells apart, and does the supernet rank them?
-        snr = signal_to_noise([r["final"]["global_test_acc"] for _, r, _ in randoms], repeats)
-        inherited = _inherited_accuracies(out, [resolve_genotype(genotype)] + [g for g, _, _ in randoms])
-        ranking = supernet_ranking(inherited, [vs["searched"]] + [r["final"]["global_test_acc"] for _, r, _ in randoms])
+    def config_for(g, training_seed):  # the evaluation stage: FedAvg of the cell, on the same clients
+        over = {**train_over, "algo.genotype": text if g is searched else g.to_json()}
+        if training_seed is not None:  # the same partition, another training seed
+            over |= {"data.partition_seed": search_cfg.run.seed if d.partition_seed is None else d.partition_seed,
+                     "run.seed": training_seed}
+        return make_config("fednas_train", preset=preset, overrides=over)
 
-    rows = [
-        ("supernet global test acc (search, final round)", _fmt(s["final"]["global_test_acc"])),
-        ("same, BN with test-batch statistics", _fmt(s["final"]["global_test_acc_bn_batch"])),
+    ds, train = load_dataset(search_cfg.data.dataset, search_cfg.data.data_dir), config_for(searched, None).algo
+
+    control = Control(
+        searched=searched, sample=lambda k: random_genotype(k, PRIMITIVE_SETS[search_cfg.algo.primitives],
+                                                            search_cfg.algo.nodes),
+        train=stage_trainer(runner, config_for), size=lambda g: _model_params(config_for(g, None), ds),
+        match=(lambda g: network_params(g, C=train.C, num_classes=ds.num_classes, layers=train.layers,
+                                        image_shape=tuple(ds.image_shape))) if args.match_size else None,
+        inherited=(out / "search", lambda run: make_inherited_accuracy(run.config.algo, run.data.info,
+                                                                         placement=run.options.placement)),
+        key=lambda g: g.to_json())
+    ev = searched_vs_random(control, out, seed=search_cfg.run.seed, random=args.random, train_seeds=args.train_seeds,
+                            names=Names(searched="train", repeat="train_seed_{j}", random="random_{i}"))
+    t = json.loads((out / "train" / "summary.json").read_text())
+    f = s["final"]
+    head = [
+        ("supernet global test acc (search, final round)", _fmt(f["global_test_acc"])),
+        ("same, BN with test-batch statistics", _fmt(f["global_test_acc_bn_batch"])),
         ("same, BN recalibrated on the clients' training examples (pooled n_k/n)",
-         _fmt(s["final"].get("global_test_acc_bn_recal", float("nan")))),
+         _fmt(f.get("global_test_acc_bn_recal", float("nan")))),
         ("supernet client val acc (mean ± std, unweighted)",
-         f"{_fmt(s['final']['client_val_acc_mean_unweighted'])} ± {_fmt(s['final']['client_val_acc_std_unweighted'])}"),
+         f"{_fmt(f['client_val_acc_mean_unweighted'])} ± {_fmt(f['client_val_acc_std_unweighted'])}"),
         (f"α entropy (nats; uniform: {np.log(len(PRIMITIVE_SETS[search_cfg.algo.primitives])):.4f})",
-         _fmt(s["final"]["arch_entropy"])),
-        ("derived normal cell", " ".join(f"{op}<-{i}" for op, i in s["architecture"]["normal"])),
-        ("derived reduce cell", " ".join(f"{op}<-{i}" for op, i in s["architecture"]["reduce"])),
-        ("evaluation-stage global test acc", _fmt(t["final"]["global_test_acc"])),
+         _fmt(f["arch_entropy"])),
+        ("derived normal cell", _cell(searched.normal)), ("derived reduce cell", _cell(searched.reduce)),
         ("evaluation-stage client test acc (mean ± std, unweighted)",
          f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} ± {_fmt(t['final']['client_test_acc_std_unweighted'])}"),
         ("supernet parameters", f"{_model_params(search_cfg, ds):,}"),
-        ("evaluation network parameters", f"{searched_params:,}"),
         ("wall time search / evaluation stage (s)", f"{runner.times['search']:.0f} / {runner.times['train']:.0f}"),
     ]
-    if randoms:
-        rows += [
-            (f"random cells ({len(randoms)}{', size-matched ±10 %' if args.match_size else ''}): evaluation-stage "
-             "global test acc (mean ± std)", f"{_fmt(vs['random_mean'])} ± {_fmt(vs['random_std'])}"),
-            ("searched − random mean", f"{vs['searched_minus_random']:+.4f}"),
-            ("random cells the searched cell beats (ties)", f"{vs['beats']} of {len(randoms)} ({vs['ties']})"),
-            (f"searched cell over {len(repeats)} training seeds: evaluation-stage global test acc (mean ± std)",
-             "{} ± {}".format(*map(_fmt, mean_std(repeats)))),
-            ("architecture signal-to-noise: std over random cells / std over training seeds",
-             f"{snr['ratio']:.2f} ({_fmt(snr['arch_std'])} / {_fmt(snr['seed_std'])})"),
-            (f"supernet ranking over {ranking['n']} cells: Kendall τ / Spearman ρ (inherited vs stand-alone acc)",
-             f"{ranking['kendall_tau']:+.3f} / {ranking['spearman']:+.3f}"),
-        ]
-    table = "| quantity | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
-    cells = ""
-    if randoms:
-        cells = "\n| cell | parameters | evaluation-stage global test acc | client test acc (mean, unweighted) | " \
-                "inherited from the supernet: global test acc |\n|---|---|---|---|---|\n" + \
-                f"| searched | {searched_params:,} | {_fmt(t['final']['global_test_acc'])} | " \
-                f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} | {_fmt(inherited[0])} |\n" + "".join(
-                    f"| random {i}: {' '.join(f'{op}<-{j}' for op, j in g.normal)} | {n:,} | "
-                    f"{_fmt(r['final']['global_test_acc'])} | {_fmt(r['final']['client_test_acc_mean_unweighted'])} | "
-                    f"{_fmt(inherited[i + 1])} |\n"
-                    for i, (g, r, n) in enumerate(randoms))
-        plot_searched_vs_random(
-            {search_cfg.run.seed: {"searched": (searched_params, t["final"]["global_test_acc"]),
-                                   "random": [(n, r["final"]["global_test_acc"]) for _, r, n in randoms]}},
-            out / "plots" / "searched_vs_random.png", metric="evaluation-stage global test accuracy",
-            title=f"FedNAS ({search_cfg.data.dataset}, seed {search_cfg.run.seed}): searched cell vs random cells")
-    atomic_write_text(out / "results.md", f"# FedNAS global search ({search_cfg.data.dataset})\n\n{table}{cells}")
-    atomic_write_text(out / "results.json", json.dumps({k: v for k, v in rows}, indent=2) + "\n")
-    print("\n" + table + cells)
+    page = write_page(out, ev, title=f"FedNAS global search ({search_cfg.data.dataset})", labels=LABELS, head=head,
+                      metric="evaluation-stage global test accuracy", describe=lambda g: _cell(g.normal),
+                      plot_title=f"FedNAS ({search_cfg.data.dataset}, seed {search_cfg.run.seed}): searched cell vs "
+                      "random cells")
     print(f"cell diagrams: {out / 'search' / 'plots'}/cell_normal.png, cell_reduce.png; results: {out / 'results.md'}")
-    numbers = {"supernet global test acc": s["final"]["global_test_acc"], "α entropy": s["final"]["arch_entropy"],
-               "searched cell: evaluation-stage global test acc": vs["searched"]}
-    if randoms:
-        numbers.update({"random cells: mean": vs["random_mean"], "random cells: std": vs["random_std"],
-                        "searched − random mean": vs["searched_minus_random"],
-                        "random cells beaten (fraction)": vs["beats"] / len(randoms),
-                        "searched cell: std over training seeds": snr["seed_std"],
-                        "architecture signal-to-noise": snr["ratio"],
-                        "supernet ranking: Kendall τ": ranking["kendall_tau"],
-                        "supernet ranking: Spearman ρ": ranking["spearman"]})
-    return {"numbers": numbers,
-            "points": {"searched": (searched_params, vs["searched"]),
-                       "random": [(n, r["final"]["global_test_acc"]) for _, r, n in randoms]}}
+    return {"numbers": {"supernet global test acc": f["global_test_acc"], "α entropy": f["arch_entropy"],
+                        **page["numbers"]}, "points": page["points"]}
+
+
+def _cell(ops) -> str:
+    return " ".join(f"{op}<-{i}" for op, i in ops)
 
 
 def personalized(args, overrides: dict) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_accuracy, load_example
-from jaxfednas import privacy
+from jaxfednas import privacy, stages
+from jaxfednas.stages import StageRunner
 from jaxfednas.rng import random_arch_key
 from jaxfednas.seeds import repeat_seed
 from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
@@ -127,12 +128,14 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
 
     inherited = {}
 
-    def fake_inherited(out, search_dir, genotypes):
+    def fake_inherited(out, search_dir, genotypes, make_accuracy, key):
         inherited.update(out=out, search_dir=search_dir, genotypes=genotypes)
         return [0.6, 0.3, 0.1]  # searched, random 0, random 1
 
-    monkeypatch.setattr(ex, "_stage", fake_stage)
-    monkeypatch.setattr(ex, "_inherited_accuracies", fake_inherited)
+    # every stage (the search and each augmentation) goes through the runner; the inherited
+    # accuracies through jaxfednas.stages (as jaxfednas.evidence measures them)
+    monkeypatch.setattr(StageRunner, "stage", lambda runner, name, cfg: (fake_stage(runner, name, cfg), 1.0))
+    monkeypatch.setattr(stages, "inherited_accuracies", fake_inherited)
     args = argparse.Namespace(preset=None, parties=[2], noise=1.5, random=2, resume=False, train_rounds=None,
                              train_seeds=3)
     res = ex.private_vs_random(args, {"run.seed": 7, "algo.nodes": 2, "algo.primitives": "tiny"}, tmp_path)
@@ -162,7 +165,7 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
     c = ran[aug].algo
     assert res["points"]["searched"] == (network_params(searched, c.C, 10, c.layers, (8, 8, 1)), 0.85)
     assert [a for _, a in res["points"]["random"]] == [0.9, 0.7]
-    assert "| searched − random mean | 0.0500 |" in (tmp_path / "results.md").read_text()
+    assert "| searched − random mean | +0.0500 |" in (tmp_path / "results.md").read_text()
 
     # --noise 0: the same search without noise or clipping (FNAS), named so, no ε
     ran.clear()
