@@ -55,13 +55,12 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.process import exit_process, run_script
-from jaxfednas.stages import inherited_accuracies, StageRunner
-from jaxfednas.plots import plot_searched_vs_random
+from jaxfednas.evidence import Control, Labels, Names, searched_vs_random, write_page
+from jaxfednas.stages import StageRunner
 from jaxfednas.registry import make_config
-from jaxfednas.rng import random_arch_key
-from jaxfednas.seeds import over_seeds, parse_seeds, repeat_seed, signal_to_noise, supernet_ranking, versus_random
+from jaxfednas.seeds import over_seeds, parse_seeds
 from jaxfednas.search_spaces.models import child_model_name, child_of_model_name
-from jaxfednas.search_spaces.sampling import matched, random_shuffle_arch
+from jaxfednas.search_spaces.sampling import random_shuffle_arch
 from jaxfednas.search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
 
 # Digits scaling (the paper gives no optimiser settings). DFNAS is one-stage: the child is
@@ -146,15 +145,13 @@ def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) ->
     for name, algo, over in todo:
         preset = args.preset if algo == "dfnas" and args.preset else None
         rows.append(_stage(runner, name, algo, make_config(algo, preset=preset, overrides=over)))
-    versus, result = "", {}
     if args.random:
-        versus, result = random_control(args, runner, rows, runs, out)
-    table = results_table(rows) + versus
+        return random_control(args, runner, rows, runs, out)
+    table = results_table(rows)
     print("\n" + table)
     atomic_write_text(out / "results.md", table + "\n")
     atomic_write_text(out / "results.json", json.dumps(rows, indent=2) + "\n")
-    print(f"results: {out / 'results.md'}")
-    return result
+    return {}
 
 
 def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
@@ -195,82 +192,49 @@ def _control_metric(args) -> str:
             else "global test accuracy (FedAvg from scratch)")
 
 
-def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out: Path) -> tuple[str, dict]:
+def random_control(args, runner: StageRunner, rows: list[dict], runs: list, out: Path) -> dict:
     """The searched child of the first DFNAS run, and ``args.random`` random children of the
-    same space with multiply-adds within ±10 % of its (:func:`jaxfednas.search_spaces.sampling.matched`),
-    each trained from scratch with the FedAvg baseline's recipe on the same clients. Appends
-    their rows; returns the comparison's text and ``{"numbers", "points"}`` for ``--seeds``."""
-    first = next(r for r in rows if r["algorithm"] == "dfnas")
-    baseline = next(over for _, algo, over in runs if algo == "fedavg")
-    baseline = {**baseline, **args.train_overrides}  # e.g. algo.lr_schedule=cosine
-    if args.children_bn_recal:  # the children compared with BN statistics recalibrated on the clients
-        baseline = {**baseline, "algo.bn_recalibration_batches": args.children_bn_recal}
-    acc = (lambda r: r["global_test_acc_bn_recal"]) if args.children_bn_recal else (lambda r: r["global_test_acc"])  # noqa: E731
-    metric = _control_metric(args)
-    cfg0 = make_config("fedavg", overrides=baseline)
-    ds = load_dataset(cfg0.data.dataset, cfg0.data.data_dir)
-    space = first["space"]
-    searched = ShuffleArch(space, tuple(first["choices"]))
-    table = macs_table(space, ds.num_classes, tuple(ds.image_shape))
-    chosen = [("searched-fedavg", searched)]
-    for i in range(args.random):
-        arch, _ = matched(random_arch_key(cfg0.run.seed, i), lambda k: random_shuffle_arch(k, space),
-                          lambda a: table.of(a.choices), table.of(searched.choices))
-        chosen.append((f"random-{i}-fedavg", arch))
-    trained = [_stage(runner, name, "fedavg", make_config("fedavg", overrides={**baseline, "algo.model": child_model_name(a)}))
-               for name, a in chosen]
-    # the searched child again with other training seeds on the same partition: the seed noise
-    repeats = [_stage(runner, f"searched-fedavg-seed_{j}", "fedavg", make_config("fedavg", overrides={
-        **baseline, "algo.model": child_model_name(searched), "data.partition_seed": cfg0.data.partition_seed
-        if cfg0.data.partition_seed is not None else cfg0.run.seed, "run.seed": repeat_seed(cfg0.run.seed, j)}))
-        for j in range(1, args.train_seeds)]
-    rows += trained + repeats
-    vs = versus_random(acc(trained[0]), [acc(r) for r in trained[1:]])
-    snr = signal_to_noise([acc(r) for r in trained[1:]], [acc(r) for r in [trained[0]] + repeats])
-    inherited = _inherited_accuracies(out, out / first["run"], [a for _, a in chosen])
-    ranking = supernet_ranking(inherited, [acc(r) for r in trained])
-    plot_searched_vs_random(
-        {cfg0.run.seed: {"searched": (trained[0]["params"], vs["searched"]),
-                         "random": [(r["params"], acc(r)) for r in trained[1:]]}},
-        out / "plots" / "searched_vs_random.png", metric=metric,
-        title=f"DFNAS: the searched child vs {args.random} random children of matched multiply-adds")
-    numbers = {"DFNAS child as searched (no retraining, BN recalibrated): global test acc":
-               first["global_test_acc"] if first.get("global_test_acc_bn_recal") is None
-               else first["global_test_acc_bn_recal"],
-               "searched child, FedAvg from scratch" + (", BN recalibrated" if args.children_bn_recal else "")
-               + ": global test acc": vs["searched"],
-               "random children (matched multiply-adds): mean": vs["random_mean"],
-               "random children: std": vs["random_std"],
-               "searched − random mean": vs["searched_minus_random"],
-               "random children beaten (fraction)": vs["beats"] / args.random,
-               f"searched child: std over {len(repeats) + 1} training seeds": snr["seed_std"],
-               "architecture signal-to-noise": snr["ratio"],
-               "supernet ranking: Kendall τ": ranking["kendall_tau"],
-               "supernet ranking: Spearman ρ": ranking["spearman"]}
-    points = {"searched": (trained[0]["params"], vs["searched"]),
-              "random": [(r["params"], acc(r)) for r in trained[1:]]}
-    text = (f"\n\nSearched vs random, trained alike ({metric}, {first['run']}'s clients): the searched "
-            f"child {vs['searched']:.4f}; {args.random} random children within ±10 % of its multiply-adds "
-            f"{vs['random_mean']:.4f} ± {vs['random_std']:.4f}; difference {vs['searched_minus_random']:+.4f}; "
-            f"the searched child beats {vs['beats']} of {args.random} (ties {vs['ties']}). "
-            f"Trained with {len(repeats) + 1} training seeds, the searched child spreads by {snr['seed_std']:.4f} "
-            f"(std): architecture signal-to-noise {snr['ratio']:.2f}. With the weights they inherit from "
-            f"{first['run']}'s supernet (BN recalibrated on the clients) the children reach "
-            f"{', '.join(f'{x:.4f}' for x in inherited)} (searched first): supernet ranking Kendall's τ "
-            f"{ranking['kendall_tau']:+.3f}, Spearman's ρ {ranking['spearman']:+.3f} over {ranking['n']} children. "
-            "Plot: plots/searched_vs_random.png.")
-    return text, {"numbers": numbers, "points": points}
-
-
-def _inherited_accuracies(out: Path, search_dir: Path, children: list[ShuffleArch]) -> list[float]:
-    """Each child's global test accuracy with the weights it inherits from the DFNAS run in
-    ``search_dir`` (its single path in the trained supernet, BN recalibrated on the clients:
-    :func:`jaxfednas.algorithms.dfnas.make_inherited_accuracy`); kept in ``out/inherited.json``
-    by child (:func:`jaxfednas.stages.inherited_accuracies`)."""
+    same space with multiply-adds within ±10 % of its, each trained from scratch with the
+    FedAvg baseline's recipe on the same clients (:func:`jaxfednas.evidence.searched_vs_random`).
+    Appends their rows, writes the page; returns ``{"numbers", "points"}`` for ``--seeds``."""
     from jaxfednas.algorithms.dfnas import make_inherited_accuracy  # noqa: PLC0415
 
-    return inherited_accuracies(out, search_dir, children, lambda run: make_inherited_accuracy(
-        run.config.algo, run.data.info, placement=run.options.placement))
+    first = next(r for r in rows if r["algorithm"] == "dfnas")
+    baseline = {**next(over for _, algo, over in runs if algo == "fedavg"), **args.train_overrides}
+    if args.children_bn_recal:  # the children compared with BN statistics recalibrated on the clients
+        baseline = {**baseline, "algo.bn_recalibration_batches": args.children_bn_recal}
+    cfg0 = make_config("fedavg", overrides=baseline)
+    ds = load_dataset(cfg0.data.dataset, cfg0.data.data_dir)
+    table = macs_table(first["space"], ds.num_classes, tuple(ds.image_shape))
+    sizes = {}
+
+    def train(name, arch, training_seed):  # FedAvg of the child from scratch: a row of the runs table
+        over = {**baseline, "algo.model": child_model_name(arch)}
+        if training_seed is not None:  # the same partition, another training seed
+            over |= {"data.partition_seed": cfg0.run.seed if cfg0.data.partition_seed is None
+                     else cfg0.data.partition_seed, "run.seed": training_seed}
+        rows.append(_stage(runner, name, "fedavg", make_config("fedavg", overrides=over)))
+        sizes.setdefault(arch, rows[-1]["params"])
+        return rows[-1]["global_test_acc_bn_recal" if args.children_bn_recal else "global_test_acc"]
+
+    control = Control(
+        searched=ShuffleArch(first["space"], tuple(first["choices"])),
+        sample=lambda k: random_shuffle_arch(k, first["space"]), train=train, size=lambda a: sizes[a],
+        match=lambda a: table.of(a.choices),
+        inherited=(out / first["run"], lambda run: make_inherited_accuracy(run.config.algo, run.data.info,
+                                                                           placement=run.options.placement)))
+    ev = searched_vs_random(control, out, seed=cfg0.run.seed, random=args.random, train_seeds=args.train_seeds,
+                            names=Names("searched-fedavg", "searched-fedavg-seed_{j}", "random-{i}-fedavg"))
+    labels = Labels(searched="searched child, FedAvg from scratch" + (", BN recalibrated" if args.children_bn_recal
+                                                                        else "") + ": global test acc",
+                    random_mean="random children (matched multiply-adds): mean", random_std="random children: std",
+                    beaten="random children beaten (fraction)", seed_std="searched child: std over {n} training seeds")
+    page = write_page(out, ev, title=f"DFNAS ({first['run']}): the searched child vs {args.random} random children "
+                      "of matched multiply-adds", labels=labels, preface=results_table(rows) + "\n\n",
+                      extra={"runs": rows}, metric=_control_metric(args))
+    own = first["global_test_acc"] if first.get("global_test_acc_bn_recal") is None else first["global_test_acc_bn_recal"]
+    return {"numbers": {"DFNAS child as searched (no retraining, BN recalibrated): global test acc": own,
+                        **page["numbers"]}, "points": page["points"]}
 
 
 def _f(x, fmt="{:.4f}") -> str:

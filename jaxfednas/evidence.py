@@ -238,19 +238,21 @@ def evidence_table(ev: Evidence, labels: Labels = Labels(), *, head: Sequence[tu
 
 
 def write_page(out: str | os.PathLike, ev: Evidence, *, title: str, labels: Labels = Labels(),
-               head: Sequence[tuple[str, str]] = (), extra: dict | None = None,
+               head: Sequence[tuple[str, str]] = (), preface: str = "", extra: dict | None = None,
                metric: str = "test accuracy", describe: Callable[[Any], str] | None = None,
                size_name: str = "parameters", plot_title: str = "") -> dict:
-    """Write one job's page: ``out/results.md`` (``title``; the search's own rows ``head``,
-    label and text; :func:`evidence_table`), ``out/results.json`` (``numbers``, ``points``,
-    ``head`` by label, the architectures and training seeds' scores, and ``extra``) and ``out/plots/searched_vs_random.png``; print the
-    page; return ``{"numbers", "points"}`` for :func:`jaxfednas.seeds.over_seeds`."""
+    """Write one job's page: ``out/results.md`` (``title``; ``preface``, Markdown of the
+    search's own; :func:`evidence_table` with the search's own rows ``head``, label and
+    text), ``out/results.json`` (``numbers``, ``points``, ``head`` by label, the
+    architectures and training seeds' scores, and ``extra``) and
+    ``out/plots/searched_vs_random.png``; print the page; return ``{"numbers", "points"}``
+    for :func:`jaxfednas.seeds.over_seeds`."""
     from jaxfednas.distributed import is_main  # noqa: PLC0415
     from jaxfednas.plots import plot_searched_vs_random  # noqa: PLC0415
 
     out = Path(out)
     numbers, points = ev.numbers(labels), ev.points()
-    text = f"# {title}\n\n{evidence_table(ev, labels, head=head, describe=describe, size_name=size_name)}"
+    text = f"# {title}\n\n{preface}{evidence_table(ev, labels, head=head, describe=describe, size_name=size_name)}"
     print("\n" + text.split("\n", 2)[2])
     if is_main():
         if ev.randoms:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from jaxfednas import stages
+
 from conftest import assert_summary_consistent, load_example
 from jaxfednas.seeds import repeat_seed
 
@@ -30,9 +32,11 @@ def _example():
 def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     out = tmp_path / "d"
     assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--out", str(out)]) == 0
-    rows = json.loads((out / "results.json").read_text())
-    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8", "searched-fedavg", "random-0-fedavg",
-                                        "searched-fedavg-seed_1"]
+    result = json.loads((out / "results.json").read_text())
+    rows = result["runs"]
+    assert [r["run"] for r in rows] == ["noniid-8", "fedavg-noniid-8", "searched-fedavg", "searched-fedavg-seed_1",
+                                        "random-0-fedavg"]
+    rows = rows[:3] + rows[4:] + rows[3:4]  # the searched child, the random one, the searched child again
     # the searched child again with another training seed, on the same clients
     again = json.loads((out / "searched-fedavg-seed_1" / "config.json").read_text())
     first = json.loads((out / "searched-fedavg" / "config.json").read_text())
@@ -52,7 +56,8 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert rows[2]["architecture"] == rows[0]["architecture"] and rows[2]["macs"] == rows[0]["macs"]
     text = (out / "results.md").read_text()
     d = rows[2]["global_test_acc"] - rows[3]["global_test_acc"]
-    assert f"the searched child {rows[2]['global_test_acc']:.4f}" in text and f"difference {d:+.4f}" in text
+    assert f"| searched child, FedAvg from scratch: global test acc | {rows[2]['global_test_acc']:.4f} |" in text
+    assert f"| searched − random mean | {d:+.4f} |" in text and result["numbers"]["searched − random mean"] == d
     for r in rows:  # each row is its run's final evaluation, whole numbers of test examples
         final = json.loads((out / r["run"] / "summary.json").read_text())["final"]
         assert r["global_test_acc"] == final["global_test_acc"] and r["params"] > 0 and r["macs"] > 0
@@ -76,8 +81,8 @@ def test_dfnas_example_runs_search_and_fedavg(tmp_path, capsys):
     assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--out", str(out), "--resume"]) == 0
     assert "global test acc" in capsys.readouterr().out
     # a finished run keeps the wall time it took, not the resumed call's
-    again = json.loads((out / "results.json").read_text())
-    assert [r["wall_s"] for r in again] == [r["wall_s"] for r in rows] and rows[0]["wall_s"] > 1
+    again = json.loads((out / "results.json").read_text())["runs"]
+    assert [r["wall_s"] for r in again] == [r["wall_s"] for r in result["runs"]] and rows[0]["wall_s"] > 1
 
 
 def test_cli_runs_dfnas_and_rejects_bad_space(tmp_path):
@@ -134,19 +139,19 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
 
     inherited = {}
 
-    def fake_inherited(out, search_dir, children):
+    def fake_inherited(out, search_dir, children, make_accuracy, key):
         inherited.update(search_dir=search_dir, children=children)
         return [0.2, 0.5, 0.1]  # searched, random 0, random 1
 
     monkeypatch.setattr(mod, "_stage", fake_stage)
-    monkeypatch.setattr(mod, "_inherited_accuracies", fake_inherited)
+    monkeypatch.setattr(stages, "inherited_accuracies", fake_inherited)  # (as jaxfednas.evidence measures them)
     args = argparse.Namespace(preset=None, iid_clients=[2, 4, 8], random=2, children_bn_recal=0, resume=False, out=str(tmp_path),
                               train_seeds=3, train_overrides={})
     res = mod.one_seed(args, {"run.seed": 5, "algo.space": "tiny"}, tmp_path / "seed_5", control_only=True)
     assert [r[:2] for r in ran] == [("noniid-8", "dfnas"), ("searched-fedavg", "fedavg"),
-                                    ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg"),
-                                    ("searched-fedavg-seed_1", "fedavg"), ("searched-fedavg-seed_2", "fedavg")]
-    assert [r[2] for r in ran] == [5] * 4 + [repeat_seed(5, 1), repeat_seed(5, 2)]
+                                    ("searched-fedavg-seed_1", "fedavg"), ("searched-fedavg-seed_2", "fedavg"),
+                                    ("random-0-fedavg", "fedavg"), ("random-1-fedavg", "fedavg")]
+    assert [r[2] for r in ran] == [5] * 2 + [repeat_seed(5, 1), repeat_seed(5, 2)] + [5] * 2
     assert inherited["search_dir"] == tmp_path / "seed_5" / "noniid-8"
     assert [str(a) for a in inherited["children"][:1]] == ["tiny[" + " ".join(
         mod.ShuffleArch("tiny", (0, 1, 2)).names) + "]"] and len(inherited["children"]) == 3
@@ -160,7 +165,7 @@ def test_dfnas_example_control_only_runs_the_first_search_and_its_control(tmp_pa
     assert n["searched child: std over 3 training seeds"] == pytest.approx(0.02)
     assert n["architecture signal-to-noise"] == pytest.approx(0.1 / 2 ** 0.5 / 0.02)
     assert n["supernet ranking: Kendall τ"] == pytest.approx(1 / 3) and n["supernet ranking: Spearman ρ"] == 0.5
-    assert res["points"] == {"searched": (102, 0.8), "random": [(103, 0.7), (104, 0.6)]}
+    assert res["points"] == {"searched": (102, 0.8), "random": [(105, 0.7), (106, 0.6)]}
     assert (tmp_path / "seed_5" / "results.md").exists() and (tmp_path / "seed_5" / "plots" / "searched_vs_random.png").exists()
 
 
@@ -171,12 +176,12 @@ def test_dfnas_example_compares_children_with_recalibrated_bn(tmp_path):
     out = tmp_path / "d"
     assert _example().main(TINY + ["--random", "1", "--train-seeds", "2", "--children-bn-recal", "2",
                                    "--iid-clients", "--out", str(out)]) == 0
-    rows = {r["run"]: r for r in json.loads((out / "results.json").read_text())}
+    rows = {r["run"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
     for name in ("searched-fedavg", "random-0-fedavg", "searched-fedavg-seed_1"):
         assert json.loads((out / name / "config.json").read_text())["algo"]["bn_recalibration_batches"] == 2
         assert rows[name]["global_test_acc_bn_recal"] is not None
     assert json.loads((out / "fedavg-noniid-8" / "config.json").read_text())["algo"]["bn_recalibration_batches"] == 0
     s, r = rows["searched-fedavg"]["global_test_acc_bn_recal"], rows["random-0-fedavg"]["global_test_acc_bn_recal"]
     text = (out / "results.md").read_text()
-    assert "BN recalibrated on the clients" in text and f"the searched child {s:.4f}" in text
-    assert f"difference {s - r:+.4f}" in text
+    assert f"| searched child, FedAvg from scratch, BN recalibrated: global test acc | {s:.4f} |" in text
+    assert f"| searched − random mean | {s - r:+.4f} |" in text
