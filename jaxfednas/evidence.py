@@ -61,8 +61,9 @@ class Control:
       size: ``size(architecture) -> parameters`` (the plot's x axis), or None.
       match: ``match(architecture) -> cost``: draw each random architecture within ±10 % of
         the searched one's cost (e.g. parameters or multiply-adds); None draws uniformly.
-      inherited: ``(search run directory, make_accuracy)`` for the supernet's ranking, as
-        :func:`jaxfednas.stages.inherited_accuracies` takes them, or None (no ranking).
+      inherited: for the supernet's ranking, ``(search run directory, make_accuracy)`` as
+        :func:`jaxfednas.stages.inherited_accuracies` takes them (kept in ``inherited.json``),
+        or any ``inherited(architectures) -> accuracies``; None: no ranking.
       key: ``key(architecture) -> str``, the architecture's name in ``inherited.json`` and
         ``results.json``.
     """
@@ -72,7 +73,7 @@ class Control:
     train: Callable[[str, Any, int | None], float]
     size: Callable[[Any], float] | None = None
     match: Callable[[Any], float] | None = None
-    inherited: tuple[str | os.PathLike, Callable] | None = None
+    inherited: tuple[str | os.PathLike, Callable] | Callable[[list], Sequence[float]] | None = None
     key: Callable[[Any], str] = str
 
 
@@ -193,11 +194,13 @@ def searched_vs_random(control: Control, out: str | os.PathLike, *, seed: int, r
     archs = [control.searched, *randoms]
     sizes = None if control.size is None else tuple(control.size(a) for a in archs)
     inherited = None
-    if control.inherited is not None and randoms:
-        from jaxfednas.stages import inherited_accuracies  # noqa: PLC0415  (stages imports the runtime)
+    if callable(control.inherited) and randoms:
+        inherited = tuple(float(a) for a in control.inherited(archs))
+    elif control.inherited is not None and randoms:
+        from jaxfednas import stages  # noqa: PLC0415  (stages imports the runtime)
 
         search_dir, make_accuracy = control.inherited
-        inherited = tuple(inherited_accuracies(out, search_dir, archs, make_accuracy, key=control.key))
+        inherited = tuple(stages.inherited_accuracies(out, search_dir, archs, make_accuracy, key=control.key))
     return Evidence(seed, control.searched, tuple(randoms), tuple(repeats), tuple(scores), sizes, inherited,
                     control.key)
 
