@@ -7,55 +7,22 @@
     python examples/fednas.py --preset paper --data-dir DIR   # CIFAR-10, the paper's settings (a GPU)
     python examples/fednas.py --out runs/fednas --resume      # continue an interrupted run
 
-Global mode (Algorithm 1, then §3.2's "additional evaluation stage"):
-  1. ``search/``  — FedNAS search: sampled clients run MiLeNAS (Eq. 4) on their own
-     search-train / search-val split, the server averages w, BN statistics and α (Eq. 5);
-  2. ``train/``   — the derived genotype's DARTS network trained from scratch with FedAvg
-     on the same clients (each client's search-train + search-val examples);
-  3. ``random_<i>/`` — the control (``--random N``, default 5): N cells drawn uniformly from
-     the same space (:func:`jaxfednas.search_spaces.sampling.random_genotype`, keys
-     ``rng.random_arch_key(seed, i)``; ``--match-size``: within ±10 % of the searched cell's
-     parameters), each trained with exactly the evaluation stage's recipe on the same clients;
-  4. ``train_seed_<j>/`` (``--train-seeds N``, default 3: j = 1 .. N-1) — the derived cell's
-     evaluation stage again with training seeds :func:`jaxfednas.seeds.repeat_seed` on the same
-     partition: the seed noise of one cell;
-  5. the two diagnostics — architecture signal-to-noise (std over the random cells / std
-     over the training seeds; below ~1 the task cannot tell a search from random) and the
-     supernet's ranking (Kendall's τ and Spearman's ρ between each cell's accuracy with the
-     weights it inherits from the searched supernet, BN recalibrated on the clients:
-     ``inherited.json``, and its evaluation-stage accuracy);
-  6. ``results.md`` / ``results.json`` — supernet global accuracy (BN running statistics,
-     the paper's; test-batch statistics; statistics recalibrated by the clients), genotype,
-     evaluation accuracy, the searched cell against the random cells (mean ± std, how many
-     it beats), parameter counts, wall times; cell diagrams in ``search/plots/``, the
-     searched cell among the random ones in ``plots/searched_vs_random.png``.
+Global mode (Algorithm 1, then §3.2's "additional evaluation stage"), each stage a resumable
+run directory under ``--out``: ``search/`` (MiLeNAS, Eq. 4, on each sampled client; the
+server averages w, BN statistics and α, Eq. 5), ``train/`` (the derived cell trained from
+scratch with FedAvg on the same clients), then the control of
+:func:`jaxfednas.evidence.searched_vs_random`: ``train_seed_<j>/`` (``--train-seeds``) and
+``random_<i>/`` (``--random``, ``--match-size``), ``inherited.json``, ``results.md`` /
+``results.json`` and ``plots/searched_vs_random.png``. ``--seeds`` runs it once per seed into
+``seed_<s>/`` and tables mean ± std. About 6-12 minutes a seed on 2 CPU cores.
 
-``--seeds 0,1,2`` runs the whole job once per seed (``run.seed``, which also draws the
-partition) into ``seed_<s>/`` and writes mean ± std over the seeds of every number.
+Personalized mode (§2.5, Table 1): a label-skew partition (5 classes per client), a FedNAS
+search with 4 of 8 clients per round, every client adapting w and α locally (the model kept
+by its own validation accuracy), against ``local_adaptation``, ``ditto`` and ``perfedavg`` on
+the same clients and test splits: ``results.md``, ``clients.csv``, ``plots/clients.png``,
+``personal_genotypes.json``, ``personal_selection.json``.
 
-Personalized mode (§2.5, Table 1): label-skew partition (5 classes per client), a
-FedNAS search with 4 of 8 clients per round, then every client adapts w and α locally
-with the same MiLeNAS rule; the baselines (``local_adaptation``, ``ditto``,
-``perfedavg``) run on the same partition and the same local test splits, training on
-the same examples FedNAS searches on. Reported: mean ± std over clients of the
-accuracy on each client's own held-out 25 % (the paper's "average local validation
-accuracy"), per-client accuracies (``clients.csv``, ``plots/clients.png``) and
-per-client genotypes (``personal_genotypes.json``). Each FedNAS client reports the
-model it keeps by its own *validation* accuracy among the global model and its model
-after each adaptation epoch (ties: the later); the paper picks the round with the best
-mean accuracy on the clients' test splits. The kept epochs and every epoch's accuracies
-are in ``personal_selection.json``.
-
-Every stage is a run directory of its own (config, manifest, metrics, checkpoint,
-plots); ``--resume`` continues whichever stage was interrupted.
-
-Digits defaults differ from the paper where the embedded data is ~40x smaller: a
-supernet with C=8 and 5 cells, 10 rounds of 1 local epoch, and an architecture
-learning rate of 0.3 (the paper's 3e-4 x 1000: the whole search has ~100x fewer
-α steps than the paper's 50 rounds x 5 epochs on CIFAR-10, ~25 per client). Measured on
-the main job's search (seed 0): α lr 1e-2 leaves α near uniform (entropy 2.0748 against
-ln 8 = 2.0794), 0.1 reaches 1.938 and 0.3 1.759 (supernet global test accuracy 0.736 and
-0.839 after 10 rounds).
+What each stage computes, the digits settings and the results: docs/papers/fednas.md.
 """
 from __future__ import annotations
 
@@ -71,7 +38,7 @@ from jaxfednas.algorithms.fednas_train import resolve_genotype
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
-from jaxfednas.evidence import Control, Labels, Names, searched_vs_random, stage_trainer, write_page
+from jaxfednas.evidence import Control, diagnostics_note, Labels, Names, searched_vs_random, stage_trainer, write_page
 from jaxfednas.files import save_figure
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.process import exit_process, run_script
@@ -100,12 +67,6 @@ def _describe(row: dict) -> str:
     acc = f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
     ent = f", α entropy {row['arch_entropy']:.4f}" if "arch_entropy" in row else ""
     return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{acc}{ent}"
-
-
-def _stage(runner: StageRunner, name: str, cfg) -> dict:
-    """Stage ``name`` (``--out/<name>``) run, resumed or found finished: its summary. Every
-    stage of a seed tests on the same local test rows (:class:`StageRunner` checks)."""
-    return runner.stage(name, cfg)[0]
 
 
 def _model_params(cfg, ds) -> int:
@@ -142,13 +103,9 @@ def global_search(args, overrides: dict) -> None:
                args.out, title="FedNAS global search: searched vs random cells",
                metric="evaluation-stage global test accuracy",
                note=(f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
-                     f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`); "
-                     f"plot: `plots/searched_vs_random.png`. The searched cell is trained with "
-                     f"{args.train_seeds} training seeds on the seed's partition: its std over them is the noise "
-                     "of the architecture signal-to-noise ratio (std over the random cells / that std). The "
-                     "supernet ranking is Kendall's τ (Spearman's ρ) over the seed's searched and random cells "
-                     "between their accuracy with the weights inherited from the searched supernet (BN "
-                     "recalibrated on the clients) and their evaluation-stage accuracy."))
+                     f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`). "
+                     + diagnostics_note("cell", "trained in the evaluation stage", args.train_seeds)
+                     + " (Inherited weights: BN recalibrated on the clients.)"))
 
 
 LABELS = Labels(searched="searched cell: evaluation-stage global test acc",
@@ -162,7 +119,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     base = {} if preset else {**DIGITS, **SEARCH}
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
     runner = StageRunner(out, resume=args.resume, describe=_describe)
-    s = _stage(runner, "search", search_cfg)  # FedNAS, Algorithm 1
+    s = runner.stage("search", search_cfg)[0]  # FedNAS, Algorithm 1
     text = json.dumps(s["architecture"], sort_keys=True)
     searched = resolve_genotype(text)
 
@@ -235,7 +192,7 @@ def personalized(args, overrides: dict) -> None:
     if search_cfg.data.partition != "label_skew":
         print(f"note: partition is {search_cfg.data.partition} (the paper's Table 1 uses label_skew)")
     runner = StageRunner(out, resume=args.resume, describe=_describe)  # (it checks the same local test rows)
-    _stage(runner, "fednas", search_cfg)
+    runner.stage("fednas", search_cfg)  # (it checks the same local test rows)
     t0 = time.perf_counter()
     run = load_run(out / "fednas")
     algo, data, state, ds = run.algorithm, run.data, run.state, run.dataset
@@ -266,7 +223,7 @@ def personalized(args, overrides: dict) -> None:
     results = {"FedNAS (personalized)": (np.asarray(pers["client_test_acc"]), t_pers, _model_params(search_cfg, ds))}
     for name, extra in BASELINES.items():
         cfg = make_config(name, preset=preset, overrides={**shared, **({} if preset else extra)})
-        _stage(runner, name, cfg)  # on FedNAS's local test rows, or it stops
+        runner.stage(name, cfg)  # on FedNAS's local test rows, or it stops
         acc = np.loadtxt(out / name / "clients.csv", delimiter=",", skiprows=1, usecols=4, ndmin=1)
         results[name] = (acc, runner.times[name], _model_params(cfg, ds))
 

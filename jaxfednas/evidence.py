@@ -214,6 +214,27 @@ def stage_trainer(runner, config_for: Callable[[Any, int | None], Any], *,
     return lambda name, arch, training_seed: score(runner.stage(name, config_for(arch, training_seed))[0])
 
 
+def write_results(out: str | os.PathLike, title: str, body: str, record, *, sort_keys: bool = False) -> None:
+    """A page of an example: ``out/results.md`` (``# title`` and the Markdown ``body``) and
+    ``out/results.json`` (``record``), written by process 0 only; the body is printed."""
+    from jaxfednas.distributed import is_main  # noqa: PLC0415
+
+    print("\n" + body)
+    if is_main():
+        atomic_write_text(Path(out) / "results.md", f"# {title}\n\n{body}")
+        atomic_write_text(Path(out) / "results.json", json.dumps(record, indent=1, sort_keys=sort_keys,
+                                                                  default=float) + "\n")
+
+
+def diagnostics_note(arch: str, trained: str, train_seeds: int) -> str:
+    """The sentences that say what a table over seeds' diagnostics mean (``arch``: "cell",
+    "child", ...; ``trained``: how each was trained, e.g. "augmented")."""
+    return (f"The searched {arch} is {trained} with {train_seeds} training seeds: its std over them is the noise of "
+            f"the architecture signal-to-noise ratio (std over the random {arch}s / that std). The supernet ranking "
+            f"is Kendall's τ (Spearman's ρ) over the seed's {arch}s between their accuracy with the weights "
+            f"inherited from the supernet and their accuracy {trained}. Plot: `plots/searched_vs_random.png`.")
+
+
 def _fmt(x: float) -> str:
     return "nan" if x != x else f"{x:.4f}"
 
@@ -253,15 +274,10 @@ def write_page(out: str | os.PathLike, ev: Evidence, *, title: str, labels: Labe
     from jaxfednas.distributed import is_main  # noqa: PLC0415
     from jaxfednas.plots import plot_searched_vs_random  # noqa: PLC0415
 
-    out = Path(out)
     numbers, points = ev.numbers(labels), ev.points()
-    text = f"# {title}\n\n{preface}{evidence_table(ev, labels, head=head, describe=describe, size_name=size_name)}"
-    print("\n" + text.split("\n", 2)[2])
-    if is_main():
-        if ev.randoms:
-            plot_searched_vs_random({ev.seed: points}, out / "plots" / "searched_vs_random.png", metric=metric,
-                                    title=plot_title or title)
-        atomic_write_text(out / "results.md", text)
-        record = {"numbers": numbers, "points": points, "head": dict(head), **ev.to_json(), **(extra or {})}
-        atomic_write_text(out / "results.json", json.dumps(record, indent=1, default=float) + "\n")
+    if ev.randoms and is_main():
+        plot_searched_vs_random({ev.seed: points}, Path(out) / "plots" / "searched_vs_random.png", metric=metric,
+                                title=plot_title or title)
+    write_results(out, title, preface + evidence_table(ev, labels, head=head, describe=describe, size_name=size_name),
+                  {"numbers": numbers, "points": points, "head": dict(head), **ev.to_json(), **(extra or {})})
     return {"numbers": numbers, "points": points}
