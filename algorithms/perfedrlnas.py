@@ -825,6 +825,102 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     return carry[0], np.array(curve)
 
 
+def local_train_argmax(run_dir) -> dict:
+    """Every client's argmax subnet of a finished PerFedRLNAS run after ``algo.local_epochs``
+    epochs of its client's local training from the supernet's weights (SGD at the schedule's
+    last learning rate), tested on the client's local test split: the algorithm's
+    ``personalize``, what a client reports in a round of Algorithm 1."""
+    from jaxfednas.stages import personalized_accuracy  # noqa: PLC0415
+
+    def extra(run, _) -> dict:
+        cfg = run.config
+        lr = float(cosine_lr(cfg.algo.lr, cfg.algo.lr_min, cfg.run.rounds)(cfg.run.rounds))
+        return {"epochs": cfg.algo.local_epochs, "lr": round(lr, 6)}
+
+    return personalized_accuracy(run_dir, extra)
+
+
+def random_control(run_dir, n: int, train_seeds: int = 1) -> dict:
+    """The learned-vs-random control of a finished PerFedRLNAS run: ``n`` draws of one random
+    subnet per client (:func:`random_subnets`, keys ``rng.random_arch_key(seed, i)``; with
+    ``algo.memory_budget`` only subnets within the client's budget, the filter the learned
+    ones face), tested by the same ``evaluate`` (supernet weights) and ``personalize`` (E
+    local epochs) as the learned policies' argmax subnets; and the learned subnets'
+    ``personalize`` again with ``train_seeds`` - 1 other training seeds (keys
+    ``rng.personalize_key(repeat_seed(seed, j))``: other minibatches, the same subnets and
+    weights), the seed noise of the local epochs."""
+    import time  # noqa: PLC0415
+
+    from jaxfednas.seeds import repeat_seed  # noqa: PLC0415
+    from jaxfednas.stages import load_run  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    cfg, algo, state = run.config, run.algorithm, run.state
+    space = make_space(cfg.algo, run.data.info)
+    budgets = np.asarray(jax.device_get(state.resources.memory_budget)) if cfg.algo.memory_budget else None
+    k, width = state.policy_logits.shape[0], state.policy_logits.shape[-1]
+    draws = []
+    for i in range(n):
+        choices = random_subnets(rng.random_arch_key(cfg.run.seed, i), space, budgets, num_clients=k,
+                                 batch_size=cfg.algo.batch_size)
+        st = state.replace(policy_logits=policies_for(jnp.asarray(choices), width))
+        ev = jax.device_get(algo.evaluate(st, run.data))
+        _, pers = algo.personalize(st, run.data, rng.personalize_key(cfg.run.seed))
+        draws.append({"choices": choices.tolist(),
+                      "supernet_weights": np.asarray(ev["client_test_acc"], np.float64).round(6).tolist(),
+                      "local_epochs": np.asarray(jax.device_get(pers["client_test_acc"]), np.float64).round(6).tolist(),
+                      "params_mean": float(np.mean([space.cost(c).params for c in choices]))})
+    repeats = [np.asarray(jax.device_get(algo.personalize(state, run.data, rng.personalize_key(
+        repeat_seed(cfg.run.seed, j)))[1]["client_test_acc"]), np.float64).round(6).tolist()
+        for j in range(1, train_seeds)]
+    return {"draws": draws, "repeats": repeats, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def control_diagnostics(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
+    """The two diagnostics of one run's control (:func:`random_control`'s ``rand``), on client
+    means: architecture signal-to-noise (std over the random draws after the local epochs /
+    std of the learned subnets over training seeds) and the supernet's ranking (Kendall's τ
+    and Spearman's ρ over the learned subnets and the draws between their accuracy with the
+    supernet's weights and after the local epochs)."""
+    from jaxfednas.seeds import signal_to_noise, supernet_ranking  # noqa: PLC0415
+
+    local = [float(np.nanmean(d["local_epochs"])) for d in rand["draws"]]
+    repeats = [float(np.nanmean(learned_local))] + [float(np.nanmean(r)) for r in rand.get("repeats", [])]
+    snr = signal_to_noise(local, repeats)
+    ranking = supernet_ranking([float(np.nanmean(learned_supernet))]
+                               + [float(np.nanmean(d["supernet_weights"])) for d in rand["draws"]],
+                               [float(np.nanmean(learned_local))] + local)
+    return {"train_seeds": len(repeats), "seed_std": snr["seed_std"], "signal_to_noise": snr["ratio"],
+            "kendall_tau": ranking["kendall_tau"], "spearman": ranking["spearman"], "n": ranking["n"]}
+
+
+def versus_random_subnets(learned: np.ndarray, draws: list[np.ndarray]) -> dict:
+    """Learned argmax subnets (per-client accuracies) vs random ones (``draws``: one vector
+    per draw): :func:`jaxfednas.seeds.versus_random` of the client means, each draw's client
+    mean (``random_acc``) and the share of clients whose learned subnet beats its random
+    draws' mean (``clients_beating_random``)."""
+    from jaxfednas.seeds import versus_random  # noqa: PLC0415
+
+    learned, rand = np.asarray(learned, np.float64), np.asarray(draws, np.float64)  # [K], [n, K]
+    vs = versus_random(float(np.nanmean(learned)), [float(np.nanmean(r)) for r in rand])
+    vs["random_acc"] = [float(np.nanmean(r)) for r in rand]
+    vs["clients_beating_random"] = float(np.mean(learned > np.nanmean(rand, 0)))
+    return vs
+
+
+def control_summary(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
+    """A run's learned-vs-random control for its report, from :func:`random_control`'s
+    ``rand`` and the learned argmax subnets' per-client accuracies with the supernet's
+    weights and after the local epochs: the draws, their parameters, learned vs random both
+    ways (:func:`versus_random_subnets`) and :func:`control_diagnostics`."""
+    params = [d["params_mean"] for d in rand["draws"]]
+    return {"draws": len(rand["draws"]), "params_mean": float(np.mean(params)), "draw_params": params,
+            "supernet_weights": versus_random_subnets(learned_supernet, [d["supernet_weights"] for d in rand["draws"]]),
+            "local_epochs": versus_random_subnets(learned_local, [d["local_epochs"] for d in rand["draws"]]),
+            "diagnostics": control_diagnostics(learned_supernet, np.asarray(learned_local), rand)}
+
+
 def check(config: ExperimentConfig) -> None:
     """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     if config.algo.reward_split == "val" and config.data.split[1] <= 0:
