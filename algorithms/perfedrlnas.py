@@ -921,6 +921,86 @@ def control_summary(learned_supernet: np.ndarray, learned_local: np.ndarray, ran
             "diagnostics": control_diagnostics(learned_supernet, np.asarray(learned_local), rand)}
 
 
+def training_summary(run_dir, final: dict, clients_per_round: int) -> dict:
+    """A finished run's training, read from its directory (``metrics.jsonl``,
+    ``personal_architectures.json``) and its ``final`` metrics: the clients' latest and best
+    reported accuracies (means), the mean simulated round time and time term's share of the
+    reward, the policies' entropy in the first and last round, the sampled subnets over
+    budget per round, the subnets sampled in all (``clients_per_round`` a round) and the
+    clients whose argmax subnet fits its budget."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from jaxfednas.reports import read_metrics  # noqa: PLC0415
+
+    metrics = read_metrics(run_dir)
+    archs = PersonalSubnets.from_json((Path(run_dir) / PersonalSubnets.FILENAME).read_text())
+    entropy = [m.get("arch_entropy", m.get("policy_entropy")) for m in metrics]  # (former name)
+    return {"reported_acc_mean": final["reported_acc_mean"], "best_reported_acc_mean": final["best_reported_acc_mean"],
+            "round_time_s": float(np.mean([m["round_time_s"] for m in metrics])),
+            "reward_time_share": float(np.mean([m["reward_time_share"] for m in metrics])),
+            "policy_entropy": [entropy[0], entropy[-1]], "over_budget": [int(m["over_budget"]) for m in metrics],
+            "sampled_subnets": len(metrics) * clients_per_round, "fits": sum(c["fits"] for c in archs.clients.values())}
+
+
+def control_numbers(method: str, params: float, control: dict) -> tuple[dict, dict]:
+    """One run's control (:func:`control_summary`) for a table over seeds
+    (:func:`jaxfednas.seeds.over_seeds`): ``numbers`` (name -> value: learned vs random with
+    the supernet's weights and after the local epochs, the diagnostics, the parameters; names
+    start with ``method``) and ``points`` (``"points"``: supernet weights,
+    ``"points_local_epochs"``): the learned subnets (``params``) and every random draw as
+    (parameters, client-mean accuracy)."""
+    numbers, points = {}, {}
+    for tag, key, point in (("supernet weights", "supernet_weights", "points"),
+                            ("+ local epochs", "local_epochs", "points_local_epochs")):
+        v = control[key]
+        numbers[f"{method}, {tag}: learned"] = v["searched"]
+        numbers[f"{method}, {tag}: random (mean of draws)"] = v["random_mean"]
+        numbers[f"{method}, {tag}: learned − random"] = v["searched_minus_random"]
+        numbers[f"{method}, {tag}: fraction of draws beaten"] = v["beats"] / control["draws"]
+        numbers[f"{method}, {tag}: clients beating random"] = v["clients_beating_random"]
+        points[point] = {"searched": (params, v["searched"]), "random": list(zip(control["draw_params"], v["random_acc"]))}
+    dg = control["diagnostics"]
+    numbers[f"{method}: learned, + local epochs: std over {dg['train_seeds']} training seeds"] = dg["seed_std"]
+    numbers[f"{method}: architecture signal-to-noise (+ local epochs)"] = dg["signal_to_noise"]
+    numbers[f"{method}: supernet ranking, Kendall τ (supernet weights vs + local epochs)"] = dg["kendall_tau"]
+    numbers[f"{method}: supernet ranking, Spearman ρ"] = dg["spearman"]
+    numbers[f"{method}: params, learned (mean over clients)"] = params
+    numbers[f"{method}: params, random (mean over clients and draws)"] = control["params_mean"]
+    return numbers, points
+
+
+def control_report(controlled: list[dict]) -> list[str]:
+    """The Markdown lines of the learned-vs-random control for a results page: a table of
+    learned vs random per run (rows of an example's table with a ``random_control``:
+    :func:`control_summary`) and test (supernet weights, after the local epochs), the
+    diagnostics and the random subnets' parameters; none without such a row."""
+    if not controlled:
+        return []
+    lines = ["", "Learned vs random subnets (the control: one random subnet per client per draw, within the "
+              "client's memory budget when the run has one, tested by the same code):", "",
+              "| PerFedRLNAS run | tested | learned (argmax) | random (mean ± std over draws) | learned − random | "
+              "draws the learned beat | clients whose learned subnet beats their random mean |",
+              "|---|---|---|---|---|---|---|"]
+    for r in controlled:
+        c = r["random_control"]
+        for label, key in (("supernet weights", "supernet_weights"), ("+ E local epochs", "local_epochs")):
+            v = c[key]
+            lines.append(f"| {r['label']} | {label} | {v['searched']:.4f} | {v['random_mean']:.4f} ± "
+                         f"{v['random_std']:.4f} | {v['searched_minus_random']:+.4f} | {v['beats']} of "
+                         f"{c['draws']} | {v['clients_beating_random']:.2f} |")
+    lines += [""] + [
+        f"Diagnostics ({r['label']}, client means): the learned subnets after the local epochs spread by "
+        f"{d['seed_std']:.4f} (std over {d['train_seeds']} training seeds), the random draws by "
+        f"{r['random_control']['local_epochs']['random_std']:.4f}: architecture signal-to-noise "
+        f"{d['signal_to_noise']:.2f}. Supernet ranking over {d['n']} subnets (learned and draws), supernet weights "
+        f"vs after the local epochs: Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ {d['spearman']:+.3f}."
+        for r in controlled for d in [r["random_control"]["diagnostics"]]]
+    lines += ["", "Random subnets' mean parameters: " + "; ".join(
+        f"{r['label']}: {r['random_control']['params_mean']:,.0f} (learned {r['params']:,.0f})" for r in controlled)
+        + "."]
+    return lines
+
+
 def check(config: ExperimentConfig) -> None:
     """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     if config.algo.reward_split == "val" and config.data.split[1] <= 0:

@@ -140,3 +140,23 @@ def test_perfedrlnas_control_summary_by_hand():
     assert v["beats"] == 1 and v["clients_beating_random"] == 0.5
     assert c["local_epochs"]["beats"] == 2 and c["local_epochs"]["clients_beating_random"] == 1.0
     assert c["diagnostics"]["train_seeds"] == 2 and c["diagnostics"]["n"] == 3
+
+
+def test_wins_over_seeds_counts_the_positive_differences_per_name():
+    from jaxfednas.seeds import wins_over_seeds
+
+    rows = {0: {"a: x − y": 0.1, "a: x": 0.5}, 1: {"a: x − y": -0.3, "a: x": 0.4}, 2: {"a: x − y": 0.5}}
+    text = wins_over_seeds(rows, ": x − y", winner="x", loser="y", title="X vs Y:")
+    assert text == "X vs Y:\n\n- a: x beat y in 2 of 3 seeds (x − y +0.1000 on average).\n"
+    assert wins_over_seeds(rows, ": nothing", winner="x", loser="y", title="t") == ""
+
+
+def test_perfedrlnas_control_report_lists_each_run_and_test():
+    rand = {"draws": [{"supernet_weights": [0.4, 0.6], "local_epochs": [0.5, 0.5], "params_mean": 10.0}],
+            "repeats": [[0.7, 0.7]]}
+    row = {"label": "run", "params": 12.0, "random_control": pf.control_summary(np.array([0.8, 0.4]), [0.8, 0.8], rand)}
+    lines = pf.control_report([row])
+    assert "| run | supernet weights | 0.6000 | 0.5000 ± 0.0000 | +0.1000 | 1 of 1 | 0.50 |" in lines
+    assert "| run | + E local epochs | 0.8000 | 0.5000 ± 0.0000 | +0.3000 | 1 of 1 | 1.00 |" in lines
+    assert lines[-1] == "Random subnets' mean parameters: run: 10 (learned 12)."
+    assert pf.control_report([]) == []
