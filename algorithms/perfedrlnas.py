@@ -825,6 +825,182 @@ def adapt_new_clients(cfg: PerFedRLNASConfig, info: DataInfo, state: PerFedRLNAS
     return carry[0], np.array(curve)
 
 
+def local_train_argmax(run_dir) -> dict:
+    """Every client's argmax subnet of a finished PerFedRLNAS run after ``algo.local_epochs``
+    epochs of its client's local training from the supernet's weights (SGD at the schedule's
+    last learning rate), tested on the client's local test split: the algorithm's
+    ``personalize``, what a client reports in a round of Algorithm 1."""
+    from jaxfednas.stages import personalized_accuracy  # noqa: PLC0415
+
+    def extra(run, _) -> dict:
+        cfg = run.config
+        lr = float(cosine_lr(cfg.algo.lr, cfg.algo.lr_min, cfg.run.rounds)(cfg.run.rounds))
+        return {"epochs": cfg.algo.local_epochs, "lr": round(lr, 6)}
+
+    return personalized_accuracy(run_dir, extra)
+
+
+def random_control(run_dir, n: int, train_seeds: int = 1) -> dict:
+    """The learned-vs-random control of a finished PerFedRLNAS run: ``n`` draws of one random
+    subnet per client (:func:`random_subnets`, keys ``rng.random_arch_key(seed, i)``; with
+    ``algo.memory_budget`` only subnets within the client's budget, the filter the learned
+    ones face), tested by the same ``evaluate`` (supernet weights) and ``personalize`` (E
+    local epochs) as the learned policies' argmax subnets; and the learned subnets'
+    ``personalize`` again with ``train_seeds`` - 1 other training seeds (keys
+    ``rng.personalize_key(repeat_seed(seed, j))``: other minibatches, the same subnets and
+    weights), the seed noise of the local epochs."""
+    import time  # noqa: PLC0415
+
+    from jaxfednas.seeds import repeat_seed  # noqa: PLC0415
+    from jaxfednas.stages import load_run  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    cfg, algo, state = run.config, run.algorithm, run.state
+    space = make_space(cfg.algo, run.data.info)
+    budgets = np.asarray(jax.device_get(state.resources.memory_budget)) if cfg.algo.memory_budget else None
+    k, width = state.policy_logits.shape[0], state.policy_logits.shape[-1]
+    draws = []
+    for i in range(n):
+        choices = random_subnets(rng.random_arch_key(cfg.run.seed, i), space, budgets, num_clients=k,
+                                 batch_size=cfg.algo.batch_size)
+        st = state.replace(policy_logits=policies_for(jnp.asarray(choices), width))
+        ev = jax.device_get(algo.evaluate(st, run.data))
+        _, pers = algo.personalize(st, run.data, rng.personalize_key(cfg.run.seed))
+        draws.append({"choices": choices.tolist(),
+                      "supernet_weights": np.asarray(ev["client_test_acc"], np.float64).round(6).tolist(),
+                      "local_epochs": np.asarray(jax.device_get(pers["client_test_acc"]), np.float64).round(6).tolist(),
+                      "params_mean": float(np.mean([space.cost(c).params for c in choices]))})
+    repeats = [np.asarray(jax.device_get(algo.personalize(state, run.data, rng.personalize_key(
+        repeat_seed(cfg.run.seed, j)))[1]["client_test_acc"]), np.float64).round(6).tolist()
+        for j in range(1, train_seeds)]
+    return {"draws": draws, "repeats": repeats, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def control_diagnostics(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
+    """The two diagnostics of one run's control (:func:`random_control`'s ``rand``), on client
+    means: architecture signal-to-noise (std over the random draws after the local epochs /
+    std of the learned subnets over training seeds) and the supernet's ranking (Kendall's τ
+    and Spearman's ρ over the learned subnets and the draws between their accuracy with the
+    supernet's weights and after the local epochs)."""
+    from jaxfednas.seeds import signal_to_noise, supernet_ranking  # noqa: PLC0415
+
+    local = [float(np.nanmean(d["local_epochs"])) for d in rand["draws"]]
+    repeats = [float(np.nanmean(learned_local))] + [float(np.nanmean(r)) for r in rand.get("repeats", [])]
+    snr = signal_to_noise(local, repeats)
+    ranking = supernet_ranking([float(np.nanmean(learned_supernet))]
+                               + [float(np.nanmean(d["supernet_weights"])) for d in rand["draws"]],
+                               [float(np.nanmean(learned_local))] + local)
+    return {"train_seeds": len(repeats), "seed_std": snr["seed_std"], "signal_to_noise": snr["ratio"],
+            "kendall_tau": ranking["kendall_tau"], "spearman": ranking["spearman"], "n": ranking["n"]}
+
+
+def versus_random_subnets(learned: np.ndarray, draws: list[np.ndarray]) -> dict:
+    """Learned argmax subnets (per-client accuracies) vs random ones (``draws``: one vector
+    per draw): :func:`jaxfednas.seeds.versus_random` of the client means, each draw's client
+    mean (``random_acc``) and the share of clients whose learned subnet beats its random
+    draws' mean (``clients_beating_random``)."""
+    from jaxfednas.seeds import versus_random  # noqa: PLC0415
+
+    learned, rand = np.asarray(learned, np.float64), np.asarray(draws, np.float64)  # [K], [n, K]
+    vs = versus_random(float(np.nanmean(learned)), [float(np.nanmean(r)) for r in rand])
+    vs["random_acc"] = [float(np.nanmean(r)) for r in rand]
+    vs["clients_beating_random"] = float(np.mean(learned > np.nanmean(rand, 0)))
+    return vs
+
+
+def control_summary(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
+    """A run's learned-vs-random control for its report, from :func:`random_control`'s
+    ``rand`` and the learned argmax subnets' per-client accuracies with the supernet's
+    weights and after the local epochs: the draws, their parameters, learned vs random both
+    ways (:func:`versus_random_subnets`) and :func:`control_diagnostics`."""
+    params = [d["params_mean"] for d in rand["draws"]]
+    return {"draws": len(rand["draws"]), "params_mean": float(np.mean(params)), "draw_params": params,
+            "supernet_weights": versus_random_subnets(learned_supernet, [d["supernet_weights"] for d in rand["draws"]]),
+            "local_epochs": versus_random_subnets(learned_local, [d["local_epochs"] for d in rand["draws"]]),
+            "diagnostics": control_diagnostics(learned_supernet, np.asarray(learned_local), rand)}
+
+
+def training_summary(run_dir, final: dict, clients_per_round: int) -> dict:
+    """A finished run's training, read from its directory (``metrics.jsonl``,
+    ``personal_architectures.json``) and its ``final`` metrics: the clients' latest and best
+    reported accuracies (means), the mean simulated round time and time term's share of the
+    reward, the policies' entropy in the first and last round, the sampled subnets over
+    budget per round, the subnets sampled in all (``clients_per_round`` a round) and the
+    clients whose argmax subnet fits its budget."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from jaxfednas.reports import read_metrics  # noqa: PLC0415
+
+    metrics = read_metrics(run_dir)
+    archs = PersonalSubnets.from_json((Path(run_dir) / PersonalSubnets.FILENAME).read_text())
+    entropy = [m.get("arch_entropy", m.get("policy_entropy")) for m in metrics]  # (former name)
+    return {"reported_acc_mean": final["reported_acc_mean"], "best_reported_acc_mean": final["best_reported_acc_mean"],
+            "round_time_s": float(np.mean([m["round_time_s"] for m in metrics])),
+            "reward_time_share": float(np.mean([m["reward_time_share"] for m in metrics])),
+            "policy_entropy": [entropy[0], entropy[-1]], "over_budget": [int(m["over_budget"]) for m in metrics],
+            "sampled_subnets": len(metrics) * clients_per_round, "fits": sum(c["fits"] for c in archs.clients.values())}
+
+
+def control_numbers(method: str, params: float, control: dict) -> tuple[dict, dict]:
+    """One run's control (:func:`control_summary`) for a table over seeds
+    (:func:`jaxfednas.seeds.over_seeds`): ``numbers`` (name -> value: learned vs random with
+    the supernet's weights and after the local epochs, the diagnostics, the parameters; names
+    start with ``method``) and ``points`` (``"points"``: supernet weights,
+    ``"points_local_epochs"``): the learned subnets (``params``) and every random draw as
+    (parameters, client-mean accuracy)."""
+    numbers, points = {}, {}
+    for tag, key, point in (("supernet weights", "supernet_weights", "points"),
+                            ("+ local epochs", "local_epochs", "points_local_epochs")):
+        v = control[key]
+        numbers[f"{method}, {tag}: learned"] = v["searched"]
+        numbers[f"{method}, {tag}: random (mean of draws)"] = v["random_mean"]
+        numbers[f"{method}, {tag}: learned − random"] = v["searched_minus_random"]
+        numbers[f"{method}, {tag}: fraction of draws beaten"] = v["beats"] / control["draws"]
+        numbers[f"{method}, {tag}: clients beating random"] = v["clients_beating_random"]
+        points[point] = {"searched": (params, v["searched"]), "random": list(zip(control["draw_params"], v["random_acc"]))}
+    dg = control["diagnostics"]
+    numbers[f"{method}: learned, + local epochs: std over {dg['train_seeds']} training seeds"] = dg["seed_std"]
+    numbers[f"{method}: architecture signal-to-noise (+ local epochs)"] = dg["signal_to_noise"]
+    numbers[f"{method}: supernet ranking, Kendall τ (supernet weights vs + local epochs)"] = dg["kendall_tau"]
+    numbers[f"{method}: supernet ranking, Spearman ρ"] = dg["spearman"]
+    numbers[f"{method}: params, learned (mean over clients)"] = params
+    numbers[f"{method}: params, random (mean over clients and draws)"] = control["params_mean"]
+    return numbers, points
+
+
+def control_report(controlled: list[dict]) -> list[str]:
+    """The Markdown lines of the learned-vs-random control for a results page: a table of
+    learned vs random per run (rows of an example's table with a ``random_control``:
+    :func:`control_summary`) and test (supernet weights, after the local epochs), the
+    diagnostics and the random subnets' parameters; none without such a row."""
+    if not controlled:
+        return []
+    lines = ["", "Learned vs random subnets (the control: one random subnet per client per draw, within the "
+              "client's memory budget when the run has one, tested by the same code):", "",
+              "| PerFedRLNAS run | tested | learned (argmax) | random (mean ± std over draws) | learned − random | "
+              "draws the learned beat | clients whose learned subnet beats their random mean |",
+              "|---|---|---|---|---|---|---|"]
+    for r in controlled:
+        c = r["random_control"]
+        for label, key in (("supernet weights", "supernet_weights"), ("+ E local epochs", "local_epochs")):
+            v = c[key]
+            lines.append(f"| {r['label']} | {label} | {v['searched']:.4f} | {v['random_mean']:.4f} ± "
+                         f"{v['random_std']:.4f} | {v['searched_minus_random']:+.4f} | {v['beats']} of "
+                         f"{c['draws']} | {v['clients_beating_random']:.2f} |")
+    lines += [""] + [
+        f"Diagnostics ({r['label']}, client means): the learned subnets after the local epochs spread by "
+        f"{d['seed_std']:.4f} (std over {d['train_seeds']} training seeds), the random draws by "
+        f"{r['random_control']['local_epochs']['random_std']:.4f}: architecture signal-to-noise "
+        f"{d['signal_to_noise']:.2f}. Supernet ranking over {d['n']} subnets (learned and draws), supernet weights "
+        f"vs after the local epochs: Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ {d['spearman']:+.3f}."
+        for r in controlled for d in [r["random_control"]["diagnostics"]]]
+    lines += ["", "Random subnets' mean parameters: " + "; ".join(
+        f"{r['label']}: {r['random_control']['params_mean']:,.0f} (learned {r['params']:,.0f})" for r in controlled)
+        + "."]
+    return lines
+
+
 def check(config: ExperimentConfig) -> None:
     """What needs the whole configuration, before the factory (:func:`jaxfednas.registry.build_algorithm`)."""
     if config.algo.reward_split == "val" and config.data.split[1] <= 0:

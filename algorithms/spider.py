@@ -60,7 +60,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import warnings
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
@@ -74,7 +76,7 @@ from jaxfednas.algorithms.common import AUGMENTS, client_batch_statistics, make_
 from jaxfednas import rng
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.checkpoint import renamed_fields
-from jaxfednas.config import ExperimentConfig, former_module_names, param
+from jaxfednas.config import ConfigError, ExperimentConfig, former_module_names, param
 from jaxfednas.data.federated import ClientData, DataInfo, FederatedData, run_local_epochs
 from jaxfednas.files import make_dirs
 from jaxfednas.evaluation import client_accuracies, evaluate_examples, global_accuracy
@@ -667,6 +669,178 @@ def kept_parameters(cfg: SpiderConfig, params: dict, mask: dict) -> int:
     """Weights of the supernet ``params`` that one architecture's 0/1 ``mask`` keeps (a
     personal subnet's size, as ``personal_params_mean`` counts it)."""
     return int(_kept_parameters(mask, params, PRIMITIVE_SETS[cfg.primitives], cfg))
+
+
+def random_masks(cfg: SpiderConfig, seed: int, num_clients: int, draws: int, *,
+                 size: Callable[[dict], float] | None = None, targets=None) -> dict:
+    """The random control's architectures (the searched-vs-random comparison beside §5.2.2):
+    draw i gives client k the SPIDER mask of a DARTS cell pair drawn uniformly from the
+    space (``sampling.random_mask``, key ``fold_in(random_arch_key(seed, i), k)``), as
+    ``{"normal": [K, draws, E, |O|], ...}``. With ``size`` (a mask's parameters) and
+    ``targets`` (one per client), each draw is rejection-sampled (``sampling.matched``) to
+    within ±10 % of its client's target."""
+    from jaxfednas.search_spaces.sampling import matched, random_mask  # noqa: PLC0415
+
+    prims = PRIMITIVE_SETS[cfg.primitives]
+
+    def draw(i: int, k: int) -> dict:
+        key = jax.random.fold_in(rng.random_arch_key(seed, i), k)
+        if size is None:
+            return random_mask(key, prims, cfg.nodes)
+        try:
+            return matched(key, lambda kk: random_mask(kk, prims, cfg.nodes), size, targets[k], max_tries=20_000)[0]
+        except ValueError as e:
+            raise ConfigError(f"--match-size, client {k}: {e}; run without --match-size") from None
+
+    m = [[draw(i, k) for i in range(draws)] for k in range(num_clients)]
+    return {c: np.asarray([[d[c] for d in row] for row in m], np.float32).reshape(
+        (num_clients, draws) + initial_mask(prims, cfg.nodes)[c].shape) for c in CELLS}
+
+
+INHERITED_BN = "recalibrated"  # gain.json's inherited accuracies: BN statistics measured exactly under each mask
+
+
+def _candidate_masks(own: dict, rand: dict) -> dict:
+    """Each client's candidates for the ranking (its searched mask, then its random draws) as
+    lists: what :func:`_inherited` scores, kept in gain.json so a later call can score them again."""
+    return {c: np.concatenate([own[c], rand[c]], axis=1).astype(np.int8).tolist() for c in CELLS}
+
+
+def _inherited(run, g: dict) -> dict:
+    """``{"inherited": acc[i, j], "inherited_bn", "masks"}``: client i's candidate j (its
+    searched mask, then its random draws: ``g["random"]["masks"]``, rebuilt from the run's
+    masks and the draws' keys when an older gain.json lacks them) with the global supernet's
+    weights, BN statistics recalibrated under it (:func:`inherited_accuracy`)."""
+    cfg, info, state = run.config.algo, run.data.info, run.state
+    masks = g["random"].get("masks")
+    if masks is None:  # written before the masks were kept: the same draws again from their keys
+        params = state.variables["params"]
+        arch = {c: np.asarray(a) for c, a in state.arch_masks.items()}
+        k, draws = info.num_clients, g["random"]["draws"]
+        searched = [kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS}) for i in range(k)]
+        size = (lambda m: kept_parameters(cfg, params, m)) if g["random"].get("match_size") else None  # noqa: E731
+        rand = random_masks(cfg, run.config.run.seed, k, draws, size=size, targets=searched)
+        masks = _candidate_masks({c: arch[c][:, None] for c in CELLS}, rand)
+    acc = inherited_accuracy(cfg, info, state.variables, {c: np.asarray(m, np.float32) for c, m in masks.items()},
+                             run.data, placement=run.options.placement)
+    return {"inherited": acc.round(6).tolist(), "inherited_bn": INHERITED_BN, "masks": masks}
+
+
+def gain_and_control(run_dir, path, epochs: int, *, resume: bool, draws: int = 0, match_size: bool = False,
+                     train_seeds: int = 1, plot=None) -> dict:
+    """The personalization-gain matrix of a finished SPIDER run's final state (§5.2.2, Eq. 6;
+    :func:`gain_matrix`'s recipe) and, with ``draws``, the random control: every client's
+    ``draws`` random masks (:func:`random_masks`) fine-tuned with the same recipe
+    (:func:`fine_tuned_accuracy`: the gain's epochs, minibatches and starting weights) in
+    the same call. Kept in ``path`` (JSON) and reused on ``resume`` when it was computed for
+    the same rounds, epochs and draws (and ``match_size``: random masks within ±10 % of each
+    client's searched mask's parameters). With ``draws`` and ``train_seeds`` > 1, also the two
+    diagnostics' inputs: every client's searched mask fine-tuned again with ``train_seeds`` - 1
+    other training seeds (``repeats``) and every mask's inherited accuracy (``inherited``:
+    :func:`inherited_accuracy`). A result whose inherited accuracies were measured the
+    earlier way (one epoch at learning rate 0, running statistics) gets them measured again
+    on ``resume``, nothing else. A computed matrix is drawn to ``plot`` (a heatmap)."""
+    from jaxfednas.checkpoint import atomic_write_text  # noqa: PLC0415
+    from jaxfednas.plots import plot_gain_matrix  # noqa: PLC0415
+    from jaxfednas.seeds import repeat_seed  # noqa: PLC0415
+    from jaxfednas.stages import load_run  # noqa: PLC0415
+
+    run_dir, path = Path(run_dir), Path(path)
+    rounds = json.loads((run_dir / "summary.json").read_text())["rounds"]
+    if resume and path.exists():
+        g = json.loads(path.read_text())
+        if g["epochs"] == epochs and g["spider_rounds"] == rounds and g.get("random", {}).get("draws", 0) == draws \
+                and g.get("random", {}).get("match_size", False) == match_size \
+                and g.get("random", {}).get("train_seeds", 1) == (train_seeds if draws else 1):
+            if "inherited" in g["random"] and g["random"].get("inherited_bn") != INHERITED_BN:
+                g["random"].update(_inherited(load_run(run_dir), g))
+                atomic_write_text(path, json.dumps(g, indent=1) + "\n")
+            return g
+    print(f"== personalization gain: every client's architecture fine-tuned {epochs} epochs on every client"
+          + (f", and {draws} random masks per client" if draws else ""), flush=True)
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    cfg, info, state = run.config.algo, run.data.info, run.state
+    k = info.num_clients
+    arch = {c: np.asarray(a) for c, a in state.arch_masks.items()}
+    params = state.variables["params"]
+    size = (lambda m: kept_parameters(cfg, params, m)) if match_size else None  # noqa: E731
+    searched = [kept_parameters(cfg, params, {c: arch[c][i] for c in CELLS}) for i in range(k)]
+    rand = random_masks(cfg, run.config.run.seed, k, draws, size=size, targets=searched)
+    # row i: A_1 .. A_K (gain_matrix's candidates), then client i's random masks
+    masks = {c: np.concatenate([np.broadcast_to(arch[c][None], (k,) + arch[c].shape), rand[c]], axis=1)
+             for c in CELLS}
+    acc = fine_tuned_accuracy(cfg, info, state.variables, masks, run.data, epochs=epochs,
+                              placement=run.options.placement)
+    p, g = acc[:, :k], personalization_gain(acc[:, :k])
+    diagnostics = {}
+    if draws and train_seeds > 1:
+        place = run.options.placement
+        own = {c: arch[c][:, None] for c in CELLS}  # [K, 1, E, |O|]: each client's searched mask
+        repeats = [fine_tuned_accuracy(cfg, info, state.variables, own, run.data, epochs=epochs, placement=place,
+                                       training_seed=repeat_seed(run.config.run.seed, j))[:, 0]
+                   for j in range(1, train_seeds)]
+        diagnostics = {"train_seeds": train_seeds, "repeats": [r.round(6).tolist() for r in repeats],
+                       **_inherited(run, {"random": {"masks": _candidate_masks(own, rand)}})}
+    result = {"epochs": epochs, "spider_rounds": run.rounds, "matrix": p.round(6).tolist(), "gain": g.round(6).tolist(),
+              "mean_gain": float(g.mean()), "wall_s": round(time.perf_counter() - t0, 1),
+              "random": {"draws": draws, "match_size": match_size, "seed": run.config.run.seed,
+                         "acc": acc[:, k:].round(6).tolist(),
+                         "params": [[kept_parameters(cfg, params, {c: rand[c][i, j] for c in CELLS})
+                                     for j in range(draws)] for i in range(k)],
+                         "searched_params": searched, **diagnostics}}
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    if plot is not None:
+        plot_gain_matrix(p, g, plot, title=f"SPIDER p[i, j] after {epochs} fine-tuning epochs; mean gain "
+                         f"{g.mean():+.3f}")
+    return result
+
+
+def searched_versus_random(g: dict) -> dict:
+    """Searched vs random from :func:`gain_and_control`'s result: per client, its searched
+    mask (``p[k, k]``) against its random masks; over clients, the mean of the searched
+    against each draw's mean; the plot's points (kept parameters, accuracy), means over
+    clients; with the diagnostics' inputs, the architecture signal-to-noise ratio and the
+    supernet's ranking (:mod:`jaxfednas.seeds`), on client means."""
+    from jaxfednas.seeds import signal_to_noise, supernet_ranking, versus_random  # noqa: PLC0415
+
+    searched = np.diag(np.asarray(g["matrix"]))
+    rand, params = np.asarray(g["random"]["acc"]), np.asarray(g["random"]["params"], float)
+    s_params = np.asarray(g["random"]["searched_params"], float)
+    out = {"clients": [versus_random(searched[k], rand[k].tolist()) for k in range(len(searched))],
+           "mean": versus_random(searched.mean(), rand.mean(0).tolist()),
+           "pairs_beaten": int((searched[:, None] > rand).sum()), "pairs": int(rand.size),
+           "points": {"searched": (float(s_params.mean()), float(searched.mean())),
+                      "random": [(float(x), float(y)) for x, y in zip(params.mean(0), rand.mean(0))]}}
+    if "repeats" in g["random"]:  # the two diagnostics, on client means
+        repeats = [searched.mean()] + [float(np.mean(r)) for r in g["random"]["repeats"]]
+        snr = signal_to_noise(rand.mean(0).tolist(), repeats)
+        inherited = np.asarray(g["random"]["inherited"]).mean(0)  # searched, then each draw
+        ranking = supernet_ranking(inherited.tolist(), [float(searched.mean())] + rand.mean(0).tolist())
+        out["diagnostics"] = {"train_seeds": len(repeats), "seed_std": snr["seed_std"],
+                              "signal_to_noise": snr["ratio"], "inherited": inherited.tolist(), **ranking}
+    return out
+
+
+def control_numbers(g: dict, versus: dict) -> dict:
+    """The random control's numbers for a table over seeds (:func:`jaxfednas.seeds.over_seeds`),
+    name -> value: client means of the searched and random masks, their difference, the
+    fraction of client x draw pairs the searched mask wins, the masks' parameters and, where
+    measured, the two diagnostics; from :func:`gain_and_control`'s ``g`` and
+    :func:`searched_versus_random`'s ``versus``."""
+    v = versus["mean"]
+    numbers = {"searched masks fine-tuned (mean over clients)": v["searched"],
+               "random masks fine-tuned (mean over clients and draws)": v["random_mean"],
+               "searched − random": v["searched_minus_random"],
+               "client × draw pairs where searched beats random (fraction)": versus["pairs_beaten"] / versus["pairs"],
+               "searched masks: parameters (mean over clients)": versus["points"]["searched"][0],
+               "random masks: parameters (mean)": float(np.mean(g["random"]["params"]))}
+    d = versus.get("diagnostics")
+    if d:
+        numbers.update({f"searched masks: std over {d['train_seeds']} training seeds (mean over clients)":
+                        d["seed_std"], "architecture signal-to-noise": d["signal_to_noise"],
+                        "supernet ranking: Kendall τ": d["kendall_tau"], "supernet ranking: Spearman ρ": d["spearman"]})
+    return numbers
 
 
 def search_due(cfg: SpiderConfig, t, finished):

@@ -95,3 +95,25 @@ def count_params(tree) -> int:
             n *= int(d)
         total += n
     return total
+
+
+def network_params(cfg, info) -> int:
+    """Weights of the network one client trains under ``cfg`` (an ``ExperimentConfig`` of a
+    bundled algorithm) on data described by ``info`` (a ``DataInfo``), counted from shapes
+    only (``jax.eval_shape``: nothing is allocated). FedNAS counts its supernet, FedNAS'
+    retraining its evaluation network, every other algorithm the network ``algo.model``
+    names; as DARTS counts, without the training-only auxiliary head."""
+    from jaxfednas.search_spaces.models import init_variables, make_model  # noqa: PLC0415
+
+    if cfg.algorithm == "fednas":
+        from jaxfednas.algorithms.fednas import make_supernet  # noqa: PLC0415
+
+        model = make_supernet(cfg.algo, info)
+    elif cfg.algorithm == "fednas_train":
+        from jaxfednas.algorithms.fednas_train import make_network  # noqa: PLC0415
+
+        model = make_network(cfg.algo, info)
+    else:
+        model = make_model(cfg.algo.model, info.num_classes, cfg.data.dataset)
+    v = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), info.image_shape))
+    return count_params({k: p for k, p in v["params"].items() if k != "auxiliary_head"})

@@ -9,6 +9,7 @@ wrong value of a shared flag the same one-line usage error in every example::
     p.add_preset(("smoke", "paper"))
     p.add_data("prepared CIFAR-10 (tfds data_dir) for --preset paper")
     p.add_rounds("search rounds")
+    p.add_methods(("spider", "ditto"), default=("spider",), help="a subset of the methods")
     p.add_control(random=5, random_help="...", min_train_seeds=1, train_seeds_help="...")
     p.add_seeds("the whole job once per seed ...")
     p.add_run_dir("runs/fednas", set_help="override a search setting")
@@ -73,6 +74,23 @@ class ExampleParser(argparse.ArgumentParser):
         self.add_argument("--train-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                           help=help + "; repeatable")
         self._train_algorithm = algorithm
+
+    def add_methods(self, choices: Sequence[str], *, default: Sequence[str] | None, help: str,
+                    flag: str = "--only") -> None:
+        """``--only METHOD[,METHOD]``: a comma-separated subset of ``choices``, left in ``args``
+        as a tuple in the order of ``choices`` (``default`` when the flag is absent); an
+        unknown or empty list is a one-line usage error."""
+        choices = tuple(choices)
+
+        def methods(text: str) -> tuple[str, ...]:
+            names = [m.strip() for m in text.split(",") if m.strip()]
+            bad = [m for m in names if m not in choices]
+            if bad or not names:
+                raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {', '.join(choices)}")
+            return tuple(m for m in choices if m in names)
+
+        self.add_argument(flag, type=methods, default=None if default is None else tuple(default),
+                          metavar="METHOD[,METHOD]", help=help)
 
     def add_seeds(self, help: str) -> None:
         self.add_argument("--seeds", metavar="LIST", help=help)

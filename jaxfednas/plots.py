@@ -98,3 +98,68 @@ def plot_searched_vs_random(points: Mapping, path, *, metric: str = "test accura
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     _save(fig, path)
+
+
+def _figure(figsize):
+    """A bare Agg ``Figure`` (no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_gain_matrix(p: np.ndarray, gain: np.ndarray, path, *, title: str = "") -> None:
+    """Heatmap of a personalization-gain matrix (SPIDER §5.2.2): ``p[i, j]`` is client i's
+    local test accuracy of client j's architecture, written in each cell (the diagonal
+    bold); each row is labelled with its client's gain ``gain[i]`` (Eq. 6)."""
+    from jaxfednas.files import save_figure  # noqa: PLC0415
+
+    k = p.shape[0]
+    fig = _figure((0.75 * k + 2.5, 0.65 * k + 1.8))
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(p, cmap="viridis", vmin=0.0, vmax=1.0)
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, f"{p[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="black" if p[i, j] > 0.6 else "white", fontweight="bold" if i == j else "normal")
+    ax.set_xticks(range(k))
+    ax.set_yticks(range(k), [f"{i} (g={gain[i]:+.2f})" for i in range(k)])
+    ax.set_xlabel("architecture of client j")
+    ax.set_ylabel("data of client i")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+
+
+def plot_memory_vs_budget(runs: Mapping[str, Mapping[str, Mapping]], path) -> None:
+    """Each client's training memory (bars; green: within its budget, red: over) against its
+    memory budget (black ticks), one panel per run (PerFedRLNAS Fig. 4): ``runs`` maps a
+    panel's label to its clients ``{"0": {"memory_bytes", "memory_budget_bytes", "fits"},
+    ...}`` (``PersonalSubnets.clients``)."""
+    from jaxfednas.files import save_figure  # noqa: PLC0415
+
+    k = len(next(iter(runs.values())))
+    fig = _figure((max(6.0, 0.35 * k + 2), 2.8 * len(runs) + 0.4))
+    for i, (label, clients) in enumerate(runs.items()):
+        c = [clients[str(j)] for j in range(k)]
+        mem = np.array([a["memory_bytes"] for a in c]) / 2**20
+        budget = np.array([a["memory_budget_bytes"] for a in c]) / 2**20
+        fits = np.array([a["fits"] for a in c])
+        ax = fig.add_subplot(len(runs), 1, i + 1)
+        ax.bar(np.arange(k), mem, 0.7, color=np.where(fits, "tab:green", "tab:red"))
+        ax.bar([0], [0], color="tab:green", label="argmax subnet, fits")
+        ax.bar([0], [0], color="tab:red", label="argmax subnet, over budget")
+        ax.scatter(np.arange(k), budget, marker="_", s=300, color="black", linewidths=2, label="budget", zorder=3)
+        ax.set_ylabel("training memory (MiB)")
+        ax.set_xticks(np.arange(k))
+        ax.set_xlim(-0.6, k - 0.4)
+        ax.set_title(f"{label}: {fits.sum()}/{k} clients within budget", fontsize=9, loc="right")
+        if i == 0:
+            ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.12), ncol=3, frameon=False)
+    ax.set_xlabel("client")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)

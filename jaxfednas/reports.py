@@ -61,6 +61,28 @@ def _read_metrics(path: Path) -> list[dict]:
     return rows
 
 
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """A run directory's ``metrics.jsonl``: one dict per round, rounds 1, 2, ... (a file cut
+    short loses its tail)."""
+    return _read_metrics(Path(run_dir) / "metrics.jsonl")
+
+
+def read_client_test_acc(run_dir: str | os.PathLike) -> np.ndarray:
+    """A finished run's per-client local test accuracies, client 0 first: the ``test_acc``
+    column of its ``clients.csv`` (:func:`client_table`)."""
+    with open(Path(run_dir) / "clients.csv", newline="") as f:
+        return np.array([float(r["test_acc"]) for r in csv.DictReader(f)])
+
+
+def client_acc_summary(acc) -> dict:
+    """Per-client accuracies (NaN for a client without test examples) and their summaries
+    over clients, unweighted: ``client_test_acc`` (rounded to 6 digits), ``mean``, ``std``,
+    ``min``, ``max`` -- an example's row of a method."""
+    acc = np.asarray(acc, np.float64)
+    return {"client_test_acc": acc.round(6).tolist(), "mean": float(np.nanmean(acc)), "std": float(np.nanstd(acc)),
+            "min": float(np.nanmin(acc)), "max": float(np.nanmax(acc))}
+
+
 def _metrics_bytes(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
 

@@ -190,6 +190,23 @@ def supernet_ranking(inherited: Sequence[float], standalone: Sequence[float]) ->
             "n": len(inherited)}
 
 
+def wins_over_seeds(rows: Mapping[int, Mapping[str, float]], suffix: str, *, winner: str, loser: str,
+                    title: str) -> str:
+    """One Markdown line per number of ``rows`` (seed -> name -> value, as :func:`seed_table`
+    takes) whose name ends with ``suffix`` (a difference, e.g. ``": learned − random"``): in
+    how many seeds it is positive (``winner`` beat ``loser``) and its mean over seeds; under
+    ``title``. Empty when no name ends with ``suffix``."""
+    lines = []
+    for name in next(iter(rows.values())):
+        if not name.endswith(suffix):
+            continue
+        diffs = [r[name] for r in rows.values() if name in r]
+        won = sum(d > 0 for d in diffs)
+        lines.append(f"- {name[:-len(suffix)]}: {winner} beat {loser} in {won} of {len(diffs)} seeds "
+                     f"({suffix.lstrip(': ')} {sum(diffs) / len(diffs):+.4f} on average).")
+    return f"{title}\n\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "", metric: str = "test accuracy",
                plot_title: str = "") -> dict:
     """Run ``one_seed(seed, out / "seed_<s>")`` for every seed and write the table over seeds.

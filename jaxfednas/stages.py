@@ -114,6 +114,56 @@ class StageRunner:
         return self._datasets[key]
 
 
+def shared_settings(cfg: ExperimentConfig, algo: tuple[str, ...] = ()) -> dict:
+    """The settings every method an example compares takes from its main run's ``cfg``, as
+    ``--set`` overrides: the data (dataset, clients, partition and its seed), the seed, rounds,
+    clients per round, evaluation interval and placement, and the ``algo`` fields named."""
+    d, r = cfg.data, cfg.run
+    return {
+        "data.dataset": d.dataset, "data.data_dir": d.data_dir, "data.num_clients": d.num_clients,
+        "data.partition": d.partition, "data.alpha": d.alpha, "data.classes_per_client": d.classes_per_client,
+        "data.min_size": d.min_size, "data.partition_seed": d.partition_seed, "run.seed": r.seed,
+        "run.rounds": r.rounds, "run.clients_per_round": r.clients_per_round, "run.eval_every": r.eval_every,
+        "run.placement": r.placement, "run.client_chunk_size": r.client_chunk_size,
+        **{f"algo.{name}": getattr(cfg.algo, name) for name in algo},
+    }
+
+
+def cached_json(path: str | os.PathLike, key: dict, resume: bool, compute: Callable[[], dict]) -> dict:
+    """``{"key": key, **compute()}``, saved to ``path`` (JSON); with ``resume`` the saved one
+    is returned instead when it was computed for the same ``key`` (e.g. the rounds of the run
+    it reads), so a resumed example does not compute a finished step again."""
+    path = Path(path)
+    if resume and path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return saved
+    result = {"key": key, **compute()}
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def personalized_accuracy(run_dir: str | os.PathLike,
+                          extra: Callable[[FinishedRun, dict], dict] | None = None) -> dict:
+    """A finished run's ``personalize`` (every client adapts the final state on its own data,
+    key ``rng.personalize_key(run.seed)``, and is tested on its local test split): its
+    ``client_test_acc`` summarised (:func:`jaxfednas.reports.client_acc_summary`), then
+    ``extra(run, metrics)`` (what else to keep of the run and ``personalize``'s host-side
+    metrics), then ``wall_s``."""
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from jaxfednas.reports import client_acc_summary  # noqa: PLC0415
+    from jaxfednas.rng import personalize_key  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    _, out = run.algorithm.personalize(run.state, run.data, personalize_key(run.config.run.seed))
+    out = jax.device_get(out)
+    return {**client_acc_summary(np.asarray(out["client_test_acc"])), **(extra(run, out) if extra else {}),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
 @dataclasses.dataclass(frozen=True)
 class FinishedRun:
     """What a run directory holds, rebuilt: its configuration, algorithm, data and

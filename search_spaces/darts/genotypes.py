@@ -85,6 +85,22 @@ class Genotype:
         return cls.from_dict(json.loads(s))
 
 
+SHORT_OPS = {"skip_connect": "skip", "sep_conv_3x3": "sep3", "sep_conv_5x5": "sep5", "dil_conv_3x3": "dil3",
+             "dil_conv_5x5": "dil5", "avg_pool_3x3": "avg3", "max_pool_3x3": "max3"}
+"""Short names of the DARTS ops for tables (:func:`cell_text`)."""
+
+
+def cell_text(pairs: Sequence[tuple[str, int]]) -> str:
+    """One cell of a :class:`Genotype` on one line, for a table: ``op(input)+op(input)`` per
+    node (short op names, :data:`SHORT_OPS`), nodes separated by ``/``.
+
+    >>> cell_text([("sep_conv_3x3", 0), ("skip_connect", 1), ("max_pool_3x3", 2), ("none", 0)])
+    'sep3(0)+skip(1) / max3(2)+none(0)'
+    """
+    ops = [f"{SHORT_OPS.get(op, op)}({i})" for op, i in pairs]
+    return " / ".join("+".join(ops[n:n + 2]) for n in range(0, len(ops), 2))
+
+
 _CONCAT = (2, 3, 4, 5)
 
 DARTS_V1 = Genotype(

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import load_example
+from jaxfednas.algorithms import perfedrlnas as pf
 
 ROOT = Path(__file__).resolve().parents[3]
 K = 6
@@ -211,7 +212,7 @@ def test_diagnostics_by_hand_on_client_means():
     rand = {"draws": [{"local_epochs": [0.6, 0.8], "supernet_weights": [0.5, 0.7]},
                       {"local_epochs": [0.5, np.nan], "supernet_weights": [0.1, 0.1]}],
             "repeats": [[0.8, 0.84], [0.76, 0.8]]}
-    d = _example().diagnostics(np.array([0.2, 0.4]), np.array([0.8, 0.8]), rand)
+    d = pf.control_diagnostics(np.array([0.2, 0.4]), np.array([0.8, 0.8]), rand)
     assert d["train_seeds"] == 3 and d["n"] == 3 and d["seed_std"] == pytest.approx(0.02)
     assert d["signal_to_noise"] == pytest.approx(0.2 / 2 ** 0.5 / 0.02)
     assert d["kendall_tau"] == pytest.approx(1 / 3) and d["spearman"] == pytest.approx(0.5)

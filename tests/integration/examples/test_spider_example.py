@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxfednas.algorithms import spider as sp
 from jaxfednas.algorithms.spider import personalization_gain
 from conftest import assert_accuracy, load_example
 from jaxfednas.config import ConfigError
@@ -23,6 +24,7 @@ from jaxfednas.rng import random_arch_key
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
 from jaxfednas.search_spaces.darts.masks import CELLS, genotype_from_mask
 from jaxfednas.search_spaces.sampling import random_mask
+from jaxfednas.stages import load_run
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--rounds", "3", "--fednas-rounds", "1", "--gain-epochs", "1",
@@ -90,7 +92,7 @@ def test_spider_example_spider_against_ditto(tmp_path, capsys):
     # every mask's inherited accuracy: BN recalibrated under it (sp.inherited_accuracy), first candidate
     # each client's searched mask
     assert r["inherited_bn"] == "recalibrated"
-    state = ex.load_run(out / "spider").state
+    state = load_run(out / "spider").state
     for c in ("normal", "reduce"):
         np.testing.assert_array_equal(np.asarray(r["masks"][c])[:, 0], np.asarray(state.arch_masks[c]))
     # a gain.json of the earlier recipe (one epoch at learning rate 0, masks not kept): --resume
@@ -188,10 +190,9 @@ def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
     """Draw i of client k is sampling.random_mask under fold_in(random_arch_key(seed, i), k):
     a valid cell pair of the space (two inputs per node, one op each), the same for the same
     seed, different across clients, draws and seeds."""
-    ex = _example()
     cfg = make_config("spider", overrides={"algo.nodes": 3}).algo
     prims = PRIMITIVE_SETS[cfg.primitives]
-    m = ex.random_masks(cfg, 5, 3, 2)
+    m = sp.random_masks(cfg, 5, 3, 2)
     assert {c: a.shape for c, a in m.items()} == {c: (3, 2, 9, len(prims)) for c in CELLS}
     for k in range(3):
         for i in range(2):
@@ -203,7 +204,7 @@ def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
             genotype_from_mask(mask, prims, cfg.nodes)  # a whole genotype: two inputs per node
     flat = {m["normal"][k, i].tobytes() + m["reduce"][k, i].tobytes() for k in range(3) for i in range(2)}
     assert len(flat) == 6  # every client and draw its own architecture
-    again, other = ex.random_masks(cfg, 5, 3, 2), ex.random_masks(cfg, 6, 3, 2)
+    again, other = sp.random_masks(cfg, 5, 3, 2), sp.random_masks(cfg, 6, 3, 2)
     assert all(np.array_equal(m[c], again[c]) for c in CELLS)
     assert not all(np.array_equal(m[c], other[c]) for c in CELLS)
 
@@ -212,7 +213,6 @@ def test_random_masks_are_the_spaces_draws_one_per_client_and_draw():
 def test_size_matched_random_masks_are_within_ten_percent_of_each_clients_target():
     """--match-size: each client's draws are rejection-sampled to its own target (here a
     stand-in cost: 1 + the number of sep_conv ops kept); an unreachable one is a one-line error."""
-    ex = _example()
     cfg = make_config("spider", overrides={"algo.nodes": 3}).algo
     sep = PRIMITIVE_SETS[cfg.primitives].index("sep_conv_3x3")
 
@@ -220,13 +220,13 @@ def test_size_matched_random_masks_are_within_ten_percent_of_each_clients_target
         return 1 + sum(float(m[c][:, sep].sum()) for c in CELLS)
 
     targets = [7, 10, 3]
-    m = ex.random_masks(cfg, 5, 3, 4, size=size, targets=targets)
+    m = sp.random_masks(cfg, 5, 3, 4, size=size, targets=targets)
     for k, t in enumerate(targets):
         for i in range(4):
             assert abs(size({c: m[c][k, i] for c in CELLS}) - t) <= 0.1 * t, (k, i)
     assert len({m["normal"][1, i].tobytes() + m["reduce"][1, i].tobytes() for i in range(4)}) == 4
     with pytest.raises(ConfigError, match="--match-size, client 0"):
-        ex.random_masks(cfg, 5, 1, 1, size=size, targets=[40])
+        sp.random_masks(cfg, 5, 1, 1, size=size, targets=[40])
 
 
 def _gain():
@@ -240,7 +240,7 @@ def _gain():
 
 def test_versus_compares_each_clients_searched_mask_with_its_own_random_masks():
     ex, g = _example(), _gain()
-    v = ex.versus(g)
+    v = sp.searched_versus_random(g)
     c = v["clients"]
     assert [x["searched"] for x in c] == pytest.approx([0.8, 0.5, 0.6])  # p[k, k]
     assert [x["random_mean"] for x in c] == pytest.approx([0.8, 0.45, 0.15])
@@ -264,14 +264,14 @@ def test_versus_diagnostics_on_client_means_by_hand():
     (searched), 0.6, 0.1 rank 2 3 1 against fine-tuned 3 1 2: τ = -1/3, ρ = -0.5."""
     ex, g = _example(), _gain()
     g["random"].update(train_seeds=3, repeats=[[0.7, 0.5, 0.6], [0.8, 0.6, 0.7]], inherited=[[0.3, 0.6, 0.1]] * 3)
-    d = ex.versus(g)["diagnostics"]
+    d = sp.searched_versus_random(g)["diagnostics"]
     seed_std = np.std([1.9 / 3, 0.6, 0.7], ddof=1)
     assert d["train_seeds"] == 3 and d["seed_std"] == pytest.approx(seed_std)
     assert d["signal_to_noise"] == pytest.approx(np.std([1.3 / 3, 1.5 / 3], ddof=1) / seed_std)
     assert d["kendall_tau"] == pytest.approx(-1 / 3) and d["spearman"] == pytest.approx(-0.5) and d["n"] == 3
-    result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g, "versus": ex.versus(g)}
+    result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g, "versus": sp.searched_versus_random(g)}
     assert "supernet ranking Kendall's τ -0.333" in ex.report(result, make_config("spider"), None)
-    assert "diagnostics" not in ex.versus(_gain())  # a gain.json without the repeats
+    assert "diagnostics" not in sp.searched_versus_random(_gain())  # a gain.json without the repeats
 
 
 def test_seeds_run_the_comparison_per_seed_and_table_mean_and_std(tmp_path, monkeypatch):
