@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import load_example
+from jaxfednas.stages import StageRunner
 
 ROOT = Path(__file__).resolve().parents[3]
 # example -> the function main hands its overrides to (replaced here: nothing trains)
@@ -46,7 +47,7 @@ def test_fednas_train_set_reaches_the_evaluation_stage_of_every_cell(tmp_path, m
             raise Stop
         return {"final": {"global_test_acc": 0.5}}
 
-    monkeypatch.setattr(mod, "_stage", fake_stage)
+    monkeypatch.setattr(StageRunner, "stage", lambda runner, name, cfg: (fake_stage(runner, name, cfg), 1.0))
     with pytest.raises(Stop):
         mod.main(["--train-set", "algo.lr_schedule=cosine", "--train-set", "run.eval_every=2", "--train-seeds", "2",
                   "--set", "algo.nodes=1", "--out", str(tmp_path / "o")])
@@ -80,17 +81,18 @@ def test_dfnas_train_set_reaches_every_child_not_the_search(tmp_path, monkeypatc
             arch = uniform_arch(cfg.algo.space, "k3")
             return {"run": name, "algorithm": "dfnas", "space": arch.space, "choices": list(arch.choices),
                     "global_test_acc": 0.5}
-        if name == "searched-fedavg-seed_1":
+        if name == "random-0-fedavg":  # (the last of the control's trainings)
             raise Stop
-        return {"run": name, "algorithm": algo, "global_test_acc": 0.5}
+        return {"run": name, "algorithm": algo, "global_test_acc": 0.5, "params": 1}
 
     monkeypatch.setattr(mod, "_stage", fake_stage)
     with pytest.raises(Stop):
         mod.main(["--seeds", "0", "--random", "1", "--train-set", "algo.lr_schedule=cosine", "--train-set",
                   "run.eval_every=2", "--out", str(tmp_path / "o")])
-    assert sorted(ran) == ["noniid-8", "random-0-fedavg", "searched-fedavg", "searched-fedavg-seed_1"]
+    assert sorted(ran) == ["noniid-8", "random-0-fedavg", "searched-fedavg", "searched-fedavg-seed_1",
+                           "searched-fedavg-seed_2"]
     assert ran["noniid-8"].algorithm == "dfnas" and ran["noniid-8"].run.eval_every != 2
-    for name in ("searched-fedavg", "searched-fedavg-seed_1", "random-0-fedavg"):
+    for name in ("searched-fedavg", "searched-fedavg-seed_1", "searched-fedavg-seed_2", "random-0-fedavg"):
         assert ran[name].algo.lr_schedule == "cosine" and ran[name].run.eval_every == 2, name
     for bad, message in ((["--train-set", "algo.lr_schedul=cosine"], "did you mean algo.lr_schedule"),
                          (["--train-set", "data.alpha=0.1"], "only algo.* and run.*")):
