@@ -39,10 +39,12 @@ from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.evidence import Control, diagnostics_note, Labels, Names, searched_vs_random, stage_trainer, write_page
-from jaxfednas.files import save_figure
+from jaxfednas.cost import model_params
+from jaxfednas.plots import plot_methods_by_client
+from jaxfednas.reports import read_client_test_acc
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.process import exit_process, run_script
-from jaxfednas.stages import load_run, StageRunner
+from jaxfednas.stages import load_run, shared_settings, StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.rng import personalize_key
 from jaxfednas.seeds import over_seeds, parse_seeds
@@ -67,26 +69,6 @@ def _describe(row: dict) -> str:
     acc = f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
     ent = f", α entropy {row['arch_entropy']:.4f}" if "arch_entropy" in row else ""
     return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{acc}{ent}"
-
-
-def _model_params(cfg, ds) -> int:
-    """Weights of the model one client trains (the supernet, the evaluation network or the
-    baseline's network), counted from shapes only; as DARTS counts, without the training-only
-    auxiliary head (``algo.auxiliary_weight`` > 0)."""
-    from jaxfednas.cost import count_params  # noqa: PLC0415
-    from jaxfednas.algorithms.fednas import make_supernet  # noqa: PLC0415
-    from jaxfednas.algorithms.fednas_train import make_network  # noqa: PLC0415
-    from jaxfednas.search_spaces.models import init_variables, make_model  # noqa: PLC0415
-
-    info = DataInfo.of(ds, cfg.data.num_clients)
-    if cfg.algorithm == "fednas":
-        model = make_supernet(cfg.algo, info)
-    elif cfg.algorithm == "fednas_train":
-        model = make_network(cfg.algo, info)
-    else:
-        model = make_model(cfg.algo.model, ds.num_classes, cfg.data.dataset)
-    v = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
-    return count_params({k: p for k, p in v["params"].items() if k != "auxiliary_head"})
 
 
 def _fmt(x: float) -> str:
@@ -142,11 +124,12 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         return make_config("fednas_train", preset=preset, overrides=over)
 
     ds, train = load_dataset(search_cfg.data.dataset, search_cfg.data.data_dir), config_for(searched, None).algo
+    info = DataInfo.of(ds, search_cfg.data.num_clients)
 
     control = Control(
         searched=searched, sample=lambda k: random_genotype(k, PRIMITIVE_SETS[search_cfg.algo.primitives],
                                                             search_cfg.algo.nodes),
-        train=stage_trainer(runner, config_for), size=lambda g: _model_params(config_for(g, None), ds),
+        train=stage_trainer(runner, config_for), size=lambda g: model_params(config_for(g, None), info),
         match=(lambda g: network_params(g, C=train.C, num_classes=ds.num_classes, layers=train.layers,
                                         image_shape=tuple(ds.image_shape))) if args.match_size else None,
         inherited=(out / "search", lambda run: make_inherited_accuracy(run.config.algo, run.data.info,
@@ -168,7 +151,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
         ("derived normal cell", _cell(searched.normal)), ("derived reduce cell", _cell(searched.reduce)),
         ("evaluation-stage client test acc (mean ± std, unweighted)",
          f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} ± {_fmt(t['final']['client_test_acc_std_unweighted'])}"),
-        ("supernet parameters", f"{_model_params(search_cfg, ds):,}"),
+        ("supernet parameters", f"{model_params(search_cfg, info):,}"),
         ("wall time search / evaluation stage (s)", f"{runner.times['search']:.0f} / {runner.times['train']:.0f}"),
     ]
     page = write_page(out, ev, title=f"FedNAS global search ({search_cfg.data.dataset})", labels=LABELS, head=head,
@@ -195,7 +178,7 @@ def personalized(args, overrides: dict) -> None:
     runner.stage("fednas", search_cfg)  # (it checks the same local test rows)
     t0 = time.perf_counter()
     run = load_run(out / "fednas")
-    algo, data, state, ds = run.algorithm, run.data, run.state, run.dataset
+    algo, data, state, info = run.algorithm, run.data, run.state, run.data.info
     rows, pers = algo.personalize(state, data, personalize_key(search_cfg.run.seed))
     pers = jax.device_get(pers)
     genos = client_genotypes(search_cfg.algo, rows["arch"])
@@ -211,21 +194,13 @@ def personalized(args, overrides: dict) -> None:
     print(f"  local adaptation of w and α on every client: {time.perf_counter() - t0:.0f} s", flush=True)
 
     d = search_cfg.data
-    shared = {
-        "data.dataset": d.dataset, "data.data_dir": d.data_dir, "data.num_clients": d.num_clients,
-        "data.partition": d.partition, "data.alpha": d.alpha, "data.classes_per_client": d.classes_per_client,
-        "data.min_size": d.min_size, "data.partition_seed": d.partition_seed, "run.seed": search_cfg.run.seed,
-        "data.split": (d.split[0] + d.split[1], 0.0, d.split[2]), "run.rounds": search_cfg.run.rounds,
-        "run.clients_per_round": search_cfg.run.clients_per_round, "run.eval_every": search_cfg.run.rounds,
-        "algo.batch_size": search_cfg.algo.batch_size, "algo.local_epochs": search_cfg.algo.local_epochs,
-        "run.placement": search_cfg.run.placement,
-    }
-    results = {"FedNAS (personalized)": (np.asarray(pers["client_test_acc"]), t_pers, _model_params(search_cfg, ds))}
+    shared = {**shared_settings(search_cfg, algo=("batch_size", "local_epochs")), "run.eval_every": search_cfg.run.rounds,
+              "data.split": (d.split[0] + d.split[1], 0.0, d.split[2])}  # the examples FedNAS searches on
+    results = {"FedNAS (personalized)": (np.asarray(pers["client_test_acc"]), t_pers, model_params(search_cfg, info))}
     for name, extra in BASELINES.items():
         cfg = make_config(name, preset=preset, overrides={**shared, **({} if preset else extra)})
         runner.stage(name, cfg)  # on FedNAS's local test rows, or it stops
-        acc = np.loadtxt(out / name / "clients.csv", delimiter=",", skiprows=1, usecols=4, ndmin=1)
-        results[name] = (acc, runner.times[name], _model_params(cfg, ds))
+        results[name] = (read_client_test_acc(out / name), runner.times[name], model_params(cfg, info))
 
     lines = ["| method | params | avg local test acc (mean ± std over clients) | min | max | wall time (s) |",
              "|---|---|---|---|---|---|"]
@@ -237,7 +212,7 @@ def personalized(args, overrides: dict) -> None:
     csv = header + "".join(f"{k}," + ",".join(f"{results[m][0][k]:.6f}" for m in results) + "\n"
                            for k in range(d.num_clients))
     atomic_write_text(out / "clients.csv", csv)
-    _plot_clients(results, out / "plots" / "clients.png")
+    plot_methods_by_client({m: r[0] for m, r in results.items()}, out / "plots" / "clients.png")
     notes = (
         f"FedNAS: each client keeps the model best on its own validation split among the global model (epoch 0) "
         f"and its {search_cfg.algo.personalize_epochs} adaptation epochs (ties: the later); kept epochs "
@@ -252,26 +227,6 @@ def personalized(args, overrides: dict) -> None:
     print(notes, end="")
     print(f"per-client accuracies: {out / 'clients.csv'}, {out / 'plots' / 'clients.png'}; "
           f"per-client genotypes: {out / 'personal_genotypes.json'}; kept epochs: {out / 'personal_selection.json'}")
-
-
-def _plot_clients(results: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-    from matplotlib.figure import Figure  # noqa: PLC0415
-
-    k = len(next(iter(results.values()))[0])
-    fig = Figure(figsize=(max(6.0, 0.7 * k + 2), 3.6))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    width = 0.8 / len(results)
-    for j, (name, (acc, _, _)) in enumerate(results.items()):
-        ax.bar(np.arange(k) + (j - (len(results) - 1) / 2) * width, acc, width, label=name)
-    ax.set_xlabel("client")
-    ax.set_ylabel("local test accuracy")
-    ax.set_xticks(np.arange(k))
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=100)
 
 
 def main(argv=None) -> int:

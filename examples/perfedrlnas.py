@@ -36,7 +36,7 @@ import numpy as np
 from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ExperimentConfig
-from jaxfednas.cost import network_params
+from jaxfednas.cost import model_params
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
@@ -203,12 +203,12 @@ def run_one(args, overrides: dict, out: Path) -> dict:
                                    "global_mean": float(m["client_test_acc_global_mean_unweighted"]),
                                    "epochs": run.config.algo.personalize_epochs}))
             rows.append(_row(method, ["fednas"], np.asarray(pers["client_test_acc"]), w_search + pers["wall_s"],
-                             network_params(cfgs["fednas"], info), search_wall_s=round(w_search, 1),
+                             model_params(cfgs["fednas"], info), search_wall_s=round(w_search, 1),
                              global_supernet_acc=pers["global_mean"], genotype=s["architecture"]))
         else:
             s, wall = runner.stage(method, cfgs[method])
             rows.append(_row(method, [method], read_client_test_acc(out / method), wall,
-                             network_params(cfgs[method], info),
+                             model_params(cfgs[method], info),
                              global_model_acc=s["final"].get("client_test_acc_global_mean_unweighted")))
 
     d = pfr_cfg.data

@@ -34,7 +34,7 @@ import numpy as np
 from jaxfednas.algorithms import spider as sp
 from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ExperimentConfig
-from jaxfednas.cost import network_params
+from jaxfednas.cost import model_params
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
@@ -154,12 +154,12 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
                 **train_over, "algo.genotype": json.dumps(s["architecture"], sort_keys=True)})
             t, w_train = runner.stage("fednas/train", train_cfg)
             rows.append(_row(method, ["fednas/search", "fednas/train"], read_client_test_acc(out / "fednas" / "train"),
-                             w_search + w_train, network_params(train_cfg, info), {},
+                             w_search + w_train, model_params(train_cfg, info), {},
                              genotype=s["architecture"], search_wall_s=round(w_search, 1)))
         else:
             s, wall = runner.stage(method, cfgs[method])
             rows.append(_row(method, [method], read_client_test_acc(out / method), wall,
-                             network_params(cfgs[method], info), s["final"]))
+                             model_params(cfgs[method], info), s["final"]))
 
     result = {"dataset": spider_cfg.data.dataset, "clients": spider_cfg.data.num_clients,
               "partition": f"{spider_cfg.data.partition}({spider_cfg.data.alpha})", "rounds": spider_cfg.run.rounds,

@@ -97,7 +97,7 @@ def count_params(tree) -> int:
     return total
 
 
-def network_params(cfg, info) -> int:
+def model_params(cfg, info) -> int:
     """Weights of the network one client trains under ``cfg`` (an ``ExperimentConfig`` of a
     bundled algorithm) on data described by ``info`` (a ``DataInfo``), counted from shapes
     only (``jax.eval_shape``: nothing is allocated). FedNAS counts its supernet, FedNAS'

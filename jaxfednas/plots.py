@@ -163,3 +163,23 @@ def plot_memory_vs_budget(runs: Mapping[str, Mapping[str, Mapping]], path) -> No
     ax.set_xlabel("client")
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
+
+
+def plot_methods_by_client(acc: Mapping[str, np.ndarray], path) -> None:
+    """Each method's local test accuracy per client, side by side (``acc``: method -> one
+    value per client, all of the same clients)."""
+    from jaxfednas.files import save_figure  # noqa: PLC0415
+
+    k = len(next(iter(acc.values())))
+    fig = _figure((max(6.0, 0.7 * k + 2), 3.6))
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / len(acc)
+    for j, (name, a) in enumerate(acc.items()):
+        ax.bar(np.arange(k) + (j - (len(acc) - 1) / 2) * width, a, width, label=name)
+    ax.set_xlabel("client")
+    ax.set_ylabel("local test accuracy")
+    ax.set_xticks(np.arange(k))
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)

@@ -9,7 +9,7 @@ import pytest
 
 from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas.algorithms import spider as sp
-from jaxfednas.cost import count_params, network_params
+from jaxfednas.cost import count_params, model_params
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.plots import plot_gain_matrix, plot_memory_vs_budget
@@ -59,17 +59,17 @@ def _info(shape=(8, 8, 1), classes=10):
     return DataInfo("digits", 4, classes, shape, 16.0, (0.0,) * shape[-1], (1.0,) * shape[-1])
 
 
-def test_network_params_counts_the_built_network_without_allocating_or_its_auxiliary_head():
+def test_model_params_counts_the_built_network_without_allocating_or_its_auxiliary_head():
     cfg = make_config("fedavg", overrides={"data.dataset": "digits"})
     model = make_model(cfg.algo.model, 10, "digits")
     real = init_variables(model, jax.random.PRNGKey(0), (8, 8, 1))["params"]
-    assert network_params(cfg, _info()) == count_params(real) > 0
+    assert model_params(cfg, _info()) == count_params(real) > 0
     info = _info((32, 32, 3))
     plain = make_config("fednas_train", overrides={"algo.C": 4, "algo.layers": 3})
     aux = make_config("fednas_train", overrides={"algo.C": 4, "algo.layers": 3, "algo.auxiliary_weight": 0.4})
-    assert network_params(aux, info) == network_params(plain, info) > 0
+    assert model_params(aux, info) == model_params(plain, info) > 0
     search = make_config("fednas", overrides={"algo.C": 4, "algo.layers": 3})
-    assert network_params(search, info) > network_params(plain, info)  # the supernet: every op on every edge
+    assert model_params(search, info) > model_params(plain, info)  # the supernet: every op on every edge
 
 
 def test_shared_settings_are_the_main_runs_data_and_run_fields():
