@@ -7,55 +7,33 @@ child, against FedAvg on a fixed hand-designed network.
     python examples/dfnas.py --out runs/dfnas --resume             # continue an interrupted run
     python examples/dfnas.py --seeds 0,1,2                         # searched vs random over three seeds
 
-Default (digits, the paper's experiments scaled down):
-  * ``noniid-8/``  — Table 1 / Fig. 1 analogue: 8 clients, Dirichlet(0.5) partition;
-  * ``iid-2/``, ``iid-4/``, ``iid-8/`` — Table 2 analogue: IID partitions of 2, 4, 8 clients;
-  * ``fedavg-noniid-8/`` — FedAvg of a plain ShuffleNetV2 (the all-3×3 child of the same
-    space, a hand-designed network of the same size class) on the same non-IID clients.
-Each DFNAS run searches and trains at once (Algorithm 2 around Algorithm 1); the final
-child argmax(α) is evaluated directly on the global test set, without retraining (its
-BatchNorm statistics re-estimated on the clients' training data). ``results.md`` /
-``results.json`` list accuracy, parameters, multiply-adds and wall time per run.
-
-With ``--preset`` only the preset's DFNAS run and its FedAvg baseline run.
-Every run is a run directory of its own; ``--resume`` continues whichever was interrupted.
-
-``--seeds 0,1,2`` asks only the question of the control, once per seed (``run.seed``, which
-also draws the partition and the random children) into ``seed_<s>/``: the first DFNAS run
-(the non-IID one, or the preset's), its child and ``--random`` children of matched
-multiply-adds each trained with FedAvg from scratch. The IID runs and the hand-designed
-FedAvg baseline are left out there (they take most of the time and do not enter the
-comparison). The searched child is also trained with ``--train-seeds`` - 1 other training
-seeds on the same partition (``searched-fedavg-seed_<j>/``; 3 seeds in all by default), and
-every child is scored with the weights it inherits from the search's supernet (its single
-path, BN recalibrated on the clients; ``inherited.json``), for the two diagnostics: the
-architecture signal-to-noise ratio (std over the random children / std of the searched one
-over training seeds) and the supernet's ranking (Kendall's τ and Spearman's ρ between
-inherited and trained-alike accuracy). ``results.md`` gives mean ± std over seeds of the
-child's accuracy as searched, the searched and random children's accuracy trained alike,
-searched − random mean, the fraction of random children beaten and the diagnostics;
-``plots/searched_vs_random.png`` plots them by parameters. ``--train-set algo.lr_schedule=cosine``
-(repeatable; algo.*/run.* of FedAvg) changes the children's recipe, all alike;
-``--children-bn-recal N`` compares them with BatchNorm statistics recalibrated on the clients,
-as the search's own child is evaluated, instead of FedAvg's averaged running statistics.
+Default (digits, the paper's experiments scaled down), each a resumable run directory:
+``noniid-8/`` (Table 1 / Fig. 1: 8 Dirichlet(0.5) clients), ``iid-2/``, ``iid-4/``, ``iid-8/``
+(Table 2), ``fedavg-noniid-8/`` (FedAvg of the space's all-3x3 child on the same clients).
+Each DFNAS run searches and trains at once (Algorithm 2 around Algorithm 1); its final child
+argmax(α) is evaluated without retraining. ``--preset``: the preset's DFNAS run and its
+FedAvg baseline. Then the control (:func:`jaxfednas.evidence.searched_vs_random`): the first
+run's child, its ``--train-seeds`` training seeds and ``--random`` children of matched
+multiply-adds, each trained from scratch with the baseline's recipe (``--train-set``,
+``--children-bn-recal``). ``--seeds`` runs only the first DFNAS run and the control, once
+per seed into ``seed_<s>/``, and tables mean ± std. What each number means and the results:
+docs/papers/dfnas.md.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import jax
 
-from jaxfednas.cost import count_params
+from jaxfednas.cost import model_params
 from jaxfednas.algorithms.dfnas import child_report
-from jaxfednas.search_spaces.models import init_variables, make_model
-from jaxfednas.checkpoint import atomic_write_text
+from jaxfednas.search_spaces.models import make_model
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.process import exit_process, run_script
-from jaxfednas.evidence import Control, Labels, Names, searched_vs_random, write_page
+from jaxfednas.evidence import (Control, diagnostics_note, Labels, Names, searched_vs_random, write_page,
+                                write_results)
 from jaxfednas.stages import StageRunner
 from jaxfednas.registry import make_config
 from jaxfednas.seeds import over_seeds, parse_seeds
@@ -63,14 +41,8 @@ from jaxfednas.search_spaces.models import child_model_name, child_of_model_name
 from jaxfednas.search_spaces.sampling import random_shuffle_arch
 from jaxfednas.search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
 
-# Digits scaling (the paper gives no optimiser settings). DFNAS is one-stage: the child is
-# only as good as the steps its units ran as a single path after early fixing froze its
-# blocks. With 8 clients a round advances the shared model by ~25 local steps, so α must
-# concentrate within a few rounds: α lr 0.2 (200x DSNAS' 1e-3, whose ImageNet runs take
-# ~2,000x more steps) fixes every block by round ~11, and w lr 0.05 (the FedAvg baseline's)
-# suits the shared supernet better than 0.1. On the non-IID 8-client run the earlier
-# defaults (α lr 0.05, w lr 0.1) ended at 0.66 with 4 of 7 blocks fixed, while the same
-# child trained alone reached 0.975: benchmarks/studies/dfnas_sensitivity.py, docs/papers/dfnas.md.
+# Digits scaling (the paper gives no optimiser settings): α lr 0.2 fixes every block by round ~11 and w lr
+# 0.05 is the FedAvg baseline's (docs/papers/dfnas.md, "Training settings the paper does not give").
 DIGITS = {"data.dataset": "digits", "data.split": (0.75, 0.0, 0.25), "run.rounds": 20, "run.eval_every": 10,
           "algo.space": "small", "algo.batch_size": 32, "algo.local_epochs": 5, "algo.arch_lr": 0.2,
           "algo.lr": 0.05}
@@ -84,11 +56,8 @@ def _baseline(space: str) -> dict:
 
 
 def _describe(row: dict) -> str:
-    extra = ""
-    if "global_test_acc" in row:
-        extra += f", global test acc {row['global_test_acc']:.4f}"
-    if "fixed_blocks" in row:
-        extra += f", fixed blocks {int(row['fixed_blocks'])}"
+    extra = (f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else "") + \
+        (f", fixed blocks {int(row['fixed_blocks'])}" if "fixed_blocks" in row else "")
     return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{extra}"
 
 
@@ -125,12 +94,9 @@ def run(args) -> None:
                note=(f"Each seed (`seed_<s>/results.md`): its own partition, the first DFNAS run "
                      f"({plan(args, overrides)[0][0]}), then its child and {args.random} random children with "
                      "multiply-adds within ±10 % of its, each trained from scratch with the FedAvg baseline's "
-                     "recipe on the same clients. IID runs and the hand-designed FedAvg baseline are not run "
-                     f"here. The searched child is trained with {args.train_seeds} training seeds: its std over them "
-                     "is the noise of the architecture signal-to-noise ratio (std over the random children / that "
-                     "std). The supernet ranking is Kendall's τ (Spearman's ρ) over the seed's children between "
-                     "their accuracy in the search's supernet (single path, BN recalibrated) and trained alike. "
-                     "Plot: `plots/searched_vs_random.png`."))
+                     "recipe on the same clients. IID runs and the hand-designed FedAvg baseline are not run here. "
+                     + diagnostics_note("child", "trained alike", args.train_seeds)
+                     + " (Inherited weights: the child's single path, BN recalibrated.)"))
 
 
 def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) -> dict:
@@ -147,10 +113,7 @@ def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) ->
         rows.append(_stage(runner, name, algo, make_config(algo, preset=preset, overrides=over)))
     if args.random:
         return random_control(args, runner, rows, runs, out)
-    table = results_table(rows)
-    print("\n" + table)
-    atomic_write_text(out / "results.md", table + "\n")
-    atomic_write_text(out / "results.json", json.dumps(rows, indent=2) + "\n")
+    write_results(out, f"DFNAS ({', '.join(r['run'] for r in rows)})", results_table(rows) + "\n", rows)
     return {}
 
 
@@ -171,16 +134,11 @@ def _stage(runner: StageRunner, name: str, algo: str, cfg) -> dict:
                    space=arch.space, choices=list(arch.choices), fixed_blocks=s["final"].get("fixed_blocks"),
                    global_test_acc_bn_recal=s["final"].get("global_test_acc_bn_recal"))
     else:
-        model = make_model(cfg.algo.model, ds.num_classes, d.dataset)
-        shapes = jax.eval_shape(lambda: init_variables(model, jax.random.PRNGKey(0), ds.image_shape))
-        if ":" in cfg.algo.model:  # a searched or random child
-            arch = child_of_model_name(cfg.algo.model)
-            label = str(arch)
-        else:
-            arch = uniform_arch(model.space.name, "k3")
-            label = f"ShuffleNetV2 (k3 in every block of {model.space.name})"
-        cost = child_cost(arch, ds.num_classes, ds.image_shape)
-        row.update(architecture=label, params=count_params(shapes["params"]), macs=cost["macs"])
+        space = make_model(cfg.algo.model, ds.num_classes, d.dataset).space.name
+        arch = child_of_model_name(cfg.algo.model) if ":" in cfg.algo.model else uniform_arch(space, "k3")  # a child
+        label = str(arch) if ":" in cfg.algo.model else f"ShuffleNetV2 (k3 in every block of {space})"
+        row.update(architecture=label, params=model_params(cfg, DataInfo.of(ds, d.num_clients)),
+                   macs=child_cost(arch, ds.num_classes, ds.image_shape)["macs"])
         if "global_test_acc_bn_recal" in s["final"]:  # (algo.bn_recalibration_batches > 0)
             row["global_test_acc_bn_recal"] = s["final"]["global_test_acc_bn_recal"]
     return row
