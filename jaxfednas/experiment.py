@@ -330,7 +330,11 @@ def _train(cfg: ExperimentConfig, out: Path, run: _Prepared, *, progress, on_rou
         bar.close()
         if completed > saved_round:
             save(completed)
-        log(f"interrupted: checkpoint of round {completed} saved in {ckpt_path}; continue with --resume")
+        if saved_round:
+            log(f"interrupted: checkpoint of round {saved_round} saved in {ckpt_path}; continue with --resume")
+        else:  # (no round finished: no checkpoint exists, and --resume starts at round 0)
+            log("interrupted before the first round finished: no checkpoint was written; --resume starts the run "
+                "again from round 0")
         raise
     finally:
         bar.close()

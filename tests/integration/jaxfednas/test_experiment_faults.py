@@ -349,6 +349,24 @@ def test_sigterm_checkpoints_and_prints_one_line(tmp_path):
     assert json.loads((d / "config.json").read_text())["run"]["rounds"] == 500
 
 
+def test_an_interrupt_before_the_first_round_claims_no_checkpoint_and_its_advice_works(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """Interrupted during the first round: no checkpoint exists, the message says so, and its
+    advice (--resume) runs the whole run from round 0."""
+    def stop(state, m):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        poison_algorithms(m, round_fn=stop)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(_cfg(2), tmp_path / "early", progress=False)
+    out = capsys.readouterr()
+    assert "no checkpoint was written; --resume starts the run again from round 0" in out.out + out.err
+    assert "checkpoint of round" not in out.out + out.err and not (tmp_path / "early" / "checkpoint.msgpack").exists()
+    run_experiment(_cfg(2), tmp_path / "early", resume=True, progress=False)
+    assert _checkpoint_round(tmp_path / "early") == 2
+
+
 def test_settings_the_configuration_never_reads_warn_in_one_line_each(tmp_path):
     lines = []
     run_experiment(_cfg(1, **{"run.trim_fraction": 0.2, "run.server_lr": 0.5, "data.data_dir": str(tmp_path)}),
