@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al. 2017) on federated data, through the Python API.
 
     python examples/fedavg.py                      # digits, 8 Dirichlet(0.5) clients, 30 rounds
-    python examples/fedavg.py --preset paper       # CIFAR-10 setting of the FedNAS paper's baseline
+    python examples/fedavg.py --preset paper --data-dir DIR   # CIFAR-10 setting of the FedNAS paper's baseline
     python examples/fedavg.py --set algo.lr=0.1 --rounds 50 --out runs/my-fedavg
 
 The same run as ``jaxfednas run fedavg ...``; this file shows the library calls
@@ -29,6 +29,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset")
     p.add_argument("--rounds", type=int)
+    p.add_argument("--data-dir", help="prepared data directory (CIFAR-10 for --preset paper)")
     p.add_argument("--out", default="runs/example-fedavg")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
@@ -40,6 +41,8 @@ def main():
         overrides = parse_set(args.set)  # SECTION.FIELD=VALUE, checked as the CLI checks it
         if args.rounds is not None:
             overrides["run.rounds"] = args.rounds
+        if args.data_dir is not None:
+            overrides["data.data_dir"] = args.data_dir
         if not str(args.out).strip():
             raise ConfigError("--out is empty: give a directory")
         summary = run_experiment(get_config(args.preset, **overrides), args.out, resume=args.resume)

@@ -363,8 +363,9 @@ def _cifar_archive_hint(name: str, data_dir: str | os.PathLike[str] | None) -> s
     return (
         f"The {spec.title} archive route looks, in this order, for\n" + "\n".join(looked) + "\n"
         f"To get one: download {_CIFAR_URL}{binary.archive} (md5 {binary.md5}) into {shown}, "
-        f"or run jaxfednas.data.datasets.download_cifar({name!r}, {shown!r}) (--download on the command "
-        f"line) on a machine with internet access, then pass --data-dir {shown}. A torchvision or keras "
+        f"or, on a machine with internet access, run `jaxfednas partition --dataset {name} --data-dir {shown} "
+        f"--download --out runs/{name}-partition` (or jaxfednas.data.datasets.download_cifar({name!r}, "
+        f"{shown!r})); then pass --data-dir {shown}. A torchvision or keras "
         f"download directory holding {spec.formats[1].folder}/ or {spec.formats[1].archive} works as it is."
     )
 

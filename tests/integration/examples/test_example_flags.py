@@ -153,3 +153,24 @@ def test_fedavg_example_refuses_bad_input_in_one_line(argv, message, tmp_path):
     assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert sum("error" in line for line in r.stderr.splitlines()) == 1, r.stderr  # (argparse adds its usage)
     assert not (tmp_path / "run").exists()
+
+
+def test_fedavg_example_without_cifar_gives_advice_it_can_follow(tmp_path):
+    """--preset paper without the data: one line of advice naming only flags and commands that
+    exist -- this example's --data-dir, and the CLI command that downloads."""
+    import subprocess
+    import sys
+
+    empty = tmp_path / "cifar"
+    empty.mkdir()
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "fedavg.py"), "--preset", "paper", "--data-dir",
+                        str(empty), "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert str(empty) in r.stderr and f"then pass --data-dir {empty}" in r.stderr, r.stderr  # the flag it has
+    command = f"jaxfednas partition --dataset cifar10 --data-dir {empty} --download --out runs/cifar10-partition"
+    advised = command.split()[1:]
+    assert command in r.stderr, r.stderr
+    from jaxfednas.cli import _parser
+
+    assert _parser().parse_args(advised).download  # the advised command parses
