@@ -109,6 +109,7 @@ DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4  # dp-accounting's own PLDAccountan
 # building it costs ~7 us a point on one core (a Poisson-subsampled Gaussian), so ~7 s.
 PLD_MAX_POINTS = 1_000_000
 PLD_MAX_INTERVAL = 100.0  # dp-accounting overflows (expm1 of the interval) far above this
+MAX_NOISE_MULTIPLIER = 1e150  # sigma^2 overflows a float near 1e154; epsilon is 0 to float precision long before
 _PLD_LOG_TAIL = -50.0  # dp-accounting's log_mass_truncation_bound of the Gaussian
 # Calibration searches sigma in this range.  Below ~0.05 a subsampled-Gaussian
 # PLD has privacy losses in the thousands and gets slow and memory hungry.
@@ -145,6 +146,9 @@ def _check_noise_multiplier(value) -> float:
             "(epsilon = inf), which no accountant can report")
     if not 0.0 < sigma < math.inf:
         raise ValueError(f"noise_multiplier must be in (0, inf), got {sigma!r}")
+    if sigma > MAX_NOISE_MULTIPLIER:
+        raise ValueError(f"noise_multiplier {sigma:g} is above {MAX_NOISE_MULTIPLIER:g}, where sigma^2 overflows the "
+                         "accountants' floats; any such noise gives epsilon 0 to float precision")
     return sigma
 
 

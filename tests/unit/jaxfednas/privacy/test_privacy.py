@@ -505,3 +505,17 @@ def test_the_former_module_name_still_imports_with_a_warning():
         former = importlib.import_module("jaxfednas.privacy.dpfnas")
     assert former.__all__ == dp_fnas.__all__
     assert all(getattr(former, n) is getattr(dp_fnas, n) for n in dp_fnas.__all__)
+
+
+def test_a_noise_multiplier_beyond_the_float_range_is_refused_in_one_line():
+    """sigma = 1e200: sigma^2 overflows; every accountant refused with OverflowError or
+    'math domain error' before. Now one ValueError naming the argument; 1e150 still works."""
+    from jaxfednas import privacy as P
+
+    calls = (lambda s: P.gdp_mu_poisson(sampling_prob=0.01, noise_multiplier=s, steps=100),
+             lambda s: P.pld_epsilon(sampling_prob=0.01, noise_multiplier=s, steps=100, delta=1e-5),
+             lambda s: P.rdp_epsilon(sampling_prob=0.01, noise_multiplier=s, steps=100, delta=1e-5))
+    for call in calls:
+        with pytest.raises(ValueError, match="noise_multiplier 1e.200 is above 1e.150"):
+            call(1e200)
+        assert call(1e150) == pytest.approx(0.0, abs=1e-100)
