@@ -133,8 +133,27 @@ def _read_config_json(cfg_path: Path) -> dict:
         config_from_dict(raw)
     except OSError as e:
         raise RunDirectoryError(f"--resume: cannot read {cfg_path}: {e.strerror or e}") from None
-    except (ValueError, TypeError, KeyError, AttributeError) as e:  # JSONDecodeError is a ValueError
-        what = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # (JSONDecodeError: a ValueError)
+        what = str(e).splitlines()[0] if str(e) and not isinstance(e, RecursionError) else type(e).__name__
         raise RunDirectoryError(f"--resume: {cfg_path} is not a run's configuration ({what}); it was not written "
                                 "by a run: start afresh in another --out") from None
     return raw
+
+
+def read_json(path: str | os.PathLike, kind: type, advice: str):
+    """The JSON value of ``path``, a file a run or an example wrote, of type ``kind`` (``dict``,
+    ``list``); a one-line :class:`RunDirectoryError` naming the file and ``advice`` (what to do)
+    when it cannot be read, is not JSON, is nested too deep or holds another type."""
+    path = Path(path)
+    _refuse_non_file(path)
+    try:
+        value = json.loads(path.read_text())
+    except OSError as e:
+        raise RunDirectoryError(f"cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        what = "nested too deep" if isinstance(e, RecursionError) else str(e).splitlines()[0]
+        raise RunDirectoryError(f"{path} is damaged ({what}): {advice}") from None
+    if not isinstance(value, kind):
+        raise RunDirectoryError(f"{path} holds a JSON {type(value).__name__}, not the {kind.__name__} written there: "
+                                f"{advice}")
+    return value

@@ -21,7 +21,7 @@ from jaxfednas.registry import build_algorithm, config_from_dict
 from jaxfednas.resume import config_hash, _accepted_hashes, _nonfinite_leaves
 from jaxfednas.run_options import RunOptions
 from jaxfednas.rng import init_key
-from jaxfednas.rundir import CHECKPOINT, holds_run
+from jaxfednas.rundir import CHECKPOINT, holds_run, _read_config_json, read_json
 
 
 def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool,
@@ -64,7 +64,8 @@ class StageRunner:
         self.out, self.resume, self.describe, self.same_test_rows = Path(out), resume, describe, same_test_rows
         path = self.out / self.WALL_TIMES
         #: Each stage's wall time in seconds, by name (kept in ``out/wall_times.json``).
-        self.times: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+        self.times: dict[str, float] = read_json(path, dict, "remove it: the stages' wall times are then counted "
+                                                 "from this call on") if path.exists() else {}
         #: The first stage and its clients' test indices, once a stage has run.
         self.test_splits: tuple[str, list] | None = None
         self._datasets: dict[tuple, Dataset] = {}  # (dataset, data_dir) -> loaded, for finished stages' checks
@@ -75,7 +76,8 @@ class StageRunner:
         print(f"== {name}: {cfg.algorithm}, {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{cfg.run.rounds} rounds -> {d}", flush=True)
         resumed = self.resume and holds_run(d)
-        summary = json.loads((d / "summary.json").read_text()) if resumed and (d / "summary.json").exists() else None
+        summary = read_json(d / "summary.json", dict, "remove it: --resume then finishes the stage from its checkpoint "
+                            "and writes it again") if resumed and (d / "summary.json").exists() else None
         done = summary is not None and summary["rounds"] >= cfg.run.rounds
         s = self._finished(d, cfg, summary) if done else None
         if s is None:
@@ -101,7 +103,7 @@ class StageRunner:
         decide."""
         manifest_path = d / "partition" / "manifest.json"
         if summary["rounds"] != cfg.run.rounds or not manifest_path.exists() or \
-                config_hash(config_from_dict(json.loads((d / "config.json").read_text()))) != config_hash(cfg):
+                config_hash(config_from_dict(_read_config_json(d / "config.json"))) != config_hash(cfg):
             return None
         if part.load_manifest(manifest_path)["sha256"] != make_partition(cfg, self._dataset(cfg))["sha256"]:
             return None  # (run_stage says what differs)
@@ -135,7 +137,7 @@ def cached_json(path: str | os.PathLike, key: dict, resume: bool, compute: Calla
     it reads), so a resumed example does not compute a finished step again."""
     path = Path(path)
     if resume and path.exists():
-        saved = json.loads(path.read_text())
+        saved = read_json(path, dict, "remove it: it is computed again")
         if saved.get("key") == key:
             return saved
     result = {"key": key, **compute()}
@@ -190,7 +192,7 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     out = Path(out_dir)
     if not (out / "config.json").exists() or not checkpoint_files(out / CHECKPOINT):
         raise FileNotFoundError(f"{out} holds no finished run (config.json and {CHECKPOINT} are needed)")
-    stored = json.loads((out / "config.json").read_text())
+    stored = _read_config_json(out / "config.json")
     cfg = config_from_dict(stored)
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     manifest = make_partition(cfg, dataset)
@@ -218,7 +220,7 @@ def inherited_accuracies(out: str | os.PathLike, search_dir: str | os.PathLike, 
     Kept in ``out/inherited.json`` by ``key(architecture)``, so a resumed job loads the run
     and measures only the architectures it has not measured."""
     path = Path(out) / "inherited.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
+    known = read_json(path, dict, "remove it: the accuracies are measured again") if path.exists() else {}
     missing = [a for a in architectures if key(a) not in known]
     if missing:
         print(f"== inherited-weight accuracy of {len(missing)} architectures ({Path(search_dir).name}'s supernet)",

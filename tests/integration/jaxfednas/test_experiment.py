@@ -253,6 +253,30 @@ def test_stage_runner_keeps_wall_times_and_checks_test_splits(tmp_path, capsys):
     assert "round 1/1" not in capsys.readouterr().out
 
 
+def test_stage_runner_names_a_damaged_file_and_its_advice_works(tmp_path, capsys):
+    """A damaged wall_times.json, stage summary.json or inherited.json of an example's --out is
+    one line naming the file (RunDirectoryError, which the examples print as such), and the
+    advice it gives (remove the file) lets --resume go on."""
+    from jaxfednas.rundir import RunDirectoryError
+    from jaxfednas.stages import inherited_accuracies, StageRunner
+
+    describe = lambda row: f"loss {row['train_loss']:.3f}"  # noqa: E731
+    first = StageRunner(tmp_path, resume=False, describe=describe).stage("a", _cfg(1))[0]
+    for name, damage in ((StageRunner.WALL_TIMES, "{"), ("a/summary.json", "[" * 100_000), ("a/summary.json", "[]")):
+        (tmp_path / name).write_text(damage)
+        with pytest.raises(RunDirectoryError, match=f"{tmp_path / name} (is damaged|holds a JSON list).*remove it"):
+            StageRunner(tmp_path, resume=True, describe=describe).stage("a", _cfg(1))
+        (tmp_path / name).unlink()  # the advice
+        s, _ = StageRunner(tmp_path, resume=True, describe=describe).stage("a", _cfg(1))
+        assert s["final"] == json.loads(json.dumps(first["final"])) and s["rounds"] == 1
+    (tmp_path / "inherited.json").write_text("not json")
+    with pytest.raises(RunDirectoryError, match="inherited.json is damaged.*measured again"):
+        inherited_accuracies(tmp_path, tmp_path / "a", [1], lambda run: lambda v, a, d: 0.5)
+    (tmp_path / "inherited.json").unlink()
+    assert inherited_accuracies(tmp_path, tmp_path / "a", [1], lambda run: lambda v, a, d: 0.5) == [0.5]
+    capsys.readouterr()
+
+
 def test_stage_runner_reads_a_finished_stage_from_its_text_files(tmp_path, capsys, monkeypatch):
     """--resume on a finished stage reads its summary.json (no checkpoint needed); a stage whose
     partition or configuration no longer matches goes to run_stage, which says why."""
