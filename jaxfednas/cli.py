@@ -329,11 +329,30 @@ def _partition(args) -> int:
         run_dir = out if holds_run(out) else out.absolute().parent
         raise RunDirectoryError(f"--out {args.out} lies in the run directory {run_dir}, whose partition is the "
                                 "run's own record: choose another --out")
+    _refuse_foreign_partition_files(out)
     dataset = load_dataset(d.dataset, d.data_dir)
     manifest = make_partition(ExperimentConfig("partition", d, RunConfig(seed=args.seed), None), dataset)
     print(write_partition_report(manifest, dataset, Path(args.out)))
     print(f"manifest sha256 {manifest['sha256']}; wrote {args.out}/manifest.json, label_counts.txt, label_heatmap.png")
     return 0
+
+
+def _refuse_foreign_partition_files(out: Path) -> None:
+    """A one-line RunDirectoryError where ``out`` holds files of the names ``partition`` writes
+    that an earlier ``partition`` did not write (its manifest.json is not a partition manifest):
+    they would be replaced."""
+    from jaxfednas.data import partition as part
+    from jaxfednas.rundir import RunDirectoryError
+
+    present = [n for n in ("manifest.json", "label_counts.txt", "label_heatmap.png") if (out / n).exists()]
+    if not present:
+        return
+    try:
+        part.load_manifest(out / "manifest.json")
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        raise RunDirectoryError(f"--out {out} holds {', '.join(present)}, which no earlier `jaxfednas partition` "
+                                "wrote there (no partition manifest) and which this one would replace: choose another "
+                                "--out") from None
 
 
 def _list() -> int:

@@ -227,6 +227,13 @@ def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "
     from jaxfednas.plots import plot_searched_vs_random
 
     out = Path(out)
+    mine = any(out.glob("seed_*/"))  # (a table of an earlier call over seeds)
+    foreign = [n for n in ("results.md", "results.json") if (out / n).exists()] if not mine else []
+    if foreign:
+        from jaxfednas.rundir import RunDirectoryError  # noqa: PLC0415
+
+        raise RunDirectoryError(f"--out {out} holds {', '.join(foreign)}, which no run over seeds wrote there (no "
+                                "seed_<s>/ beside it) and which the table over seeds would replace: choose another --out")
     per_seed = {}
     for seed in seeds:
         print(f"==== seed {seed}", flush=True)

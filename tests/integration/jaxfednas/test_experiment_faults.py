@@ -499,3 +499,35 @@ def test_a_file_system_fault_is_one_line_naming_the_path(tmp_path, capsys):
 
     with pytest.raises(OSError, match="no space"):
         run_script("examples/x.py", unnamed)
+
+
+def test_no_command_writes_over_files_it_did_not_write(tmp_path, capsys):
+    """`partition --out DIR` and a table over seeds refuse, in one line, a directory holding
+    files of the names they write that no such command wrote; their own earlier output is
+    rewritten (a partition again, a resumed table over seeds)."""
+    from jaxfednas import cli
+    from jaxfednas.rundir import RunDirectoryError
+    from jaxfednas.seeds import over_seeds
+
+    mine = tmp_path / "part"
+    mine.mkdir()
+    (mine / "label_counts.txt").write_text("my notes\n")
+    capsys.readouterr()
+    assert cli.main(["partition", "--out", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds label_counts.txt, which no earlier `jaxfednas partition`" in err, err
+    assert (mine / "label_counts.txt").read_text() == "my notes\n"
+    (mine / "label_counts.txt").unlink()
+    assert cli.main(["partition", "--out", str(mine)]) == 0  # then again: its own output, rewritten
+    assert cli.main(["partition", "--out", str(mine), "--clients", "4"]) == 0
+    capsys.readouterr()
+
+    table = tmp_path / "seeds"
+    table.mkdir()
+    (table / "results.md").write_text("# my results\n")
+    with pytest.raises(RunDirectoryError, match="holds results.md, which no run over seeds wrote"):
+        over_seeds([0], lambda seed, d: {"numbers": {"x": 1.0}}, table, title="t")
+    assert (table / "results.md").read_text() == "# my results\n"
+    (table / "seed_0").mkdir()  # an earlier call's seed directory: its table is rewritten
+    over_seeds([0], lambda seed, d: {"numbers": {"x": 1.0}}, table, title="t")
+    assert (table / "results.md").read_text().startswith("# t (seeds 0)")
