@@ -89,6 +89,14 @@ def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunL
     lock.acquire()
     if not resume:
         if holds_run(out):
+            try:
+                _read_config_json(out / "config.json") if (out / "config.json").exists() else None
+            except RunDirectoryError:
+                raise RunExistsError(f"--out {out} holds a config.json that no run wrote; a run would overwrite it: "
+                                     "choose an empty or new --out") from None
+            if not (out / "config.json").exists():  # checkpoints without the configuration they belong to
+                raise RunExistsError(f"--out {out} holds checkpoint files but no config.json: nothing there can be "
+                                     "resumed and a run would overwrite them: choose an empty or new --out")
             raise RunExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
         # hidden names are the lock and an interrupted atomic write's temporary file (".NAME.xxxx")
         foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if not p.name.startswith("."))

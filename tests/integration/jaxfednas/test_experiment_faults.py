@@ -531,3 +531,21 @@ def test_no_command_writes_over_files_it_did_not_write(tmp_path, capsys):
     (table / "seed_0").mkdir()  # an earlier call's seed directory: its table is rewritten
     over_seeds([0], lambda seed, d: {"numbers": {"x": 1.0}}, table, title="t")
     assert (table / "results.md").read_text().startswith("# t (seeds 0)")
+
+
+def test_a_users_config_or_checkpoint_in_out_gets_advice_that_works(tmp_path, capsys):
+    """--out holding a user's own config.json or checkpoint files: the advice used to be
+    'pass --resume', which then failed ('holds no run'). Now one line that says what is there
+    and to choose another --out -- and that advice works."""
+    from jaxfednas import cli
+
+    for name, text in (("config.json", '{"mine": 1}'), ("checkpoint.msgpack", "x"), ("checkpoint.7.msgpack", "x")):
+        d = tmp_path / name.replace(".", "_")
+        d.mkdir()
+        (d / name).write_text(text)
+        capsys.readouterr()
+        assert cli.main([*CLI, "--rounds", "1", "--out", str(d)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--resume" not in err and "choose an empty or new --out" in err, err
+        assert (d / name).read_text() == text
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(tmp_path / "new")]) == 0  # the advice
