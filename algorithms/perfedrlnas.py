@@ -957,6 +957,24 @@ def training_summary(run_dir, final: dict, clients_per_round: int) -> dict:
             "sampled_subnets": len(metrics) * clients_per_round, "fits": sum(c["fits"] for c in archs.clients.values())}
 
 
+def training_report(rows: list[dict], clients: int) -> list[str]:
+    """The Markdown lines of the PerFedRLNAS runs' training for a results page: per run (rows
+    of an example's table with :func:`training_summary`'s numbers) the reported accuracies,
+    the policies' entropy, the time term's share of the reward and the subnets over budget
+    (of ``clients``); none without such a row."""
+    if not rows:
+        return []
+    lines = ["", "| PerFedRLNAS run | reported acc (latest, mean) | best reported (code's number) | "
+             "policy entropy first → last round | time term's share of \\|r\\| (mean over rounds) | sampled "
+             "subnets over budget (all rounds) | argmax subnets within budget |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["policy_entropy"]
+        lines.append(f"| {r['label']} | {r['reported_acc_mean']:.4f} | {r['best_reported_acc_mean']:.4f} | "
+                     f"{e[0]:.3f} → {e[1]:.3f} | {r['reward_time_share']:.3f} | "
+                     f"{sum(r['over_budget'])}/{r['sampled_subnets']} | {r['fits']}/{clients} |")
+    return lines
+
+
 def control_numbers(method: str, params: float, control: dict) -> tuple[dict, dict]:
     """One run's control (:func:`control_summary`) for a table over seeds
     (:func:`jaxfednas.seeds.over_seeds`): ``numbers`` (name -> value: learned vs random with

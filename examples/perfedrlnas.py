@@ -245,15 +245,7 @@ def report(result: dict, cfg: ExperimentConfig) -> tuple[str, str]:
               "subnets' weights (FedNAS: the supernet, every client's adapted copy). sim. round time: mean over "
               "rounds of the slowest sampled client's simulated compute + transfer."]
     pfr = [r for r in result["rows"] if r["method"] in PERFEDRLNAS]
-    if pfr:
-        lines += ["", "| PerFedRLNAS run | reported acc (latest, mean) | best reported (code's number) | "
-                  "policy entropy first → last round | time term's share of \\|r\\| (mean over rounds) | sampled "
-                  "subnets over budget (all rounds) | argmax subnets within budget |", "|---|---|---|---|---|---|---|"]
-        for r in pfr:
-            e = r["policy_entropy"]
-            lines.append(f"| {r['label']} | {r['reported_acc_mean']:.4f} | {r['best_reported_acc_mean']:.4f} | "
-                         f"{e[0]:.3f} → {e[1]:.3f} | {r['reward_time_share']:.3f} | "
-                         f"{sum(r['over_budget'])}/{r['sampled_subnets']} | {r['fits']}/{result['clients']} |")
+    lines += pf.training_report(pfr, result["clients"])
     lines += pf.control_report([r for r in pfr if "random_control" in r])
     other = [r for r in result["rows"] if r.get("global_model_acc") is not None or "global_supernet_acc" in r]
     if other:
