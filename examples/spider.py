@@ -229,14 +229,14 @@ def main(argv=None) -> int:
     p.add_argument("--gain-epochs", type=int, help="fine-tuning epochs per entry of the personalization-gain "
                    "matrix (default 3 on digits, 30 with --preset paper)")
     p.add_methods(METHODS, default=METHODS, help=f"run a subset of {', '.join(METHODS)}")
+    p.add_seeds("the whole comparison once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
+                "mean ± std over seeds")
     p.add_control(random=3, random_help="the control: N random masks of the space per client, fine-tuned with the "
                   "gain matrix's recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)",
                   min_train_seeds=2, train_seeds_help="the control: fine-tune every client's searched mask with N "
                   "training seeds in all (their std is the noise of the architecture signal-to-noise ratio; default 3, "
                   "at least 2)", match_size_help="draw each client's random masks with parameters within ±10 %% of "
                   "its searched mask's")
-    p.add_seeds("the whole comparison once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
-                "mean ± std over seeds")
     p.add_run_dir("runs/spider", set_help="override a SPIDER setting (see `jaxfednas run spider --help`); "
                   "data./run. fields apply to every method")
     args = p.parse(argv)
