@@ -877,48 +877,63 @@ def random_control(run_dir, n: int, train_seeds: int = 1) -> dict:
     return {"draws": draws, "repeats": repeats, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def control_diagnostics(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
-    """The two diagnostics of one run's control (:func:`random_control`'s ``rand``), on client
-    means: architecture signal-to-noise (std over the random draws after the local epochs /
-    std of the learned subnets over training seeds) and the supernet's ranking (Kendall's τ
-    and Spearman's ρ over the learned subnets and the draws between their accuracy with the
-    supernet's weights and after the local epochs)."""
-    from jaxfednas.seeds import signal_to_noise, supernet_ranking  # noqa: PLC0415
-
-    local = [float(np.nanmean(d["local_epochs"])) for d in rand["draws"]]
-    repeats = [float(np.nanmean(learned_local))] + [float(np.nanmean(r)) for r in rand.get("repeats", [])]
-    snr = signal_to_noise(local, repeats)
-    ranking = supernet_ranking([float(np.nanmean(learned_supernet))]
-                               + [float(np.nanmean(d["supernet_weights"])) for d in rand["draws"]],
-                               [float(np.nanmean(learned_local))] + local)
-    return {"train_seeds": len(repeats), "seed_std": snr["seed_std"], "signal_to_noise": snr["ratio"],
-            "kendall_tau": ranking["kendall_tau"], "spearman": ranking["spearman"], "n": ranking["n"]}
-
-
-def versus_random_subnets(learned: np.ndarray, draws: list[np.ndarray]) -> dict:
-    """Learned argmax subnets (per-client accuracies) vs random ones (``draws``: one vector
-    per draw): :func:`jaxfednas.seeds.versus_random` of the client means, each draw's client
-    mean (``random_acc``) and the share of clients whose learned subnet beats its random
-    draws' mean (``clients_beating_random``)."""
-    from jaxfednas.seeds import versus_random  # noqa: PLC0415
-
+def clients_beating_random(learned, draws: list) -> float:
+    """The share of clients whose learned subnet (per-client accuracies) beats the mean of
+    their random subnets' (``draws``: one vector per draw)."""
     learned, rand = np.asarray(learned, np.float64), np.asarray(draws, np.float64)  # [K], [n, K]
-    vs = versus_random(float(np.nanmean(learned)), [float(np.nanmean(r)) for r in rand])
-    vs["random_acc"] = [float(np.nanmean(r)) for r in rand]
-    vs["clients_beating_random"] = float(np.mean(learned > np.nanmean(rand, 0)))
-    return vs
+    return float(np.mean(learned > np.nanmean(rand, 0)))
 
 
-def control_summary(learned_supernet: np.ndarray, learned_local: np.ndarray, rand: dict) -> dict:
-    """A run's learned-vs-random control for its report, from :func:`random_control`'s
-    ``rand`` and the learned argmax subnets' per-client accuracies with the supernet's
-    weights and after the local epochs: the draws, their parameters, learned vs random both
-    ways (:func:`versus_random_subnets`) and :func:`control_diagnostics`."""
-    params = [d["params_mean"] for d in rand["draws"]]
-    return {"draws": len(rand["draws"]), "params_mean": float(np.mean(params)), "draw_params": params,
-            "supernet_weights": versus_random_subnets(learned_supernet, [d["supernet_weights"] for d in rand["draws"]]),
-            "local_epochs": versus_random_subnets(learned_local, [d["local_epochs"] for d in rand["draws"]]),
-            "diagnostics": control_diagnostics(learned_supernet, np.asarray(learned_local), rand)}
+def client_means(learned_supernet, learned_local, params: float, rand: dict) -> dict:
+    """:func:`random_control`'s ``rand`` as :attr:`jaxfednas.evidence.Control.evaluate`
+    returns it, on client means: the learned argmax subnets after the local epochs over the
+    training seeds, each draw's random subnets after them (the comparison), their parameters
+    and their accuracies with the supernet's weights (``inherited``: the ranking's, and
+    :func:`control_summary`'s other test), learned first; per client, the share of clients
+    beating random in both tests (``clients_beating_random``)."""
+    draws = rand["draws"]
+    return {"randoms": [d["choices"] for d in draws], "random": [float(np.nanmean(d["local_epochs"])) for d in draws],
+            "repeats": [float(np.nanmean(learned_local))] + [float(np.nanmean(r)) for r in rand.get("repeats", [])],
+            "sizes": [params] + [d["params_mean"] for d in draws],
+            "inherited": [float(np.nanmean(learned_supernet))] + [float(np.nanmean(d["supernet_weights"]))
+                                                                  for d in draws],
+            "clients_beating_random": {key: clients_beating_random(learned, [d[key] for d in draws]) for key, learned
+                                       in (("supernet_weights", learned_supernet), ("local_epochs", learned_local))}}
+
+
+def control(run_dir, path, rounds: int, learned_supernet, learned_local, params: float, *, resume: bool):
+    """The learned-vs-random control of a finished PerFedRLNAS run as one batched
+    :class:`jaxfednas.evidence.Control`: its ``evaluate`` is :func:`random_control` (every
+    client's random subnets drawn per client, tested together; kept in ``path`` for the
+    run's ``rounds``) read as :func:`client_means` beside the learned argmax subnets'
+    per-client accuracies (``learned_supernet``, ``learned_local``) and mean parameters."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from jaxfednas.evidence import Control  # noqa: PLC0415
+    from jaxfednas.stages import cached_json  # noqa: PLC0415
+
+    def evaluate(randoms, train_seeds: int) -> dict:
+        rand = cached_json(path, {"rounds": rounds, "draws": len(randoms), "train_seeds": train_seeds}, resume,
+                           lambda: random_control(run_dir, len(randoms), train_seeds))
+        return client_means(learned_supernet, learned_local, params, rand)
+
+    learned = PersonalSubnets.from_json((Path(run_dir) / PersonalSubnets.FILENAME).read_text()).clients
+    return Control([learned[k]["choice"] for k in sorted(learned, key=int)], evaluate=evaluate)
+
+
+def control_summary(ev) -> dict:
+    """A run's learned-vs-random control for its report from :func:`control`'s
+    :class:`jaxfednas.evidence.Evidence`: the draws, their parameters, learned vs random
+    after the local epochs (``ev.versus``) and with the supernet's weights (the same
+    comparison of the inherited accuracies), each with every draw's client mean and the
+    share of clients beating random, and the diagnostics (``ev.snr``, ``ev.ranking``)."""
+    sw = dataclasses.replace(ev, repeats=ev.inherited[:1], random_scores=ev.inherited[1:], inherited=None)
+    beating = ev.details["clients_beating_random"]
+    tests = {key: {**e.versus, "random_acc": list(e.random_scores), "clients_beating_random": beating[key]}
+             for key, e in (("supernet_weights", sw), ("local_epochs", ev))}
+    return {"draws": len(ev.randoms), "params_mean": float(np.mean(ev.sizes[1:])), "draw_params": list(ev.sizes[1:]),
+            **tests, "diagnostics": {"train_seeds": len(ev.repeats), "seed_std": ev.snr["seed_std"],
+                                     "signal_to_noise": ev.snr["ratio"], **ev.ranking}}
 
 
 def training_summary(run_dir, final: dict, clients_per_round: int) -> dict:
@@ -940,6 +955,24 @@ def training_summary(run_dir, final: dict, clients_per_round: int) -> dict:
             "reward_time_share": float(np.mean([m["reward_time_share"] for m in metrics])),
             "policy_entropy": [entropy[0], entropy[-1]], "over_budget": [int(m["over_budget"]) for m in metrics],
             "sampled_subnets": len(metrics) * clients_per_round, "fits": sum(c["fits"] for c in archs.clients.values())}
+
+
+def training_report(rows: list[dict], clients: int) -> list[str]:
+    """The Markdown lines of the PerFedRLNAS runs' training for a results page: per run (rows
+    of an example's table with :func:`training_summary`'s numbers) the reported accuracies,
+    the policies' entropy, the time term's share of the reward and the subnets over budget
+    (of ``clients``); none without such a row."""
+    if not rows:
+        return []
+    lines = ["", "| PerFedRLNAS run | reported acc (latest, mean) | best reported (code's number) | "
+             "policy entropy first → last round | time term's share of \\|r\\| (mean over rounds) | sampled "
+             "subnets over budget (all rounds) | argmax subnets within budget |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["policy_entropy"]
+        lines.append(f"| {r['label']} | {r['reported_acc_mean']:.4f} | {r['best_reported_acc_mean']:.4f} | "
+                     f"{e[0]:.3f} → {e[1]:.3f} | {r['reward_time_share']:.3f} | "
+                     f"{sum(r['over_budget'])}/{r['sampled_subnets']} | {r['fits']}/{clients} |")
+    return lines
 
 
 def control_numbers(method: str, params: float, control: dict) -> tuple[dict, dict]:

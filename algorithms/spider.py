@@ -796,51 +796,117 @@ def gain_and_control(run_dir, path, epochs: int, *, resume: bool, draws: int = 0
     return result
 
 
-def searched_versus_random(g: dict) -> dict:
-    """Searched vs random from :func:`gain_and_control`'s result: per client, its searched
-    mask (``p[k, k]``) against its random masks; over clients, the mean of the searched
-    against each draw's mean; the plot's points (kept parameters, accuracy), means over
-    clients; with the diagnostics' inputs, the architecture signal-to-noise ratio and the
-    supernet's ranking (:mod:`jaxfednas.seeds`), on client means."""
-    from jaxfednas.seeds import signal_to_noise, supernet_ranking, versus_random  # noqa: PLC0415
+def client_means(g: dict) -> dict:
+    """:func:`gain_and_control`'s result ``g`` as :attr:`jaxfednas.evidence.Control.evaluate`
+    returns it, on client means: the searched masks (``p[k, k]``, then each other training
+    seed's), each draw's random masks, their kept parameters and (with the diagnostics'
+    inputs) their inherited accuracies, searched first; ``g`` itself as ``"gain"``."""
+    r = g["random"]
+    searched, rand = np.diag(np.asarray(g["matrix"])), np.asarray(r["acc"])
+    sizes = [float(np.mean(np.asarray(r["searched_params"], float)))]
+    return {"repeats": [float(searched.mean())] + [float(np.mean(x)) for x in r.get("repeats", [])],
+            "random": rand.mean(0).tolist(), "sizes": sizes + np.asarray(r["params"], float).mean(0).tolist(),
+            "inherited": np.asarray(r["inherited"]).mean(0).tolist() if "repeats" in r else None, "gain": g}
 
-    searched = np.diag(np.asarray(g["matrix"]))
-    rand, params = np.asarray(g["random"]["acc"]), np.asarray(g["random"]["params"], float)
-    s_params = np.asarray(g["random"]["searched_params"], float)
+
+def control(searched, run_dir, path, epochs: int, *, resume: bool, match_size: bool = False, plot=None):
+    """The personalization gain and the random control of a finished SPIDER run as one
+    batched :class:`jaxfednas.evidence.Control`: its ``evaluate`` is :func:`gain_and_control`
+    (every client's random masks drawn per client and fine-tuned with the gain matrix, kept
+    in ``path``) read as :func:`client_means`; the gain is ``Evidence.details["gain"]``."""
+    from jaxfednas.evidence import Control  # noqa: PLC0415
+
+    return Control(searched, evaluate=lambda randoms, train_seeds: client_means(gain_and_control(
+        run_dir, path, epochs, resume=resume, draws=len(randoms), match_size=match_size, train_seeds=train_seeds,
+        plot=plot)))
+
+
+def searched_versus_random(ev) -> dict:
+    """Searched vs random from :func:`control`'s :class:`jaxfednas.evidence.Evidence` (client
+    means: ``mean``, the plot's ``points`` and, with several training seeds, the
+    ``diagnostics``) and, per client, its searched mask (``p[k, k]``) against its own random
+    masks (``clients``; ``pairs_beaten`` of the client x draw ``pairs``)."""
+    from jaxfednas.seeds import versus_random  # noqa: PLC0415
+
+    g = ev.details["gain"]
+    searched, rand = np.diag(np.asarray(g["matrix"])), np.asarray(g["random"]["acc"])
     out = {"clients": [versus_random(searched[k], rand[k].tolist()) for k in range(len(searched))],
-           "mean": versus_random(searched.mean(), rand.mean(0).tolist()),
-           "pairs_beaten": int((searched[:, None] > rand).sum()), "pairs": int(rand.size),
-           "points": {"searched": (float(s_params.mean()), float(searched.mean())),
-                      "random": [(float(x), float(y)) for x, y in zip(params.mean(0), rand.mean(0))]}}
-    if "repeats" in g["random"]:  # the two diagnostics, on client means
-        repeats = [searched.mean()] + [float(np.mean(r)) for r in g["random"]["repeats"]]
-        snr = signal_to_noise(rand.mean(0).tolist(), repeats)
-        inherited = np.asarray(g["random"]["inherited"]).mean(0)  # searched, then each draw
-        ranking = supernet_ranking(inherited.tolist(), [float(searched.mean())] + rand.mean(0).tolist())
-        out["diagnostics"] = {"train_seeds": len(repeats), "seed_std": snr["seed_std"],
-                              "signal_to_noise": snr["ratio"], "inherited": inherited.tolist(), **ranking}
+           "mean": ev.versus, "pairs_beaten": int((searched[:, None] > rand).sum()), "pairs": int(rand.size),
+           "points": ev.points()}
+    if len(ev.repeats) > 1:
+        out["diagnostics"] = {"train_seeds": len(ev.repeats), "seed_std": ev.snr["seed_std"],
+                              "signal_to_noise": ev.snr["ratio"], "inherited": list(ev.inherited), **ev.ranking}
     return out
 
 
-def control_numbers(g: dict, versus: dict) -> dict:
+def control_numbers(ev, versus: dict) -> dict:
     """The random control's numbers for a table over seeds (:func:`jaxfednas.seeds.over_seeds`),
-    name -> value: client means of the searched and random masks, their difference, the
-    fraction of client x draw pairs the searched mask wins, the masks' parameters and, where
-    measured, the two diagnostics; from :func:`gain_and_control`'s ``g`` and
-    :func:`searched_versus_random`'s ``versus``."""
-    v = versus["mean"]
-    numbers = {"searched masks fine-tuned (mean over clients)": v["searched"],
-               "random masks fine-tuned (mean over clients and draws)": v["random_mean"],
-               "searched − random": v["searched_minus_random"],
-               "client × draw pairs where searched beats random (fraction)": versus["pairs_beaten"] / versus["pairs"],
-               "searched masks: parameters (mean over clients)": versus["points"]["searched"][0],
-               "random masks: parameters (mean)": float(np.mean(g["random"]["params"]))}
-    d = versus.get("diagnostics")
+    name -> value: :meth:`~jaxfednas.evidence.Evidence.numbers` of client means (searched,
+    random, their difference; the diagnostics where measured) with the fraction of client x
+    draw pairs the searched mask wins and the masks' parameters; from :func:`control`'s
+    ``ev`` and :func:`searched_versus_random`'s ``versus``."""
+    from jaxfednas.evidence import Labels  # noqa: PLC0415
+
+    labels = Labels(searched="searched masks fine-tuned (mean over clients)", random_std=None, beaten=None,
+                    random_mean="random masks fine-tuned (mean over clients and draws)", difference="searched − random",
+                    seed_std="searched masks: std over {n} training seeds (mean over clients)")
+    return {**ev.versus_numbers(labels),
+            "client × draw pairs where searched beats random (fraction)": versus["pairs_beaten"] / versus["pairs"],
+            "searched masks: parameters (mean over clients)": ev.sizes[0],
+            "random masks: parameters (mean)": float(np.mean(ev.details["gain"]["random"]["params"])),
+            **(ev.diagnostic_numbers(labels) if len(ev.repeats) > 1 else {})}
+
+
+def gain_report(g: dict) -> list[str]:
+    """The Markdown lines of :func:`gain_and_control`'s personalization-gain matrix ``g`` for a
+    results page: the matrix, each client's gain and their mean."""
+    p, k = np.asarray(g["matrix"]), len(g["gain"])
+    lines = ["", f"## Personalization gain (§5.2.2, Eq. 6; {g['epochs']} fine-tuning epochs, last epoch)", "",
+             "p[i, j]: client i's local test accuracy of client j's architecture fine-tuned on client i's train + "
+             "validation data from the global supernet's weights; g_i = Σ_j≠i (p_ii − p_ij) / (c − 1). "
+             "Heatmap: `plots/gain_matrix.png`.", "",
+             "| data \\ arch | " + " | ".join(map(str, range(k))) + " | g_i |", "|---" * (k + 2) + "|"]
+    lines += [f"| {i} | " + " | ".join(f"{x:.3f}" for x in p[i]) + f" | {g['gain'][i]:+.4f} |" for i in range(k)]
+    return lines + ["", f"mean personalization gain: {g['mean_gain']:+.4f} ({g['wall_s']:.0f} s)"]
+
+
+def control_report(g: dict, v: dict) -> list[str]:
+    """The Markdown lines of the random control for a results page: per client and over
+    clients, searched vs random masks (:func:`gain_and_control`'s ``g``,
+    :func:`searched_versus_random`'s ``v``), and the diagnostics where measured."""
+    r, n, m = g["random"], g["random"]["draws"], v["mean"]
+    matched_text = ", size-matched ±10 %" if r.get("match_size") else ""
+    lines = ["", f"## Searched vs random architectures ({n} random masks per client{matched_text}, same "
+             "fine-tuning)", "",
+             f"Every client's searched mask (p[k, k] above) against {n} masks drawn uniformly from the same space "
+             + ("among those with parameters within ±10 % of the searched mask's " if r.get("match_size") else "")
+             + "for that client (`sampling.random_mask`, keys `fold_in(random_arch_key(seed, i), k)`), each "
+             f"fine-tuned as the gain matrix's entries: {g['epochs']} epochs on the client's train + validation "
+             "data from the global supernet's weights, the same minibatches; local test accuracy. params: the "
+             "supernet weights the mask keeps. Plot: `plots/searched_vs_random.png`.", "",
+             "| client | searched params | searched acc | random params (mean) | random acc (mean ± std) | "
+             "searched − random | random beaten (ties) |", "|---|---|---|---|---|---|---|"]
+    for k, c in enumerate(v["clients"]):
+        lines.append(f"| {k} | {r['searched_params'][k]:,} | {c['searched']:.4f} | {np.mean(r['params'][k]):,.0f} "
+                     f"| {c['random_mean']:.4f} ± {c['random_std']:.4f} | {c['searched_minus_random']:+.4f} | "
+                     f"{c['beats']} of {n} ({c['ties']}) |")
+    lines.append(f"| mean over clients | {v['points']['searched'][0]:,.0f} | {m['searched']:.4f} | "
+                 f"{np.mean(r['params']):,.0f} | {m['random_mean']:.4f} ± {m['random_std']:.4f} | "
+                 f"{m['searched_minus_random']:+.4f} | {m['beats']} of {n} draws ({m['ties']}) |")
+    lines += ["", f"Mean over clients: searched {m['searched']:.4f} vs random {m['random_mean']:.4f} "
+              f"({m['searched_minus_random']:+.4f}; std over draws of the clients' mean); the searched mask beats "
+              f"its random mask in {v['pairs_beaten']} of {v['pairs']} client × draw pairs."]
+    d = v.get("diagnostics")
     if d:
-        numbers.update({f"searched masks: std over {d['train_seeds']} training seeds (mean over clients)":
-                        d["seed_std"], "architecture signal-to-noise": d["signal_to_noise"],
-                        "supernet ranking: Kendall τ": d["kendall_tau"], "supernet ranking: Spearman ρ": d["spearman"]})
-    return numbers
+        lines += ["", f"Diagnostics (client means): the searched masks fine-tuned with {d['train_seeds']} training "
+                  f"seeds (other minibatches) spread by {d['seed_std']:.4f} (std), the random draws by "
+                  f"{m['random_std']:.4f}: architecture signal-to-noise {d['signal_to_noise']:.2f}. With the "
+                  "global supernet's weights under each mask (BatchNorm statistics recalibrated under it on the "
+                  "client's train + validation data, no weight moved) the masks reach "
+                  f"{', '.join(f'{x:.4f}' for x in d['inherited'])} "
+                  f"(searched first): supernet ranking Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ "
+                  f"{d['spearman']:+.3f} over {d['n']} architectures."]
+    return lines
 
 
 def search_due(cfg: SpiderConfig, t, finished):

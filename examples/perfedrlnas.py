@@ -27,11 +27,9 @@ The default run took 6.8 minutes on 2 (shared) CPU cores with an empty compilati
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import numpy as np
 
 from jaxfednas.algorithms import perfedrlnas as pf
 from jaxfednas.checkpoint import atomic_write_text
@@ -39,14 +37,14 @@ from jaxfednas.config import ExperimentConfig
 from jaxfednas.cost import model_params
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.evidence import searched_vs_random, write_results
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.plots import plot_memory_vs_budget, plot_searched_vs_random
 from jaxfednas.process import exit_process, run_script
 from jaxfednas.registry import make_config
-from jaxfednas.reports import client_acc_summary, read_client_test_acc
 from jaxfednas.runtime import resolve_clients_per_round
 from jaxfednas.seeds import over_seeds, parse_seeds, wins_over_seeds
-from jaxfednas.stages import cached_json, personalized_accuracy, shared_settings, StageRunner
+from jaxfednas.stages import cached_json, method_row, personalized_accuracy, shared_settings, stage_row, StageRunner
 
 METHODS = ("perfedrlnas", "perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas")
 DEFAULT_METHODS = ("perfedrlnas", "local_adaptation", "local_only", "fednas")  # + perfedrlnas_nobudget: ~1.5 min more
@@ -104,11 +102,6 @@ def configs(args, overrides: dict) -> dict[str, ExperimentConfig]:
         "run.rounds": args.fednas_rounds or SEARCH_ROUNDS[mode], "algo.primitives": a.primitives,
         "algo.C": a.C, "algo.layers": a.layers, "algo.nodes": a.nodes})
     return out
-
-
-def _row(method: str, runs: list[str], acc: np.ndarray, wall: float, params: float, **extra) -> dict:
-    return {"method": method, "label": LABELS[method], "runs": runs, **client_acc_summary(acc), "params": params,
-            "wall_s": round(wall, 1), **extra}
 
 
 def run(args) -> None:
@@ -183,33 +176,32 @@ def run_one(args, overrides: dict, out: Path) -> dict:
     rows = []
     for method in args.only:
         if method in PERFEDRLNAS:
-            s, wall = runner.stage(method, cfgs[method])
-            f, acc = s["final"], read_client_test_acc(out / method)
+            s, row = stage_row(runner, method, cfgs[method], LABELS[method], lambda s: s["final"]["personal_params_mean"])
             local = cached_json(out / f"{method}_local_training.json", {"rounds": s["rounds"]}, args.resume,
                                 lambda m=method: pf.local_train_argmax(out / m))
-            rand = cached_json(out / f"{method}_random_subnets.json",
-                               {"rounds": s["rounds"], "draws": args.random, "train_seeds": args.train_seeds},
-                               args.resume, lambda m=method: pf.random_control(out / m, args.random, args.train_seeds)) \
-                if args.random else None
-            control = {"random_control": pf.control_summary(acc, local["client_test_acc"], rand)} if rand else {}
             per_round = resolve_clients_per_round(cfgs[method].run.clients_per_round, info.num_clients)
-            rows.append(_row(method, [method], acc, wall, f["personal_params_mean"],
-                             memory_budget=cfgs[method].algo.memory_budget, local_training=local,
-                             **pf.training_summary(out / method, f, per_round), **control))
+            row |= {"memory_budget": cfgs[method].algo.memory_budget, "local_training": local,
+                    **pf.training_summary(out / method, s["final"], per_round)}
+            if args.random:  # every client's random subnets drawn and tested in one batch
+                control = pf.control(out / method, out / f"{method}_random_subnets.json", s["rounds"],
+                                     row["client_test_acc"], local["client_test_acc"], row["params"], resume=args.resume)
+                ev = searched_vs_random(control, out, seed=cfgs[method].run.seed, random=args.random,
+                                        train_seeds=args.train_seeds)
+                row["random_control"] = pf.control_summary(ev)
+            rows.append(row)
         elif method == "fednas":
             s, w_search = runner.stage("fednas", cfgs["fednas"])
             pers = cached_json(out / "fednas_personalized.json", {"rounds": s["rounds"]}, args.resume,
                                lambda: personalized_accuracy(out / "fednas", lambda run, m: {  # He et al. §2.5
                                    "global_mean": float(m["client_test_acc_global_mean_unweighted"]),
                                    "epochs": run.config.algo.personalize_epochs}))
-            rows.append(_row(method, ["fednas"], np.asarray(pers["client_test_acc"]), w_search + pers["wall_s"],
-                             model_params(cfgs["fednas"], info), search_wall_s=round(w_search, 1),
-                             global_supernet_acc=pers["global_mean"], genotype=s["architecture"]))
+            rows.append(method_row(method, LABELS[method], ["fednas"], pers["client_test_acc"],
+                                   w_search + pers["wall_s"], model_params(cfgs["fednas"], info),
+                                   search_wall_s=round(w_search, 1), global_supernet_acc=pers["global_mean"],
+                                   genotype=s["architecture"]))
         else:
-            s, wall = runner.stage(method, cfgs[method])
-            rows.append(_row(method, [method], read_client_test_acc(out / method), wall,
-                             model_params(cfgs[method], info),
-                             global_model_acc=s["final"].get("client_test_acc_global_mean_unweighted")))
+            s, row = stage_row(runner, method, cfgs[method], LABELS[method], model_params(cfgs[method], info))
+            rows.append(row | {"global_model_acc": s["final"].get("client_test_acc_global_mean_unweighted")})
 
     d = pfr_cfg.data
     result = {"dataset": d.dataset, "clients": d.num_clients, "clients_per_round": pfr_cfg.run.clients_per_round,
@@ -221,22 +213,20 @@ def run_one(args, overrides: dict, out: Path) -> dict:
         plot_memory_vs_budget(memory, out / PLOT)
         result["memory_plot"] = str(PLOT)
     result["this_call_s"] = round(time.perf_counter() - t_call, 1)
-    text = report(result, pfr_cfg)
-    atomic_write_text(out / "results.md", text)
-    atomic_write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
-    print("\n" + text)
+    write_results(out, *report(result, pfr_cfg), result)
     print(f"results: {out / 'results.md'}" + (f"; memory vs budget: {out / PLOT}" if memory else "")
           + f"; this call {result['this_call_s']:.0f} s")
     return seed_numbers(rows)
 
 
-def report(result: dict, cfg: ExperimentConfig) -> str:
+def report(result: dict, cfg: ExperimentConfig) -> tuple[str, str]:
+    """The page's title and Markdown body."""
     a, d = cfg.algo, cfg.data
     space = f"DARTS C={a.C}, {a.layers} cells, {a.nodes} nodes, {a.primitives} ops" if a.space == "darts" else \
         f"{a.space} ({a.space_preset})"
-    lines = [f"# PerFedRLNAS vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']}, "
-             f"{result['clients_per_round']} per round)", "",
-             f"{result['rounds']} rounds of {a.local_epochs} local epochs; PerFedRLNAS: {space}, lr {a.lr} → "
+    title = (f"PerFedRLNAS vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']}, "
+             f"{result['clients_per_round']} per round)")
+    lines = [f"{result['rounds']} rounds of {a.local_epochs} local epochs; PerFedRLNAS: {space}, lr {a.lr} → "
              f"{a.lr_min}, policy Adam lr {a.policy_lr}, λ_time {a.lambda_time} ({a.time_term}), φ {a.phi}; FedNAS: "
              f"{result['fednas_search_rounds']} search rounds. Identical local test splits "
              f"({d.split[2]:.2g} of each client's data) in every run (checked on the partition manifests).", "",
@@ -255,15 +245,7 @@ def report(result: dict, cfg: ExperimentConfig) -> str:
               "subnets' weights (FedNAS: the supernet, every client's adapted copy). sim. round time: mean over "
               "rounds of the slowest sampled client's simulated compute + transfer."]
     pfr = [r for r in result["rows"] if r["method"] in PERFEDRLNAS]
-    if pfr:
-        lines += ["", "| PerFedRLNAS run | reported acc (latest, mean) | best reported (code's number) | "
-                  "policy entropy first → last round | time term's share of \\|r\\| (mean over rounds) | sampled "
-                  "subnets over budget (all rounds) | argmax subnets within budget |", "|---|---|---|---|---|---|---|"]
-        for r in pfr:
-            e = r["policy_entropy"]
-            lines.append(f"| {r['label']} | {r['reported_acc_mean']:.4f} | {r['best_reported_acc_mean']:.4f} | "
-                         f"{e[0]:.3f} → {e[1]:.3f} | {r['reward_time_share']:.3f} | "
-                         f"{sum(r['over_budget'])}/{r['sampled_subnets']} | {r['fits']}/{result['clients']} |")
+    lines += pf.training_report(pfr, result["clients"])
     lines += pf.control_report([r for r in pfr if "random_control" in r])
     other = [r for r in result["rows"] if r.get("global_model_acc") is not None or "global_supernet_acc" in r]
     if other:
@@ -271,7 +253,7 @@ def report(result: dict, cfg: ExperimentConfig) -> str:
             f"{r['label']}: {r.get('global_model_acc', r.get('global_supernet_acc')):.4f}" for r in other) + "."]
     if "memory_plot" in result:
         lines += ["", f"Memory vs budget (Fig. 4 analogue): `{result['memory_plot']}`."]
-    return "\n".join(lines) + "\n"
+    return title, "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

@@ -29,22 +29,20 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
 from jaxfednas.algorithms import spider as sp
-from jaxfednas.checkpoint import atomic_write_text
 from jaxfednas.config import ExperimentConfig
 from jaxfednas.cost import model_params
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
+from jaxfednas.evidence import searched_vs_random, write_results
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.process import exit_process, run_script
 from jaxfednas.registry import make_config
-from jaxfednas.reports import client_acc_summary, read_client_test_acc
+from jaxfednas.reports import read_client_test_acc
 from jaxfednas.search_spaces.darts.genotypes import cell_text
 from jaxfednas.seeds import over_seeds, parse_seeds
-from jaxfednas.stages import shared_settings, StageRunner
+from jaxfednas.stages import method_row, shared_settings, stage_row, StageRunner
 
 METHODS = ("spider", "local_nas", "fednas", "ditto", "perfedavg", "local_adaptation")
 LABELS = {"spider": "SPIDER", "local_nas": "local-only NAS (SPIDER λ=0, App. D.2)",
@@ -107,12 +105,6 @@ def configs(args, overrides: dict) -> tuple[dict[str, ExperimentConfig], dict]:
     return out, train
 
 
-def _row(method: str, runs: list[str], acc: np.ndarray, wall: float, params: float, final: dict, **extra) -> dict:
-    return {"method": method, "label": LABELS[method], "runs": runs, **client_acc_summary(acc),
-            "shared_model_acc": final.get("client_test_acc_global_mean_unweighted"), "params": params,
-            "wall_s": round(wall, 1), **extra}
-
-
 def run(args) -> None:
     """The comparison into ``--out``, or into ``--out/seed_<s>`` per seed with the table over seeds."""
     overrides = args.overrides
@@ -142,67 +134,66 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
     runner = StageRunner(out, resume=args.resume, describe=_describe)
     rows = []
     for method in args.only:
-        if method in ("spider", "local_nas"):
-            s, wall = runner.stage(method, cfgs[method])
-            f = s["final"]
-            rows.append(_row(method, [method], read_client_test_acc(out / method), wall, f["personal_params_mean"], f,
-                             prox_lambda=cfgs[method].algo.prox_lambda, final_clients=int(f["final_clients"]),
-                             edges_decided=f["edges_decided"]))
-        elif method == "fednas":
+        if method == "fednas":
             s, w_search = runner.stage("fednas/search", cfgs["fednas/search"])
             train_cfg = make_config("fednas_train", overrides={
                 **train_over, "algo.genotype": json.dumps(s["architecture"], sort_keys=True)})
             t, w_train = runner.stage("fednas/train", train_cfg)
-            rows.append(_row(method, ["fednas/search", "fednas/train"], read_client_test_acc(out / "fednas" / "train"),
-                             w_search + w_train, model_params(train_cfg, info), {},
-                             genotype=s["architecture"], search_wall_s=round(w_search, 1)))
-        else:
-            s, wall = runner.stage(method, cfgs[method])
-            rows.append(_row(method, [method], read_client_test_acc(out / method), wall,
-                             model_params(cfgs[method], info), s["final"]))
+            rows.append(method_row(method, LABELS[method], ["fednas/search", "fednas/train"],
+                                   read_client_test_acc(out / "fednas" / "train"), w_search + w_train,
+                                   model_params(train_cfg, info), shared_model_acc=None, genotype=s["architecture"],
+                                   search_wall_s=round(w_search, 1)))
+            continue
+        nas = method in ("spider", "local_nas")
+        s, row = stage_row(runner, method, cfgs[method], LABELS[method], (lambda s: s["final"]["personal_params_mean"])
+                           if nas else model_params(cfgs[method], info))
+        f = s["final"]
+        rows.append(row | {"shared_model_acc": f.get("client_test_acc_global_mean_unweighted")} | (
+            {"prox_lambda": cfgs[method].algo.prox_lambda, "final_clients": int(f["final_clients"]),
+             "edges_decided": f["edges_decided"]} if nas else {}))
 
     result = {"dataset": spider_cfg.data.dataset, "clients": spider_cfg.data.num_clients,
               "partition": f"{spider_cfg.data.partition}({spider_cfg.data.alpha})", "rounds": spider_cfg.run.rounds,
               "same_test_splits": True, "rows": rows}
-    genotypes = None
+    genotypes = ev = None
     if "spider" in args.only:
         genotypes = sp.PersonalGenotypes.from_json((out / "spider" / sp.PersonalGenotypes.FILENAME).read_text()).genotypes()
         result["genotypes"] = {str(k): g.to_dict() for k, g in genotypes.items()}
         epochs = args.gain_epochs or GAIN_EPOCHS[mode]
-        result["gain"] = sp.gain_and_control(
-            out / "spider", out / "gain.json", epochs, resume=args.resume, draws=args.random,
-            match_size=args.match_size, train_seeds=args.train_seeds, plot=out / "plots" / "gain_matrix.png") \
-            if len(genotypes) == spider_cfg.data.num_clients else None
-        if result["gain"] is None:
+        result["gain"] = None
+        if len(genotypes) == spider_cfg.data.num_clients:  # the gain matrix and the random masks: one batch
+            control = sp.control(genotypes, out / "spider", out / "gain.json", epochs, resume=args.resume,
+                                 match_size=args.match_size, plot=out / "plots" / "gain_matrix.png")
+            ev = searched_vs_random(control, out, seed=spider_cfg.run.seed, random=args.random,
+                                    train_seeds=args.train_seeds if args.random else 1)
+            result["gain"] = ev.details["gain"]
+        else:
             print(f"note: {spider_cfg.data.num_clients - len(genotypes)} clients have not finished their search; "
                   "no personalization gain and no random control (run more rounds or shorten "
                   "algo.warmup_rounds / algo.recovery_rounds)")
-        elif args.random:
-            result["versus"] = sp.searched_versus_random(result["gain"])
-            plot_searched_vs_random({spider_cfg.run.seed: result["versus"]["points"]},
-                                    out / "plots" / "searched_vs_random.png",
+        if ev is not None and args.random:
+            result["versus"] = sp.searched_versus_random(ev)
+            plot_searched_vs_random({spider_cfg.run.seed: ev.points()}, out / "plots" / "searched_vs_random.png",
                                     metric="client test acc after fine-tuning (mean over clients)",
                                     title=f"SPIDER ({spider_cfg.data.dataset}, seed {spider_cfg.run.seed}): searched "
                                     f"vs random masks, {epochs} fine-tuning epochs")
     result["this_call_s"] = round(time.perf_counter() - t_call, 1)
-    text = report(result, spider_cfg, genotypes)
-    atomic_write_text(out / "results.md", text)
-    atomic_write_text(out / "results.json", json.dumps(result, indent=1) + "\n")
-    print("\n" + text)
+    title, body = report(result, spider_cfg, genotypes)
+    write_results(out, title, body, result)
     print(f"results: {out / 'results.md'}; cell diagrams: {out / 'spider' / 'plots'}/client_<k>_normal.png, "
           f"_reduce.png; this call {result['this_call_s']:.0f} s")
     numbers = {f"{r['method']}: client test acc (mean over clients)": r["mean"] for r in rows}
     if result.get("gain"):
         numbers["mean personalization gain"] = result["gain"]["mean_gain"]
     if result.get("versus"):
-        numbers.update(sp.control_numbers(result["gain"], result["versus"]))
+        numbers.update(sp.control_numbers(ev, result["versus"]))
     return {"numbers": numbers, "points": result["versus"]["points"] if result.get("versus") else None}
 
 
-def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -> str:
+def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -> tuple[str, str]:
+    """The page's title and Markdown body."""
     a, d = spider_cfg.algo, spider_cfg.data
-    lines = [f"# SPIDER vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']})", "",
-             f"{result['rounds']} rounds; SPIDER: C={a.C}, {a.layers} cells, {a.nodes} nodes, {a.primitives} ops, "
+    lines = [f"{result['rounds']} rounds; SPIDER: C={a.C}, {a.layers} cells, {a.nodes} nodes, {a.primitives} ops, "
              f"t_s={a.warmup_rounds}, τ={a.recovery_rounds}, λ={a.prox_lambda}, lr {a.lr}, split {tuple(d.split)} "
              f"(other methods {d.split[0] + d.split[1]:.2g}/{d.split[2]:.2g}); identical local test splits in every "
              "run (checked on the partition manifests).", "",
@@ -223,52 +214,9 @@ def report(result: dict, spider_cfg: ExperimentConfig, genotypes: dict | None) -
                   "Diagrams: `spider/plots/client_<k>_normal.png`, `_reduce.png`.", "",
                   "| client | normal cell | reduce cell |", "|---|---|---|"]
         lines += [f"| {k} | {cell_text(g.normal)} | {cell_text(g.reduce)} |" for k, g in sorted(genotypes.items())]
-    g = result.get("gain")
-    if g:
-        p, k = np.asarray(g["matrix"]), len(g["gain"])
-        lines += ["", f"## Personalization gain (§5.2.2, Eq. 6; {g['epochs']} fine-tuning epochs, last epoch)", "",
-                  "p[i, j]: client i's local test accuracy of client j's architecture fine-tuned on client i's train + "
-                  "validation data from the global supernet's weights; g_i = Σ_j≠i (p_ii − p_ij) / (c − 1). "
-                  "Heatmap: `plots/gain_matrix.png`.", "",
-                  "| data \\ arch | " + " | ".join(map(str, range(k))) + " | g_i |", "|---" * (k + 2) + "|"]
-        lines += [f"| {i} | " + " | ".join(f"{x:.3f}" for x in p[i]) + f" | {g['gain'][i]:+.4f} |" for i in range(k)]
-        lines += ["", f"mean personalization gain: {g['mean_gain']:+.4f} ({g['wall_s']:.0f} s)"]
-    v = result.get("versus")
-    if v:
-        r, n = g["random"], g["random"]["draws"]
-        m = v["mean"]
-        matched_text = ", size-matched ±10 %" if r.get("match_size") else ""
-        lines += ["", f"## Searched vs random architectures ({n} random masks per client{matched_text}, same "
-                  "fine-tuning)", "",
-                  f"Every client's searched mask (p[k, k] above) against {n} masks drawn uniformly from the same space "
-                  + ("among those with parameters within ±10 % of the searched mask's " if r.get("match_size") else "")
-                  + "for that client (`sampling.random_mask`, keys `fold_in(random_arch_key(seed, i), k)`), each "
-                  f"fine-tuned as the gain matrix's entries: {g['epochs']} epochs on the client's train + validation "
-                  "data from the global supernet's weights, the same minibatches; local test accuracy. params: the "
-                  "supernet weights the mask keeps. Plot: `plots/searched_vs_random.png`.", "",
-                  "| client | searched params | searched acc | random params (mean) | random acc (mean ± std) | "
-                  "searched − random | random beaten (ties) |", "|---|---|---|---|---|---|---|"]
-        for k, c in enumerate(v["clients"]):
-            lines.append(f"| {k} | {r['searched_params'][k]:,} | {c['searched']:.4f} | {np.mean(r['params'][k]):,.0f} "
-                         f"| {c['random_mean']:.4f} ± {c['random_std']:.4f} | {c['searched_minus_random']:+.4f} | "
-                         f"{c['beats']} of {n} ({c['ties']}) |")
-        lines.append(f"| mean over clients | {v['points']['searched'][0]:,.0f} | {m['searched']:.4f} | "
-                     f"{np.mean(r['params']):,.0f} | {m['random_mean']:.4f} ± {m['random_std']:.4f} | "
-                     f"{m['searched_minus_random']:+.4f} | {m['beats']} of {n} draws ({m['ties']}) |")
-        lines += ["", f"Mean over clients: searched {m['searched']:.4f} vs random {m['random_mean']:.4f} "
-                  f"({m['searched_minus_random']:+.4f}; std over draws of the clients' mean); the searched mask beats "
-                  f"its random mask in {v['pairs_beaten']} of {v['pairs']} client × draw pairs."]
-        d = v.get("diagnostics")
-        if d:
-            lines += ["", f"Diagnostics (client means): the searched masks fine-tuned with {d['train_seeds']} training "
-                      f"seeds (other minibatches) spread by {d['seed_std']:.4f} (std), the random draws by "
-                      f"{m['random_std']:.4f}: architecture signal-to-noise {d['signal_to_noise']:.2f}. With the "
-                      "global supernet's weights under each mask (BatchNorm statistics recalibrated under it on the "
-                      "client's train + validation data, no weight moved) the masks reach "
-                      f"{', '.join(f'{x:.4f}' for x in d['inherited'])} "
-                      f"(searched first): supernet ranking Kendall's τ {d['kendall_tau']:+.3f}, Spearman's ρ "
-                      f"{d['spearman']:+.3f} over {d['n']} architectures."]
-    return "\n".join(lines) + "\n"
+    lines += sp.gain_report(result["gain"]) if result.get("gain") else []
+    lines += sp.control_report(result["gain"], result["versus"]) if result.get("versus") else []
+    return f"SPIDER vs baselines ({d.dataset}, {d.num_clients} clients, {result['partition']})", "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -281,14 +229,14 @@ def main(argv=None) -> int:
     p.add_argument("--gain-epochs", type=int, help="fine-tuning epochs per entry of the personalization-gain "
                    "matrix (default 3 on digits, 30 with --preset paper)")
     p.add_methods(METHODS, default=METHODS, help=f"run a subset of {', '.join(METHODS)}")
+    p.add_seeds("the whole comparison once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
+                "mean ± std over seeds")
     p.add_control(random=3, random_help="the control: N random masks of the space per client, fine-tuned with the "
                   "gain matrix's recipe beside each client's searched mask (needs spider in --only; default 3, 0: none)",
                   min_train_seeds=2, train_seeds_help="the control: fine-tune every client's searched mask with N "
                   "training seeds in all (their std is the noise of the architecture signal-to-noise ratio; default 3, "
                   "at least 2)", match_size_help="draw each client's random masks with parameters within ±10 %% of "
                   "its searched mask's")
-    p.add_seeds("the whole comparison once per seed (e.g. 0,1,2), each into --out/seed_<s>; results.md gives "
-                "mean ± std over seeds")
     p.add_run_dir("runs/spider", set_help="override a SPIDER setting (see `jaxfednas run spider --help`); "
                   "data./run. fields apply to every method")
     args = p.parse(argv)

@@ -31,6 +31,23 @@ so every method run with the same seed meets the same random architectures. Trai
 ``j`` of the searched architecture is :func:`jaxfednas.seeds.repeat_seed` ``(s, j)`` on the
 same partition. Over several seeds, :func:`jaxfednas.seeds.over_seeds` tables
 :meth:`Evidence.numbers` of each.
+
+A search whose architectures are scored together (every client's at once, one batch per
+call, kept in its own cache) gives ``evaluate`` instead of ``train``: ``evaluate(randoms,
+train_seeds)`` scores the searched architecture over ``train_seeds`` training seeds and the
+random ones in one go. ``randoms`` are the draws above where the control has a ``sample``;
+without one the search draws its own (SPIDER: per client, from ``fold_in(random_arch_key(s,
+i), k)``, size-matched per client) and ``randoms`` is ``range(random)``, the draws' indices::
+
+    def evaluate(randoms, train_seeds):   # e.g. one batched fine-tuning of every mask
+        r = my_batch(len(randoms), train_seeds)
+        return {"repeats": r.searched, "random": r.draws, "sizes": r.sizes, "inherited": r.inherited}
+
+    ev = searched_vs_random(Control(searched=masks, evaluate=evaluate), out, seed=0, random=5,
+                            train_seeds=3)
+
+``ev.details`` keeps what ``evaluate`` returned (e.g. per-client scores the search reports
+beside the comparison).
 """
 from __future__ import annotations
 
@@ -52,12 +69,18 @@ class Control:
 
     Attributes:
       searched: the architecture the search found.
-      sample: ``sample(key) -> architecture``, a uniform draw from the searched space.
+      sample: ``sample(key) -> architecture``, a uniform draw from the searched space; None
+        where ``evaluate`` draws its own.
       train: ``train(name, architecture, training_seed) -> score``: train the architecture
         from scratch with the evaluation recipe (as stage ``name`` of the job, resumable) and
         return its score; ``training_seed`` None is the job's own seed, else another training
         seed on the same partition. :func:`stage_trainer` builds one from a config per
         architecture.
+      evaluate: instead of ``train``, for a search that scores its architectures together:
+        ``evaluate(randoms, train_seeds) -> {"repeats": [score per training seed, the job's
+        own first], "random": [score per random architecture]}``, optionally with ``"randoms"``
+        (the architectures it drew, where the control has no ``sample``: it gets the draws'
+        indices), ``"sizes"`` and ``"inherited"`` (searched first, as :class:`Evidence`'s).
       size: ``size(architecture) -> parameters`` (the plot's x axis), or None.
       match: ``match(architecture) -> cost``: draw each random architecture within ±10 % of
         the searched one's cost (e.g. parameters or multiply-adds); None draws uniformly.
@@ -69,12 +92,19 @@ class Control:
     """
 
     searched: Any
-    sample: Callable[[Any], Any]
-    train: Callable[[str, Any, int | None], float]
+    sample: Callable[[Any], Any] | None = None
+    train: Callable[[str, Any, int | None], float] | None = None
     size: Callable[[Any], float] | None = None
     match: Callable[[Any], float] | None = None
     inherited: tuple[str | os.PathLike, Callable] | Callable[[list], Sequence[float]] | None = None
     key: Callable[[Any], str] = str
+    evaluate: Callable[[Sequence, int], dict] | None = None
+
+    def __post_init__(self):
+        if (self.train is None) == (self.evaluate is None):
+            raise ValueError("a Control needs exactly one of train (one architecture at a time) and evaluate (together)")
+        if self.train is not None and self.sample is None:
+            raise ValueError("a Control that trains one architecture at a time needs sample")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,20 +120,25 @@ class Names:
 @dataclasses.dataclass(frozen=True)
 class Labels:
     """How :meth:`Evidence.numbers` names its numbers (``{n}``: the training seeds); each
-    example keeps the names of its recorded tables."""
+    example keeps the names of its recorded tables. A number named None is left out."""
 
     searched: str = "searched cell: test acc"
     random_mean: str = "random cells: mean"
-    random_std: str = "random cells: std"
-    beaten: str = "random cells beaten (fraction)"
+    random_std: str | None = "random cells: std"
+    beaten: str | None = "random cells beaten (fraction)"
     seed_std: str = "searched cell: std over {n} training seeds"
+    difference: str = "searched − random mean"
+    snr: str = "architecture signal-to-noise"
+    kendall: str = "supernet ranking: Kendall τ"
+    spearman: str = "supernet ranking: Spearman ρ"
 
 
 @dataclasses.dataclass(frozen=True)
 class Evidence:
     """One job's result: the searched architecture's score over its training seeds
     (``repeats[0]`` is the job's own seed), the random architectures' scores, their sizes
-    and inherited accuracies (searched first; None where the control has none)."""
+    and inherited accuracies (searched first; None where the control has none); ``details``:
+    what :attr:`Control.evaluate` returned (None for a control that trains one at a time)."""
 
     seed: int
     searched: Any
@@ -113,6 +148,7 @@ class Evidence:
     sizes: tuple[float, ...] | None
     inherited: tuple[float, ...] | None
     key: Callable[[Any], str] = dataclasses.field(default=str, compare=False, repr=False)
+    details: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def score(self) -> float:
@@ -136,18 +172,27 @@ class Evidence:
         return supernet_ranking(list(self.inherited), [self.score, *self.random_scores])
 
     def numbers(self, labels: Labels = Labels()) -> dict[str, float]:
-        """The comparison's numbers by name, as :func:`jaxfednas.seeds.over_seeds` tables them."""
-        vs, snr = self.versus, self.snr
+        """The comparison's numbers by name, as :func:`jaxfednas.seeds.over_seeds` tables them:
+        :meth:`versus_numbers`, then :meth:`diagnostic_numbers`."""
         if not self.randoms:
-            return {labels.searched: vs["searched"]}
+            return {labels.searched: self.versus["searched"]}
+        return self.versus_numbers(labels) | self.diagnostic_numbers(labels)
+
+    def versus_numbers(self, labels: Labels = Labels()) -> dict[str, float]:
+        """The searched score against the random ones: their mean and std, the difference and
+        the fraction of random architectures beaten."""
+        vs = self.versus
         out = {labels.searched: vs["searched"], labels.random_mean: vs["random_mean"],
-               labels.random_std: vs["random_std"], "searched − random mean": vs["searched_minus_random"],
-               labels.beaten: vs["beats"] / len(self.random_scores),
-               labels.seed_std.format(n=len(self.repeats)): snr["seed_std"],
-               "architecture signal-to-noise": snr["ratio"]}
+               labels.random_std: vs["random_std"], labels.difference: vs["searched_minus_random"],
+               labels.beaten: vs["beats"] / len(self.random_scores)}
+        return {k: v for k, v in out.items() if k is not None}
+
+    def diagnostic_numbers(self, labels: Labels = Labels()) -> dict[str, float]:
+        """The std over training seeds, the architecture signal-to-noise ratio and, with
+        inherited accuracies, the supernet's ranking."""
+        out = {labels.seed_std.format(n=len(self.repeats)): self.snr["seed_std"], labels.snr: self.snr["ratio"]}
         if self.ranking is not None:
-            out |= {"supernet ranking: Kendall τ": self.ranking["kendall_tau"],
-                    "supernet ranking: Spearman ρ": self.ranking["spearman"]}
+            out |= {labels.kendall: self.ranking["kendall_tau"], labels.spearman: self.ranking["spearman"]}
         return out
 
     def points(self) -> dict:
@@ -182,27 +227,39 @@ def random_architectures(control: Control, seed: int, n: int) -> list:
 def searched_vs_random(control: Control, out: str | os.PathLike, *, seed: int, random: int, train_seeds: int,
                        names: Names = Names()) -> Evidence:
     """Train the searched architecture with ``train_seeds`` training seeds and ``random``
-    random architectures once each (stages named by ``names``, trained by ``control.train``),
-    measure the inherited accuracies (kept in ``out/inherited.json``); the :class:`Evidence`."""
+    random architectures once each (stages named by ``names``, trained by ``control.train``)
+    or score them together (``control.evaluate``), measure the inherited accuracies (kept in
+    ``out/inherited.json``); the :class:`Evidence`."""
     if random < 0 or train_seeds < 1:
         raise ValueError(f"random must be >= 0 and train_seeds >= 1, got {random} and {train_seeds}")
-    repeats = [float(control.train(names.searched, control.searched, None))]
-    for j in range(1, train_seeds):  # the same architecture, other training seeds: the seed noise
-        repeats.append(float(control.train(names.repeat.format(j=j), control.searched, repeat_seed(seed, j))))
-    randoms = random_architectures(control, seed, random)
-    scores = [float(control.train(names.random.format(i=i), a, None)) for i, a in enumerate(randoms)]
+    randoms = random_architectures(control, seed, random) if control.sample is not None else list(range(random))
+    details = sizes = inherited = None
+    if control.evaluate is not None:
+        details = control.evaluate(randoms, train_seeds)
+        repeats, scores = [float(x) for x in details["repeats"]], [float(x) for x in details["random"]]
+        randoms = list(details.get("randoms", randoms))
+        if (len(repeats), len(scores), len(randoms)) != (train_seeds, random, random):
+            raise ValueError(f"evaluate returned {len(repeats)} repeats and {len(scores)} random scores of "
+                             f"{len(randoms)} architectures for train_seeds={train_seeds}, random={random}")
+        sizes = None if details.get("sizes") is None else tuple(details["sizes"])
+        inherited = None if details.get("inherited") is None else tuple(float(a) for a in details["inherited"])
+    else:
+        repeats = [float(control.train(names.searched, control.searched, None))]
+        for j in range(1, train_seeds):  # the same architecture, other training seeds: the seed noise
+            repeats.append(float(control.train(names.repeat.format(j=j), control.searched, repeat_seed(seed, j))))
+        scores = [float(control.train(names.random.format(i=i), a, None)) for i, a in enumerate(randoms)]
     archs = [control.searched, *randoms]
-    sizes = None if control.size is None else tuple(control.size(a) for a in archs)
-    inherited = None
-    if callable(control.inherited) and randoms:
+    if sizes is None and control.size is not None:
+        sizes = tuple(control.size(a) for a in archs)
+    if inherited is None and callable(control.inherited) and randoms:
         inherited = tuple(float(a) for a in control.inherited(archs))
-    elif control.inherited is not None and randoms:
+    elif inherited is None and control.inherited is not None and randoms:
         from jaxfednas import stages  # noqa: PLC0415  (stages imports the runtime)
 
         search_dir, make_accuracy = control.inherited
         inherited = tuple(stages.inherited_accuracies(out, search_dir, archs, make_accuracy, key=control.key))
     return Evidence(seed, control.searched, tuple(randoms), tuple(repeats), tuple(scores), sizes, inherited,
-                    control.key)
+                    control.key, details)
 
 
 def stage_trainer(runner, config_for: Callable[[Any, int | None], Any], *,
@@ -245,8 +302,8 @@ def evidence_table(ev: Evidence, labels: Labels = Labels(), *, head: Sequence[tu
     comparison's numbers, then one row per architecture (``describe`` names it; default
     ``Control.key``) with its size, score and inherited accuracy."""
     lines = ["| quantity | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in head]
-    signed = {"searched − random mean": "{:+.4f}", "architecture signal-to-noise": "{:.2f}",
-              "supernet ranking: Kendall τ": "{:+.3f}", "supernet ranking: Spearman ρ": "{:+.3f}"}
+    signed = {labels.difference: "{:+.4f}", labels.snr: "{:.2f}", labels.kendall: "{:+.3f}",
+              labels.spearman: "{:+.3f}"}
     lines += [f"| {k} | {_fmt(v) if k not in signed or v != v else signed[k].format(v)} |"
               for k, v in ev.numbers(labels).items()]
     lines.append(f"| {labels.searched} over the {len(ev.repeats)} training seeds | "

@@ -131,6 +131,28 @@ def shared_settings(cfg: ExperimentConfig, algo: tuple[str, ...] = ()) -> dict:
     }
 
 
+def method_row(method: str, label: str, runs: list[str], acc, wall: float, params: float, **extra) -> dict:
+    """One method's row of an example's table: its name, label and run directories, its
+    per-client local test accuracies summarised (:func:`jaxfednas.reports.client_acc_summary`),
+    parameters, wall time (seconds, one decimal) and ``extra``."""
+    from jaxfednas.reports import client_acc_summary  # noqa: PLC0415
+
+    return {"method": method, "label": label, "runs": runs, **client_acc_summary(acc), "params": params,
+            "wall_s": round(wall, 1), **extra}
+
+
+def stage_row(runner: StageRunner, name: str, cfg: ExperimentConfig, label: str,
+              params: float | Callable[[dict], float], **extra) -> tuple[dict, dict]:
+    """Run (or find finished) the stage of one method (:meth:`StageRunner.stage`) and make its
+    :func:`method_row` from its ``clients.csv``; ``params`` is a number or a function of the
+    stage's ``summary.json``. Returns the summary and the row."""
+    from jaxfednas.reports import read_client_test_acc  # noqa: PLC0415
+
+    s, wall = runner.stage(name, cfg)
+    return s, method_row(name, label, [name], read_client_test_acc(runner.out / name), wall,
+                         params(s) if callable(params) else params, **extra)
+
+
 def cached_json(path: str | os.PathLike, key: dict, resume: bool, compute: Callable[[], dict]) -> dict:
     """``{"key": key, **compute()}``, saved to ``path`` (JSON); with ``resume`` the saved one
     is returned instead when it was computed for the same ``key`` (e.g. the rounds of the run

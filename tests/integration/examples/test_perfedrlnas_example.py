@@ -15,6 +15,7 @@ import pytest
 
 from conftest import load_example
 from jaxfednas.algorithms import perfedrlnas as pf
+from jaxfednas.evidence import Control, searched_vs_random
 
 ROOT = Path(__file__).resolve().parents[3]
 K = 6
@@ -212,7 +213,11 @@ def test_diagnostics_by_hand_on_client_means():
     rand = {"draws": [{"local_epochs": [0.6, 0.8], "supernet_weights": [0.5, 0.7]},
                       {"local_epochs": [0.5, np.nan], "supernet_weights": [0.1, 0.1]}],
             "repeats": [[0.8, 0.84], [0.76, 0.8]]}
-    d = pf.control_diagnostics(np.array([0.2, 0.4]), np.array([0.8, 0.8]), rand)
+    for d in rand["draws"]:
+        d |= {"choices": [[0], [0]], "params_mean": 1.0}
+    control = Control(None, evaluate=lambda randoms, t: pf.client_means(np.array([0.2, 0.4]), np.array([0.8, 0.8]),
+                                                                         1.0, rand))
+    d = pf.control_summary(searched_vs_random(control, ".", seed=0, random=2, train_seeds=3))["diagnostics"]
     assert d["train_seeds"] == 3 and d["n"] == 3 and d["seed_std"] == pytest.approx(0.02)
     assert d["signal_to_noise"] == pytest.approx(0.2 / 2 ** 0.5 / 0.02)
     assert d["kendall_tau"] == pytest.approx(1 / 3) and d["spearman"] == pytest.approx(0.5)

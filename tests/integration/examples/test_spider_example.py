@@ -19,6 +19,7 @@ from jaxfednas.algorithms import spider as sp
 from jaxfednas.algorithms.spider import personalization_gain
 from conftest import assert_accuracy, load_example
 from jaxfednas.config import ConfigError
+from jaxfednas.evidence import Control, searched_vs_random
 from jaxfednas.registry import make_config
 from jaxfednas.rng import random_arch_key
 from jaxfednas.search_spaces.darts import PRIMITIVE_SETS
@@ -238,9 +239,16 @@ def _gain():
                        "params": [[10, 20], [30, 40], [50, 60]], "searched_params": [12, 24, 36]}}
 
 
+def _evidence(g: dict):
+    """A gain.json's control as searched_vs_random reads it (sp.control's evaluate, without the run)."""
+    control = Control(None, evaluate=lambda randoms, train_seeds: sp.client_means(g))
+    return searched_vs_random(control, ".", seed=0, random=g["random"]["draws"],
+                              train_seeds=1 + len(g["random"].get("repeats", [])))
+
+
 def test_versus_compares_each_clients_searched_mask_with_its_own_random_masks():
     ex, g = _example(), _gain()
-    v = sp.searched_versus_random(g)
+    v = sp.searched_versus_random(_evidence(g))
     c = v["clients"]
     assert [x["searched"] for x in c] == pytest.approx([0.8, 0.5, 0.6])  # p[k, k]
     assert [x["random_mean"] for x in c] == pytest.approx([0.8, 0.45, 0.15])
@@ -252,7 +260,7 @@ def test_versus_compares_each_clients_searched_mask_with_its_own_random_masks():
     assert v["points"]["searched"] == pytest.approx((24, 1.9 / 3))
     assert np.allclose(v["points"]["random"], [(30, 1.3 / 3), (40, 1.5 / 3)])
     result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g, "versus": v}
-    md = ex.report(result, make_config("spider"), None)
+    md = ex.report(result, make_config("spider"), None)[1]
     assert "| 1 | 24 | 0.5000 | 35 | 0.4500 ± 0.0707 | +0.0500 | 1 of 2 (1) |" in md
     assert "| mean over clients | 24 | 0.6333 | 35 | 0.4667 ± 0.0471 | +0.1667 | 2 of 2 draws (0) |" in md
     assert "beats its random mask in 4 of 6 client × draw pairs" in md
@@ -264,14 +272,15 @@ def test_versus_diagnostics_on_client_means_by_hand():
     (searched), 0.6, 0.1 rank 2 3 1 against fine-tuned 3 1 2: τ = -1/3, ρ = -0.5."""
     ex, g = _example(), _gain()
     g["random"].update(train_seeds=3, repeats=[[0.7, 0.5, 0.6], [0.8, 0.6, 0.7]], inherited=[[0.3, 0.6, 0.1]] * 3)
-    d = sp.searched_versus_random(g)["diagnostics"]
+    d = sp.searched_versus_random(_evidence(g))["diagnostics"]
     seed_std = np.std([1.9 / 3, 0.6, 0.7], ddof=1)
     assert d["train_seeds"] == 3 and d["seed_std"] == pytest.approx(seed_std)
     assert d["signal_to_noise"] == pytest.approx(np.std([1.3 / 3, 1.5 / 3], ddof=1) / seed_std)
     assert d["kendall_tau"] == pytest.approx(-1 / 3) and d["spearman"] == pytest.approx(-0.5) and d["n"] == 3
-    result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g, "versus": sp.searched_versus_random(g)}
-    assert "supernet ranking Kendall's τ -0.333" in ex.report(result, make_config("spider"), None)
-    assert "diagnostics" not in sp.searched_versus_random(_gain())  # a gain.json without the repeats
+    result = {"partition": "dirichlet(0.2)", "rounds": 30, "rows": [], "gain": g,
+              "versus": sp.searched_versus_random(_evidence(g))}
+    assert "supernet ranking Kendall's τ -0.333" in ex.report(result, make_config("spider"), None)[1]
+    assert "diagnostics" not in sp.searched_versus_random(_evidence(_gain()))  # a gain.json without the repeats
 
 
 def test_seeds_run_the_comparison_per_seed_and_table_mean_and_std(tmp_path, monkeypatch):

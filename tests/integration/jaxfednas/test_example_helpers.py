@@ -114,16 +114,38 @@ def test_cell_text_writes_two_ops_per_node():
 
 
 def test_spider_control_numbers_by_hand():
-    g = {"random": {"params": [[10, 20], [30, 40]]}}
-    versus = {"mean": {"searched": 0.6, "random_mean": 0.5, "searched_minus_random": 0.1}, "pairs_beaten": 3,
-              "pairs": 4, "points": {"searched": (12.0, 0.6)}}
-    n = sp.control_numbers(g, versus)
-    assert n["searched − random"] == 0.1 and n["client × draw pairs where searched beats random (fraction)"] == 0.75
+    """Searched masks 0.7, 0.5 (client mean 0.6) against draws of client means 0.55 and 0.45
+    (mean 0.5): the searched beats 2 of the 4 client x draw pairs (ties lose)."""
+    from jaxfednas.evidence import Control, searched_vs_random
+
+    g = {"matrix": [[0.7, 0.1], [0.2, 0.5]],
+         "random": {"draws": 2, "acc": [[0.6, 0.4], [0.5, 0.5]], "params": [[10, 20], [30, 40]],
+                    "searched_params": [10, 14]}}
+
+    def numbers(g, train_seeds=1):
+        control = Control(None, evaluate=lambda randoms, t: sp.client_means(g))
+        ev = searched_vs_random(control, ".", seed=0, random=2, train_seeds=train_seeds)
+        return sp.control_numbers(ev, sp.searched_versus_random(ev))
+
+    n = numbers(g)
+    assert n["searched − random"] == pytest.approx(0.1)
+    assert n["client × draw pairs where searched beats random (fraction)"] == 0.5
     assert n["random masks: parameters (mean)"] == 25.0 and n["searched masks: parameters (mean over clients)"] == 12
     assert not any("signal-to-noise" in k for k in n)
-    versus["diagnostics"] = {"train_seeds": 3, "seed_std": 0.01, "signal_to_noise": 2.0, "kendall_tau": 1.0,
-                             "spearman": 1.0}
-    assert sp.control_numbers(g, versus)["architecture signal-to-noise"] == 2.0
+    g["random"] |= {"repeats": [[0.72, 0.5]], "inherited": [[0.3, 0.2, 0.1]] * 2}
+    n = numbers(g, train_seeds=2)  # client means 0.6, 0.61: seed std 0.01 / 2 ** 0.5; random std 0.1 / 2 ** 0.5
+    assert n["architecture signal-to-noise"] == pytest.approx(10.0) and n["supernet ranking: Kendall τ"] == 1.0
+
+
+def _perfedrlnas_control(learned_supernet, learned_local, rand: dict) -> dict:
+    """pf.control_summary of a random_subnets.json ``rand`` (pf.control's evaluate, without the run)."""
+    from jaxfednas.evidence import Control, searched_vs_random
+
+    for i, d in enumerate(rand["draws"]):
+        d.setdefault("choices", [[i]] * len(learned_local))
+    control = Control(None, evaluate=lambda randoms, t: pf.client_means(learned_supernet, learned_local, 12.0, rand))
+    ev = searched_vs_random(control, ".", seed=0, random=len(rand["draws"]), train_seeds=1 + len(rand["repeats"]))
+    return pf.control_summary(ev)
 
 
 def test_perfedrlnas_control_summary_by_hand():
@@ -133,7 +155,7 @@ def test_perfedrlnas_control_summary_by_hand():
     rand = {"draws": [{"supernet_weights": [0.4, 0.6], "local_epochs": [0.5, 0.5], "params_mean": 10.0},
                       {"supernet_weights": [0.8, 0.6], "local_epochs": [0.7, 0.7], "params_mean": 30.0}],
             "repeats": [[0.7, 0.7]]}
-    c = pf.control_summary(np.array([0.8, 0.4]), [0.8, 0.8], rand)
+    c = _perfedrlnas_control(np.array([0.8, 0.4]), [0.8, 0.8], rand)
     assert (c["draws"], c["params_mean"], c["draw_params"]) == (2, 20.0, [10.0, 30.0])
     v = c["supernet_weights"]
     assert v["searched"] == pytest.approx(0.6) and v["random_acc"] == pytest.approx([0.5, 0.7])
@@ -154,9 +176,31 @@ def test_wins_over_seeds_counts_the_positive_differences_per_name():
 def test_perfedrlnas_control_report_lists_each_run_and_test():
     rand = {"draws": [{"supernet_weights": [0.4, 0.6], "local_epochs": [0.5, 0.5], "params_mean": 10.0}],
             "repeats": [[0.7, 0.7]]}
-    row = {"label": "run", "params": 12.0, "random_control": pf.control_summary(np.array([0.8, 0.4]), [0.8, 0.8], rand)}
+    row = {"label": "run", "params": 12.0, "random_control": _perfedrlnas_control(np.array([0.8, 0.4]), [0.8, 0.8], rand)}
     lines = pf.control_report([row])
     assert "| run | supernet weights | 0.6000 | 0.5000 ± 0.0000 | +0.1000 | 1 of 1 | 0.50 |" in lines
     assert "| run | + E local epochs | 0.8000 | 0.5000 ± 0.0000 | +0.3000 | 1 of 1 | 1.00 |" in lines
     assert lines[-1] == "Random subnets' mean parameters: run: 10 (learned 12)."
     assert pf.control_report([]) == []
+
+
+def test_stage_row_reads_the_stages_client_accuracies_into_a_method_row(tmp_path):
+    from jaxfednas.stages import method_row, stage_row
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "clients.csv").write_text("client,n_train,n_val,n_test,test_acc\n0,5,0,4,0.500000\n"
+                                                "1,5,0,4,1.000000\n")
+
+    class Runner:  # StageRunner's stage: the summary and the wall time
+        out = tmp_path
+
+        def stage(self, name, cfg):
+            return {"final": {"params": 7.0}}, 12.34
+
+    s, row = stage_row(Runner(), "m", None, "Method", lambda s: s["final"]["params"], note="x")
+    assert s == {"final": {"params": 7.0}}
+    assert row == method_row("m", "Method", ["m"], [0.5, 1.0], 12.34, 7.0, note="x")
+    assert list(row) == ["method", "label", "runs", "client_test_acc", "mean", "std", "min", "max", "params",
+                         "wall_s", "note"]
+    assert (row["mean"], row["min"], row["wall_s"]) == (0.75, 0.5, 12.3)
+    assert stage_row(Runner(), "m", None, "Method", 3.0)[1]["params"] == 3.0

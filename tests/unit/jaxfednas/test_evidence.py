@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jax
+import numpy as np
 import pytest
 
 from jaxfednas.evidence import Control, Labels, Names, random_architectures, searched_vs_random, write_page
@@ -75,3 +76,52 @@ def test_without_random_architectures_only_the_searched_score(tmp_path):
     assert ev.numbers() == {"searched cell: test acc": 0.9} and ev.ranking is None
     with pytest.raises(ValueError, match="train_seeds"):
         searched_vs_random(toy_control([]), tmp_path, seed=0, random=1, train_seeds=0)
+
+
+def test_a_batched_search_scores_the_same_draws_together(tmp_path):
+    """Control.evaluate: one call scores the searched width over its training seeds and the
+    random widths (the library's draws, as the one-at-a-time path meets them)."""
+    calls = []
+
+    def evaluate(randoms, train_seeds):
+        calls.append((list(randoms), train_seeds))
+        widths = np.asarray([90, *randoms])
+        return {"repeats": [0.9, 0.91, 0.89][:train_seeds], "random": (widths[1:] / 100).tolist(),
+                "inherited": (1 - widths / 100).tolist(), "per_client": "kept"}
+
+    one = searched_vs_random(toy_control([]), tmp_path, seed=3, random=4, train_seeds=3)
+    control = Control(searched=90, sample=lambda key: int(jax.random.randint(key, (), 1, 101)), evaluate=evaluate,
+                      size=lambda width: 10 * width)
+    ev = searched_vs_random(control, tmp_path, seed=3, random=4, train_seeds=3)
+    assert calls == [(list(one.randoms), 3)] and ev.randoms == one.randoms
+    assert ev.random_scores == pytest.approx(one.random_scores) and ev.repeats == (0.9, 0.91, 0.89)
+    assert ev.points() == one.points() and ev.ranking == one.ranking and ev.details["per_client"] == "kept"
+    assert ev.snr["seed_std"] == pytest.approx(0.01)
+
+
+def test_a_batched_search_may_draw_its_own_architectures(tmp_path):
+    """Without ``sample`` the search draws (here one width per client, from
+    fold_in(random_arch_key(seed, i), k)) and gets the draws' indices; its scores are client means."""
+    def draw(i, k):
+        return int(jax.random.randint(jax.random.fold_in(random_arch_key(7, i), k), (), 1, 101))
+
+    def evaluate(randoms, train_seeds):
+        drawn = [[draw(i, k) for k in range(3)] for i in randoms]
+        return {"randoms": drawn, "random": [float(np.mean(d)) / 100 for d in drawn], "repeats": [0.5, 0.4],
+                "sizes": [10.0] + [float(np.mean(d)) for d in drawn]}
+
+    ev = searched_vs_random(Control(searched=[50, 50, 50], evaluate=evaluate), tmp_path, seed=7, random=2,
+                            train_seeds=2)
+    assert list(ev.randoms) == [[draw(i, k) for k in range(3)] for i in range(2)] and ev.inherited is None
+    labels = Labels(searched="searched (mean over clients)", random_std=None, beaten=None, difference="searched − random")
+    n = ev.numbers(labels)
+    assert list(n) == ["searched (mean over clients)", "random cells: mean", "searched − random",
+                       "searched cell: std over 2 training seeds", "architecture signal-to-noise"]
+    assert n["searched − random"] == pytest.approx(0.5 - np.mean(ev.random_scores))
+    assert ev.points()["random"] == [(s, a) for s, a in zip(ev.sizes[1:], ev.random_scores)]
+    with pytest.raises(ValueError, match="evaluate returned 2 repeats"):
+        searched_vs_random(Control(searched=0, evaluate=evaluate), tmp_path, seed=7, random=2, train_seeds=3)
+    with pytest.raises(ValueError, match="exactly one of train"):
+        Control(searched=0, sample=lambda key: 1)
+    with pytest.raises(ValueError, match="needs sample"):
+        Control(searched=0, train=lambda *a: 0.0)
