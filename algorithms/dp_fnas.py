@@ -233,6 +233,16 @@ def make_supernet(cfg: DPFNASConfig, info: DataInfo) -> DartsSearchNetwork:
     return supernet_of(cfg, info.num_classes, norm=cfg.norm)
 
 
+def sampling_probs(manifest: dict, expected_batch: float) -> tuple[float, float]:
+    """``(p, p_val)``: the Poisson sampling probabilities (Algorithm 1, line 4) at which a
+    party of ``manifest`` (a partition manifest) draws ``expected_batch`` of its training and
+    of its validation examples in expectation, ``p = B / N_k`` over the parties' mean size
+    (at most 1); equal parties (IID) share one p and so one ε."""
+    n_tr = [len(c["train"]) for c in manifest["clients"]]
+    n_val = [len(c["val"]) for c in manifest["clients"]]
+    return min(1.0, expected_batch * len(n_tr) / sum(n_tr)), min(1.0, expected_batch * len(n_val) / sum(n_val))
+
+
 def physical_batch(cfg: DPFNASConfig, max_examples: int, sampling_prob: float) -> int:
     """Slots of a party's Poisson batch for a split of ``max_examples`` padded rows
     (a multiple of ``per_example_chunk`` when chunking)."""

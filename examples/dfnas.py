@@ -7,17 +7,13 @@ child, against FedAvg on a fixed hand-designed network.
     python examples/dfnas.py --out runs/dfnas --resume             # continue an interrupted run
     python examples/dfnas.py --seeds 0,1,2                         # searched vs random over three seeds
 
-Default (digits, the paper's experiments scaled down), each a resumable run directory:
-``noniid-8/`` (Table 1 / Fig. 1: 8 Dirichlet(0.5) clients), ``iid-2/``, ``iid-4/``, ``iid-8/``
-(Table 2), ``fedavg-noniid-8/`` (FedAvg of the space's all-3x3 child on the same clients).
-Each DFNAS run searches and trains at once (Algorithm 2 around Algorithm 1); its final child
-argmax(α) is evaluated without retraining. ``--preset``: the preset's DFNAS run and its
-FedAvg baseline. Then the control (:func:`jaxfednas.evidence.searched_vs_random`): the first
-run's child, its ``--train-seeds`` training seeds and ``--random`` children of matched
-multiply-adds, each trained from scratch with the baseline's recipe (``--train-set``,
-``--children-bn-recal``). ``--seeds`` runs only the first DFNAS run and the control, once
-per seed into ``seed_<s>/``, and tables mean ± std. What each number means and the results:
-docs/papers/dfnas.md.
+Runs (resumable run directories): ``noniid-8/`` (Table 1: 8 Dirichlet(0.5) clients), ``iid-2/``,
+``iid-4/``, ``iid-8/`` (Table 2), each searching and training at once (Algorithm 2 around
+Algorithm 1), and ``fedavg-noniid-8/`` (FedAvg of the space's all-3x3 child); about 7 minutes
+on 2 CPU cores. Then :func:`jaxfednas.evidence.searched_vs_random` on the first run's child:
+random children of matched multiply-adds, all trained from scratch with the baseline's recipe
+(``--train-set``, ``--children-bn-recal``); ``--seeds``: only the first run and the control.
+What each number means and the results: docs/papers/dfnas.md.
 """
 from __future__ import annotations
 
@@ -36,7 +32,7 @@ from jaxfednas.evidence import (Control, diagnostics_note, Labels, Names, search
                                 write_results)
 from jaxfednas.stages import StageRunner
 from jaxfednas.registry import make_config
-from jaxfednas.seeds import over_seeds, parse_seeds
+from jaxfednas.seeds import once_or_over_seeds
 from jaxfednas.search_spaces.models import child_model_name, child_of_model_name
 from jaxfednas.search_spaces.sampling import random_shuffle_arch
 from jaxfednas.search_spaces.shufflenet import child_cost, macs_table, ShuffleArch, uniform_arch
@@ -53,12 +49,6 @@ FEDAVG = {"algo.lr": 0.05, "algo.batch_size": 32, "algo.local_epochs": 5}  # + t
 def _baseline(space: str) -> dict:
     """The FedAvg baseline's network: the all-3x3 child of the space DFNAS searched."""
     return {"algo.model": f"shufflenetv2_{space}"}
-
-
-def _describe(row: dict) -> str:
-    extra = (f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else "") + \
-        (f", fixed blocks {int(row['fixed_blocks'])}" if "fixed_blocks" in row else "")
-    return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{extra}"
 
 
 def plan(args, overrides: dict) -> list[tuple[str, str, dict]]:
@@ -83,20 +73,15 @@ def plan(args, overrides: dict) -> list[tuple[str, str, dict]]:
 
 
 def run(args) -> None:
-    overrides = args.overrides
-    if args.seeds is None:
-        one_seed(args, overrides, Path(args.out))
-        return
-    over_seeds(parse_seeds(args.seeds),
-               lambda seed, out: one_seed(args, {**overrides, "run.seed": seed}, out, control_only=True), args.out,
-               title="DFNAS: the searched child vs random children of matched multiply-adds",
-               metric=_control_metric(args),
-               note=(f"Each seed (`seed_<s>/results.md`): its own partition, the first DFNAS run "
-                     f"({plan(args, overrides)[0][0]}), then its child and {args.random} random children with "
-                     "multiply-adds within ±10 % of its, each trained from scratch with the FedAvg baseline's "
-                     "recipe on the same clients. IID runs and the hand-designed FedAvg baseline are not run here. "
-                     + diagnostics_note("child", "trained alike", args.train_seeds)
-                     + " (Inherited weights: the child's single path, BN recalibrated.)"))
+    once_or_over_seeds(args, lambda over, out: one_seed(args, over, out, control_only=args.seeds is not None),
+                       title="DFNAS: the searched child vs random children of matched multiply-adds",
+                       metric=_control_metric(args),
+                       note=(f"Each seed (`seed_<s>/results.md`): its own partition, the first DFNAS run "
+                             f"({plan(args, args.overrides)[0][0]}), then its child and {args.random} random children with "
+                             "multiply-adds within ±10 % of its, each trained from scratch with the FedAvg baseline's "
+                             "recipe on the same clients. IID runs and the hand-designed FedAvg baseline are not run here. "
+                             + diagnostics_note("child", "trained alike", args.train_seeds)
+                             + " (Inherited weights: the child's single path, BN recalibrated.)"))
 
 
 def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) -> dict:
@@ -105,7 +90,7 @@ def one_seed(args, overrides: dict, out: Path, *, control_only: bool = False) ->
     over which ``--seeds`` tables (``{"numbers", "points"}``, empty without a control)."""
     rows = []
     # the IID runs partition differently on purpose; wall times survive --resume
-    runner = StageRunner(out, resume=args.resume, describe=_describe, same_test_rows=False)
+    runner = StageRunner(out, resume=args.resume, same_test_rows=False)
     runs = plan(args, overrides)
     todo = [next(r for r in runs if r[1] == "dfnas")] if control_only else runs
     for name, algo, over in todo:

@@ -7,19 +7,13 @@
     python examples/dp_fnas.py --seeds 0,1,2      # the private search's cell vs random cells, three seeds
     python examples/dp_fnas.py --seeds 0,1,2 --noise 0   # the same without noise or clipping: what privacy costs
 
-Table 1: each row a search (Algorithm 1) on K IID parties -- vanilla NAS (K=1), FNAS (K = 2,
-4, 8, no noise or clipping), DP-FNAS (K = 2, 4, 8, per-example clipping R^G = R^H = 1, noise
-``--noise`` on both mechanisms) -- then the derived cell's augmentation stage (non-private,
-from scratch on the whole training pool) and ``--random`` random cells through the same
-stage; ``results.md`` gives accuracies, μ (CLT, Theorem 3.1) and ε (PLD) at δ = 1e-5.
-Table 2 (``--sweep-noise``): 4 parties, noise 0.5 ... 10, the supernet's accuracy and ε.
-``--seeds``: only the control (:func:`jaxfednas.evidence.searched_vs_random`), once per
-seed: one DP-FNAS row (``--parties``, default 4; ``--noise 0``: its non-private
-counterpart), its cell augmented with ``--train-seeds`` training seeds, the random cells, the
-inherited accuracies (post-processing: no privacy spent); mean ± std over seeds. The default
-Table 1 takes minutes on 2 CPU cores.
-
-The digits settings, what ε covers and the results: docs/papers/dp_fnas.md.
+Table 1: a search (Algorithm 1) per row on K IID parties -- vanilla NAS (K=1), FNAS (K = 2, 4,
+8, no noise), DP-FNAS (K = 2, 4, 8, clipping 1, ``--noise`` on both mechanisms) -- each cell
+through the non-private augmentation stage beside ``--random`` random cells; accuracies, μ
+(CLT, Theorem 3.1) and ε (PLD) at δ = 1e-5; minutes on 2 CPU cores. Table 2
+(``--sweep-noise``): 4 parties, noise 0.5 ... 10. ``--seeds``: one DP-FNAS row (``--parties``;
+``--noise 0``: FNAS) and :func:`jaxfednas.evidence.searched_vs_random` per seed. The digits
+settings, what ε covers and the results: docs/papers/dp_fnas.md.
 """
 from __future__ import annotations
 
@@ -27,6 +21,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy, sampling_probs
 from jaxfednas.config import apply_overrides
 from jaxfednas.data.datasets import load_dataset
 from jaxfednas.example_args import ExampleParser
@@ -36,8 +31,9 @@ from jaxfednas.evidence import (Control, diagnostics_note, Labels, Names, random
                                 stage_trainer, write_page, write_results)
 from jaxfednas.stages import StageRunner
 from jaxfednas.registry import make_config
-from jaxfednas.seeds import (mean_std, over_seeds, parse_seeds, versus_random)
+from jaxfednas.seeds import mean_std, once_or_over_seeds, versus_random
 from jaxfednas.search_spaces.darts import Genotype, network_params, PRIMITIVE_SETS
+from jaxfednas.search_spaces.darts.genotypes import edges_text
 from jaxfednas.search_spaces.sampling import random_genotype
 
 EXPECTED_BATCH = {"digits": 16, "paper": 256}
@@ -56,15 +52,9 @@ LABELS = Labels(searched="searched cell: augmented test acc")
 METRIC = "augmented test accuracy (non-private training from scratch)"
 
 
-def _describe(row: dict) -> str:
-    acc = f", supernet test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
-    eps = f", ε (PLD) {row['epsilon_pld']:.3f}" if "epsilon_pld" in row else ""
-    return f"train loss {row['train_loss']:.4f}{acc}{eps}"
-
-
 def _runner(out: Path, args) -> StageRunner:
     # the Table 1 rows differ in parties, so in partition, on purpose: no same-test-rows check
-    return StageRunner(out, resume=args.resume, describe=_describe, same_test_rows=False)
+    return StageRunner(out, resume=args.resume, same_test_rows=False)
 
 
 def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_cache: dict):
@@ -77,12 +67,9 @@ def _search_config(preset, parties: int, noise: float, overrides: dict, dataset_
     if "algo.sampling_prob" not in overrides:
         key = (cfg.data.dataset, cfg.data.data_dir)
         manifest = make_partition(cfg, dataset_cache.get(key) or dataset_cache.setdefault(key, load_dataset(*key)))
-        n_tr = [len(c["train"]) for c in manifest["clients"]]
-        n_val = [len(c["val"]) for c in manifest["clients"]]
-        b = EXPECTED_BATCH["paper" if preset == "paper" else "digits"]
-        cfg = make_config("dp_fnas", preset=preset, overrides={
-            **base, **row, **overrides, "algo.sampling_prob": min(1.0, b * len(n_tr) / sum(n_tr)),
-            "algo.val_sampling_prob": min(1.0, b * len(n_val) / sum(n_val))})
+        p, p_val = sampling_probs(manifest, EXPECTED_BATCH["paper" if preset == "paper" else "digits"])
+        cfg = make_config("dp_fnas", preset=preset, overrides={**base, **row, **overrides, "algo.sampling_prob": p,
+                                                               "algo.val_sampling_prob": p_val})
     return cfg
 
 
@@ -131,7 +118,7 @@ def table1(args, overrides: dict) -> None:
             (f"{f['epsilon_pld']:.2f}", f"{f['mu_train']:.3f} / {f['mu_val']:.3f}")
         lines.append(f"| {method} | {parties} | {cfg.algo.sampling_prob:.3f} / {cfg.algo.p_val:.3f} "
                      f"| {s['final']['global_test_acc']:.4f} | {a['final']['global_test_acc']:.4f} | {eps} | {mu} "
-                     f"| {_normal(Genotype.from_dict(s['architecture']))} | {runner.times[name]:.0f} |")
+                     f"| {edges_text(Genotype.from_dict(s['architecture']).normal)} | {runner.times[name]:.0f} |")
         results.append({"method": method, "parties": parties, "noise_multiplier": cfg.algo.noise_multiplier,
                         "sampling_prob": cfg.algo.sampling_prob, "iterations": int(s["final"]["iterations"]),
                         "supernet_test_acc": s["final"]["global_test_acc"],
@@ -179,12 +166,11 @@ def over_seeds_control(args, overrides: dict) -> None:
          "ε: PLD accountant (the guarantee), at the search's δ, for either mechanism. ") if noise > 0 else
         (f"FNAS ({k} parties, no noise): the non-private search's cell vs random cells",
          f"the same search without noise or clipping (FNAS, {k} parties: DP-FNAS's non-private counterpart)", ""))
-    over_seeds(parse_seeds(args.seeds), lambda seed, out: private_vs_random(args, {**overrides, "run.seed": seed}, out),
-               args.out, title=title, metric=METRIC,
-               note=(f"Each seed (`seed_<s>/results.md`): its own split of the parties, {search}, the derived cell and "
-                     f"{args.random} random cells of the same space each through the same augmentation stage "
-                     f"(non-private). {eps}The other Table 1 rows are not run here. "
-                     + diagnostics_note("cell", "augmented", args.train_seeds)))
+    once_or_over_seeds(args, lambda over, out: private_vs_random(args, over, out), overrides, title=title, metric=METRIC,
+                       note=(f"Each seed (`seed_<s>/results.md`): its own split of the parties, {search}, the derived cell and "
+                             f"{args.random} random cells of the same space each through the same augmentation stage "
+                             f"(non-private). {eps}The other Table 1 rows are not run here. "
+                             + diagnostics_note("cell", "augmented", args.train_seeds)))
 
 
 def private_vs_random(args, overrides: dict, out: Path) -> dict:
@@ -192,8 +178,6 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
     ``--noise``, its cell's augmentation and ``args.random`` random cells' augmentations into
     ``out`` (:func:`jaxfednas.evidence.searched_vs_random`); writes results.md / results.json
     there, returns ``{"numbers", "points"}``."""
-    from jaxfednas.algorithms.dp_fnas import make_inherited_accuracy  # noqa: PLC0415
-
     parties = (args.parties or [4])[0]
     cfg = _search_config(args.preset, parties, args.noise,
                          {k: v for k, v in overrides.items() if not k.startswith("augment.")}, {})
@@ -218,13 +202,10 @@ def private_vs_random(args, overrides: dict, out: Path) -> dict:
     page = write_page(out, ev, title=f"{'DP-FNAS' if private else 'FNAS'} ({cfg.data.dataset}, {parties} parties, "
                       f"noise {cfg.algo.noise_multiplier:g}, seed {cfg.run.seed}): searched vs random cells",
                       labels=LABELS, head=[(k, f"{v:.4f}") for k, v in head.items()] + [
-                          ("derived normal cell", _normal(searched))], metric=METRIC, describe=_normal,
+                          ("derived normal cell", edges_text(searched.normal))], metric=METRIC,
+                      describe=lambda g: edges_text(g.normal),
                       size_name="augmentation network parameters")
     return {"numbers": head | page["numbers"], "points": page["points"]}
-
-
-def _normal(g: Genotype) -> str:
-    return " ".join(f"{op}<-{i}" for op, i in g.normal)
 
 
 def _control(runner: StageRunner, search_cfg, searched: Genotype | None, config_for, args, overrides: dict,

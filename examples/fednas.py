@@ -7,22 +7,14 @@
     python examples/fednas.py --preset paper --data-dir DIR   # CIFAR-10, the paper's settings (a GPU)
     python examples/fednas.py --out runs/fednas --resume      # continue an interrupted run
 
-Global mode (Algorithm 1, then §3.2's "additional evaluation stage"), each stage a resumable
-run directory under ``--out``: ``search/`` (MiLeNAS, Eq. 4, on each sampled client; the
-server averages w, BN statistics and α, Eq. 5), ``train/`` (the derived cell trained from
-scratch with FedAvg on the same clients), then the control of
-:func:`jaxfednas.evidence.searched_vs_random`: ``train_seed_<j>/`` (``--train-seeds``) and
-``random_<i>/`` (``--random``, ``--match-size``), ``inherited.json``, ``results.md`` /
-``results.json`` and ``plots/searched_vs_random.png``. ``--seeds`` runs it once per seed into
-``seed_<s>/`` and tables mean ± std. About 6-12 minutes a seed on 2 CPU cores.
-
-Personalized mode (§2.5, Table 1): a label-skew partition (5 classes per client), a FedNAS
-search with 4 of 8 clients per round, every client adapting w and α locally (the model kept
-by its own validation accuracy), against ``local_adaptation``, ``ditto`` and ``perfedavg`` on
-the same clients and test splits: ``results.md``, ``clients.csv``, ``plots/clients.png``,
-``personal_genotypes.json``, ``personal_selection.json``.
-
-What each stage computes, the digits settings and the results: docs/papers/fednas.md.
+Global mode, each stage a resumable run directory under ``--out``: ``search/`` (Algorithm 1:
+MiLeNAS, Eq. 4, on each sampled client; FedAvg of w, BN statistics and α, Eq. 5), ``train/``
+(§3.2's evaluation stage: the derived cell trained from scratch with FedAvg on the same
+clients), then :func:`jaxfednas.evidence.searched_vs_random` (``train_seed_<j>/``,
+``random_<i>/``); about 6-12 minutes a seed on 2 CPU cores. Personalized mode (§2.5, Table
+1): label-skew clients, FedNAS with 4 of 8 clients per round, every client adapting w and α
+locally, against ``local_adaptation``, ``ditto`` and ``perfedavg`` on the same test splits.
+What each stage computes and writes, the digits settings and the results: docs/papers/fednas.md.
 """
 from __future__ import annotations
 
@@ -40,15 +32,15 @@ from jaxfednas.data.datasets import load_dataset
 from jaxfednas.data.federated import DataInfo
 from jaxfednas.evidence import Control, diagnostics_note, Labels, Names, searched_vs_random, stage_trainer, write_page
 from jaxfednas.cost import model_params
-from jaxfednas.plots import plot_methods_by_client
-from jaxfednas.reports import read_client_test_acc
+from jaxfednas.reports import compare_clients, read_client_test_acc
 from jaxfednas.example_args import ExampleParser
 from jaxfednas.process import exit_process, run_script
 from jaxfednas.stages import load_run, shared_settings, StageRunner
 from jaxfednas.registry import make_config
+from jaxfednas.seeds import once_or_over_seeds
 from jaxfednas.rng import personalize_key
-from jaxfednas.seeds import over_seeds, parse_seeds
 from jaxfednas.search_spaces.darts import network_params, PRIMITIVE_SETS
+from jaxfednas.search_spaces.darts.genotypes import edges_text
 from jaxfednas.search_spaces.sampling import random_genotype
 
 DIGITS = {"data.dataset": "digits", "data.num_clients": 8, "data.partition": "dirichlet", "data.alpha": 0.5}
@@ -65,12 +57,6 @@ BASELINES = {
 }
 
 
-def _describe(row: dict) -> str:
-    acc = f", global test acc {row['global_test_acc']:.4f}" if "global_test_acc" in row else ""
-    ent = f", α entropy {row['arch_entropy']:.4f}" if "arch_entropy" in row else ""
-    return f"train loss {row['train_loss']:.4f}, train acc {row['train_acc']:.4f}{acc}{ent}"
-
-
 def _fmt(x: float) -> str:
     return "nan" if x != x else f"{x:.4f}"
 
@@ -78,16 +64,13 @@ def _fmt(x: float) -> str:
 def global_search(args, overrides: dict) -> None:
     """The search + evaluation stage + random cells, once per seed (``--seeds``: each into
     ``seed_<s>/``, then the table over seeds in ``results.md``)."""
-    if args.seeds is None:
-        search_and_evaluate(args, overrides, Path(args.out))
-        return
-    over_seeds(parse_seeds(args.seeds), lambda seed, out: search_and_evaluate(args, {**overrides, "run.seed": seed}, out),
-               args.out, title="FedNAS global search: searched vs random cells",
-               metric="evaluation-stage global test accuracy",
-               note=(f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
-                     f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`). "
-                     + diagnostics_note("cell", "trained in the evaluation stage", args.train_seeds)
-                     + " (Inherited weights: BN recalibrated on the clients.)"))
+    once_or_over_seeds(args, lambda over, out: search_and_evaluate(args, over, out), overrides,
+                       title="FedNAS global search: searched vs random cells",
+                       metric="evaluation-stage global test accuracy",
+                       note=(f"Each seed: its own partition, search, evaluation stage of the derived cell and of "
+                             f"{args.random} random cells trained with the same recipe (`seed_<s>/results.md`). "
+                             + diagnostics_note("cell", "trained in the evaluation stage", args.train_seeds)
+                             + " (Inherited weights: BN recalibrated on the clients.)"))
 
 
 LABELS = Labels(searched="searched cell: evaluation-stage global test acc",
@@ -100,7 +83,7 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
     preset = args.preset
     base = {} if preset else {**DIGITS, **SEARCH}
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
-    runner = StageRunner(out, resume=args.resume, describe=_describe)
+    runner = StageRunner(out, resume=args.resume)
     s = runner.stage("search", search_cfg)[0]  # FedNAS, Algorithm 1
     text = json.dumps(s["architecture"], sort_keys=True)
     searched = resolve_genotype(text)
@@ -148,23 +131,19 @@ def search_and_evaluate(args, overrides: dict, out: Path) -> dict:
          f"{_fmt(f['client_val_acc_mean_unweighted'])} ± {_fmt(f['client_val_acc_std_unweighted'])}"),
         (f"α entropy (nats; uniform: {np.log(len(PRIMITIVE_SETS[search_cfg.algo.primitives])):.4f})",
          _fmt(f["arch_entropy"])),
-        ("derived normal cell", _cell(searched.normal)), ("derived reduce cell", _cell(searched.reduce)),
+        ("derived normal cell", edges_text(searched.normal)), ("derived reduce cell", edges_text(searched.reduce)),
         ("evaluation-stage client test acc (mean ± std, unweighted)",
          f"{_fmt(t['final']['client_test_acc_mean_unweighted'])} ± {_fmt(t['final']['client_test_acc_std_unweighted'])}"),
         ("supernet parameters", f"{model_params(search_cfg, info):,}"),
         ("wall time search / evaluation stage (s)", f"{runner.times['search']:.0f} / {runner.times['train']:.0f}"),
     ]
     page = write_page(out, ev, title=f"FedNAS global search ({search_cfg.data.dataset})", labels=LABELS, head=head,
-                      metric="evaluation-stage global test accuracy", describe=lambda g: _cell(g.normal),
+                      metric="evaluation-stage global test accuracy", describe=lambda g: edges_text(g.normal),
                       plot_title=f"FedNAS ({search_cfg.data.dataset}, seed {search_cfg.run.seed}): searched cell vs "
                       "random cells")
     print(f"cell diagrams: {out / 'search' / 'plots'}/cell_normal.png, cell_reduce.png; results: {out / 'results.md'}")
     return {"numbers": {"supernet global test acc": f["global_test_acc"], "α entropy": f["arch_entropy"],
                         **page["numbers"]}, "points": page["points"]}
-
-
-def _cell(ops) -> str:
-    return " ".join(f"{op}<-{i}" for op, i in ops)
 
 
 def personalized(args, overrides: dict) -> None:
@@ -174,8 +153,8 @@ def personalized(args, overrides: dict) -> None:
     search_cfg = make_config("fednas", preset=preset, overrides={**base, **overrides})
     if search_cfg.data.partition != "label_skew":
         print(f"note: partition is {search_cfg.data.partition} (the paper's Table 1 uses label_skew)")
-    runner = StageRunner(out, resume=args.resume, describe=_describe)  # (it checks the same local test rows)
-    runner.stage("fednas", search_cfg)  # (it checks the same local test rows)
+    runner = StageRunner(out, resume=args.resume)  # (it checks that every method tests on the same local rows)
+    runner.stage("fednas", search_cfg)
     t0 = time.perf_counter()
     run = load_run(out / "fednas")
     algo, data, state, info = run.algorithm, run.data, run.state, run.data.info
@@ -202,17 +181,7 @@ def personalized(args, overrides: dict) -> None:
         runner.stage(name, cfg)  # on FedNAS's local test rows, or it stops
         results[name] = (read_client_test_acc(out / name), runner.times[name], model_params(cfg, info))
 
-    lines = ["| method | params | avg local test acc (mean ± std over clients) | min | max | wall time (s) |",
-             "|---|---|---|---|---|---|"]
-    for name, (acc, wall, n) in results.items():
-        lines.append(f"| {name} | {n:,} | {acc.mean():.4f} ± {acc.std():.4f} | {acc.min():.4f} | {acc.max():.4f} "
-                     f"| {wall:.0f} |")
-    table = "\n".join(lines) + "\n"
-    header = "client," + ",".join(results) + "\n"
-    csv = header + "".join(f"{k}," + ",".join(f"{results[m][0][k]:.6f}" for m in results) + "\n"
-                           for k in range(d.num_clients))
-    atomic_write_text(out / "clients.csv", csv)
-    plot_methods_by_client({m: r[0] for m, r in results.items()}, out / "plots" / "clients.png")
+    table = compare_clients(out, results)  # clients.csv, plots/clients.png
     notes = (
         f"FedNAS: each client keeps the model best on its own validation split among the global model (epoch 0) "
         f"and its {search_cfg.algo.personalize_epochs} adaptation epochs (ties: the later); kept epochs "

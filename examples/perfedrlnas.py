@@ -20,10 +20,8 @@ time; the learned-vs-random control: ``--random``, ``--train-seeds``) and
 ``plots/memory_vs_budget.png`` (Fig. 4); ``--seeds``: once per seed into ``seed_<s>/``
 (only ``perfedrlnas`` unless ``--only`` says more), with mean ± std over seeds. ``--set``:
 PerFedRLNAS's settings (``data.*`` / ``run.*``: every method's). Each method, number and
-setting: docs/papers/perfedrlnas.md ("The example").
-
-The default run took 6.8 minutes on 2 (shared) CPU cores with an empty compilation cache;
-``perfedrlnas_nobudget`` adds about 1.5 minutes.
+setting: docs/papers/perfedrlnas.md ("The example"). The default run takes 6.8 minutes on 2 CPU
+cores (``perfedrlnas_nobudget`` adds about 1.5).
 """
 from __future__ import annotations
 
@@ -43,7 +41,7 @@ from jaxfednas.plots import plot_memory_vs_budget, plot_searched_vs_random
 from jaxfednas.process import exit_process, run_script
 from jaxfednas.registry import make_config
 from jaxfednas.runtime import resolve_clients_per_round
-from jaxfednas.seeds import over_seeds, parse_seeds, wins_over_seeds
+from jaxfednas.seeds import once_or_over_seeds, parse_seeds, wins_over_seeds
 from jaxfednas.stages import cached_json, method_row, personalized_accuracy, shared_settings, stage_row, StageRunner
 
 METHODS = ("perfedrlnas", "perfedrlnas_nobudget", "local_adaptation", "local_only", "fednas")
@@ -74,14 +72,6 @@ PLOT = Path("plots") / "memory_vs_budget.png"
 LOCAL_PLOT = Path("plots") / "searched_vs_random_local_epochs.png"
 
 
-def _describe(row: dict) -> str:
-    parts = [f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "reward_acc", "arch_entropy",
-                                           "client_test_acc_mean_unweighted") if k in row]
-    if "over_budget" in row:
-        parts.append(f"over budget {int(row['over_budget'])}")
-    return ", ".join(parts)
-
-
 def configs(args, overrides: dict) -> dict[str, ExperimentConfig]:
     """Every run's configuration by run directory. Data, rounds, clients per round, seed
     and placement of every method are PerFedRLNAS's."""
@@ -106,17 +96,15 @@ def configs(args, overrides: dict) -> dict[str, ExperimentConfig]:
 
 def run(args) -> None:
     """One seed into ``--out`` or, with ``--seeds``, each into ``--out/seed_<s>`` and the table over seeds."""
-    overrides = args.overrides
     if args.seeds is None:
-        run_one(args, overrides, Path(args.out))
-        return
+        return run_one(args, args.overrides, Path(args.out))
     seeds, out = parse_seeds(args.seeds), Path(args.out)
-    per_seed = over_seeds(seeds, lambda seed, d: run_one(args, {**overrides, "run.seed": seed}, d), out,
-                          title="PerFedRLNAS: learned argmax subnets vs random subnets",
-                          metric="client-mean test accuracy (supernet weights)",
-                          plot_title="PerFedRLNAS: learned argmax subnets (stars) vs random subnets (dots), "
-                                     "supernet weights",
-                          note=seeds_note(args, seeds))
+    per_seed = once_or_over_seeds(args, lambda over, d: run_one(args, over, d),
+                                  title="PerFedRLNAS: learned argmax subnets vs random subnets",
+                                  metric="client-mean test accuracy (supernet weights)",
+                                  plot_title="PerFedRLNAS: learned argmax subnets (stars) vs random subnets (dots), "
+                                             "supernet weights",
+                                  note=seeds_note(args, seeds))
     local = {s: r["points_local_epochs"] for s, r in per_seed.items() if r.get("points_local_epochs")}
     if local:
         plot_searched_vs_random(local, out / LOCAL_PLOT, metric="client-mean test accuracy (+ E local epochs)",
@@ -172,7 +160,7 @@ def run_one(args, overrides: dict, out: Path) -> dict:
         args.only = tuple(m for m in args.only if m != "fednas")
     ds = load_dataset(pfr_cfg.data.dataset, pfr_cfg.data.data_dir)
     info = DataInfo.of(ds, pfr_cfg.data.num_clients)
-    runner = StageRunner(out, resume=args.resume, describe=_describe)
+    runner = StageRunner(out, resume=args.resume)
     rows = []
     for method in args.only:
         if method in PERFEDRLNAS:

@@ -17,11 +17,9 @@ Methods (``--only``), each a run directory under ``--out`` (default ``runs/spide
 the personalization-gain matrix of §5.2.2 (``--gain-epochs``; ``plots/gain_matrix.png``)
 and, with ``spider`` in ``--only``, the random control (``--random``, ``--match-size``,
 ``--train-seeds``; ``plots/searched_vs_random.png``); ``--seeds`` repeats it all per seed
-into ``seed_<s>/``. ``--set``: SPIDER's settings (``data.*`` / ``run.*``: every method's).
-What each method, number and setting is: docs/papers/spider.md ("The example").
-
-The default run took 7-8.5 minutes on 2 (shared) CPU cores with an empty compilation
-cache, about half of it compiling; SPIDER's round compiles once per λ.
+into ``seed_<s>/``. ``--set``: SPIDER's settings (``data.*`` / ``run.*``: every method's). The
+default run takes 7-8.5 minutes on 2 CPU cores, about half of it compiling. What each method,
+number and setting is: docs/papers/spider.md ("The example").
 """
 from __future__ import annotations
 
@@ -39,9 +37,9 @@ from jaxfednas.example_args import ExampleParser
 from jaxfednas.plots import plot_searched_vs_random
 from jaxfednas.process import exit_process, run_script
 from jaxfednas.registry import make_config
+from jaxfednas.seeds import once_or_over_seeds
 from jaxfednas.reports import read_client_test_acc
 from jaxfednas.search_spaces.darts.genotypes import cell_text
-from jaxfednas.seeds import over_seeds, parse_seeds
 from jaxfednas.stages import method_row, shared_settings, stage_row, StageRunner
 
 METHODS = ("spider", "local_nas", "fednas", "ditto", "perfedavg", "local_adaptation")
@@ -72,14 +70,6 @@ BASELINES = {
 GAIN_EPOCHS = {"digits": 3, "paper": 30}
 
 
-def _describe(row: dict) -> str:
-    parts = [f"{k} {row[k]:.4f}" for k in ("train_loss", "train_acc", "personal_train_acc",
-                                           "client_test_acc_mean_unweighted") if k in row]
-    if "edges_decided" in row:
-        parts.append(f"edges decided {row['edges_decided']:.2f}, final clients {int(row['final_clients'])}")
-    return ", ".join(parts)
-
-
 def configs(args, overrides: dict) -> tuple[dict[str, ExperimentConfig], dict]:
     """Every run's configuration by run directory, and the overrides of FedNAS-global's
     training run (its genotype comes from the search). Data, rounds, seed and placement
@@ -107,12 +97,8 @@ def configs(args, overrides: dict) -> tuple[dict[str, ExperimentConfig], dict]:
 
 def run(args) -> None:
     """The comparison into ``--out``, or into ``--out/seed_<s>`` per seed with the table over seeds."""
-    overrides = args.overrides
-    if args.seeds is None:
-        one_seed(args, overrides, Path(args.out))
-        return
-    over_seeds(parse_seeds(args.seeds), lambda seed, out: one_seed(args, {**overrides, "run.seed": seed}, out),
-               args.out, title=f"SPIDER ({', '.join(args.only)}): searched vs random personal architectures",
+    once_or_over_seeds(args, lambda over, out: one_seed(args, over, out),
+                       title=f"SPIDER ({', '.join(args.only)}): searched vs random personal architectures",
                metric="client test acc after fine-tuning (mean over clients)",
                note=("Each seed: its own partition, runs, personalization gain and random control (`seed_<s>/"
                      f"results.md`): every client's searched mask and {args.random} random masks of the same space "
@@ -131,7 +117,7 @@ def one_seed(args, overrides: dict, out: Path) -> dict:
     spider_cfg = cfgs["spider"]
     ds = load_dataset(spider_cfg.data.dataset, spider_cfg.data.data_dir)
     info = DataInfo.of(ds, spider_cfg.data.num_clients)
-    runner = StageRunner(out, resume=args.resume, describe=_describe)
+    runner = StageRunner(out, resume=args.resume)
     rows = []
     for method in args.only:
         if method == "fednas":

@@ -161,3 +161,20 @@ def _report(cfg: ExperimentConfig, out: Path, run: Any, state, rows: list, final
     if "client_test_acc" in final:
         summary["_client_table"] = printable
     return summary
+
+
+def compare_clients(out: str | os.PathLike, results: dict) -> str:
+    """Methods compared client by client on the same local test splits: ``results`` maps a
+    method to ``(per-client accuracies, wall seconds, parameters)``. Writes ``out/clients.csv``
+    (a column per method) and ``out/plots/clients.png``; returns the Markdown table (mean ±
+    std over clients, min, max, parameters, wall time)."""
+    out = Path(out)
+    lines = ["| method | params | avg local test acc (mean ± std over clients) | min | max | wall time (s) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {n:,} | {acc.mean():.4f} ± {acc.std():.4f} | {acc.min():.4f} | {acc.max():.4f} | {wall:.0f} |"
+              for name, (acc, wall, n) in results.items()]
+    k = len(next(iter(results.values()))[0])
+    atomic_write_text(out / "clients.csv", "client," + ",".join(results) + "\n" + "".join(
+        f"{c}," + ",".join(f"{r[0][c]:.6f}" for r in results.values()) + "\n" for c in range(k)))
+    plots.plot_methods_by_client({m: r[0] for m, r in results.items()}, out / "plots" / "clients.png")
+    return "\n".join(lines) + "\n"

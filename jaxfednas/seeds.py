@@ -251,3 +251,17 @@ def over_seeds(seeds: Sequence[int], one_seed, out, *, title: str, note: str = "
     atomic_write_text(out / "results.json", json.dumps({str(k): v for k, v in rows.items()}, indent=1) + "\n")
     print("\n" + table)
     return per_seed
+
+
+def once_or_over_seeds(args, one, overrides: dict | None = None, **table) -> dict:
+    """An example's job, ``one(overrides, out)``, once into ``args.out`` with ``overrides``
+    (default ``args.overrides``) or, with ``args.seeds``, once per seed (``run.seed``) into
+    ``args.out/seed_<s>`` and the table over seeds (:func:`over_seeds`, ``table``: its title,
+    note, metric, plot title). Returns seed -> result (seed ``None`` for the single run)."""
+    from pathlib import Path
+
+    overrides = dict(args.overrides if overrides is None else overrides)
+    if getattr(args, "seeds", None) is None:
+        return {None: one(overrides, Path(args.out))}
+    return over_seeds(parse_seeds(args.seeds), lambda seed, out: one({**overrides, "run.seed": seed}, out),
+                      args.out, **table)

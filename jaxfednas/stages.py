@@ -24,8 +24,24 @@ from jaxfednas.rng import init_key
 from jaxfednas.rundir import CHECKPOINT, holds_run, _read_config_json, read_json
 
 
+ROUND_METRICS = (("train_loss", "train loss", "{:.4f}"), ("train_acc", "train acc", "{:.4f}"),
+                 ("personal_train_acc", "personal train acc", "{:.4f}"), ("reward_acc", "reward acc", "{:.4f}"),
+                 ("global_test_acc", "global test acc", "{:.4f}"),
+                 ("client_test_acc_mean_unweighted", "client test acc", "{:.4f}"), ("arch_entropy", "α entropy", "{:.4f}"),
+                 ("epsilon_pld", "ε (PLD)", "{:.3f}"), ("fixed_blocks", "fixed blocks", "{:.0f}"),
+                 ("edges_decided", "edges decided", "{:.2f}"), ("final_clients", "final clients", "{:.0f}"),
+                 ("over_budget", "over budget", "{:.0f}"))
+"""The round metrics a stage's progress line shows, where the algorithm reports them: key,
+name, format."""
+
+
+def describe_round(row: dict) -> str:
+    """A stage's progress line for one round: the :data:`ROUND_METRICS` in ``row``."""
+    return ", ".join(f"{name} {fmt.format(row[key])}" for key, name, fmt in ROUND_METRICS if key in row)
+
+
 def run_stage(cfg: ExperimentConfig, out_dir: str | os.PathLike, *, resume: bool,
-              describe: Callable[[dict], str]) -> dict:
+              describe: Callable[[dict], str] = describe_round) -> dict:
     """:func:`run_experiment` for one stage of a multi-stage script: resumed only when asked
     *and* the directory already holds a run (so ``--resume`` also starts later stages),
     with one printed line per round, ``describe(row)`` filling in the metrics."""
@@ -53,13 +69,13 @@ class StageRunner:
     loaded: a finished job's tables are rewritten in seconds, and a stage's text files alone
     (no checkpoint) are enough to do so::
 
-        runner = StageRunner(out, resume=args.resume, describe=_describe)
+        runner = StageRunner(out, resume=args.resume)  # (progress lines: describe_round)
         summary, wall_s = runner.stage("spider", cfg)
     """
 
     WALL_TIMES = "wall_times.json"
 
-    def __init__(self, out: str | os.PathLike, *, resume: bool, describe: Callable[[dict], str],
+    def __init__(self, out: str | os.PathLike, *, resume: bool, describe: Callable[[dict], str] = describe_round,
                  same_test_rows: bool = True):
         self.out, self.resume, self.describe, self.same_test_rows = Path(out), resume, describe, same_test_rows
         path = self.out / self.WALL_TIMES

@@ -101,6 +101,15 @@ def cell_text(pairs: Sequence[tuple[str, int]]) -> str:
     return " / ".join("+".join(ops[n:n + 2]) for n in range(0, len(ops), 2))
 
 
+def edges_text(pairs: Sequence[tuple[str, int]]) -> str:
+    """One cell of a :class:`Genotype` as its edges, ``op<-input`` in order (full op names).
+
+    >>> edges_text([("sep_conv_3x3", 0), ("skip_connect", 1)])
+    'sep_conv_3x3<-0 skip_connect<-1'
+    """
+    return " ".join(f"{op}<-{i}" for op, i in pairs)
+
+
 _CONCAT = (2, 3, 4, 5)
 
 DARTS_V1 = Genotype(

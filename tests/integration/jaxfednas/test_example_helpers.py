@@ -204,3 +204,41 @@ def test_stage_row_reads_the_stages_client_accuracies_into_a_method_row(tmp_path
                          "wall_s", "note"]
     assert (row["mean"], row["min"], row["wall_s"]) == (0.75, 0.5, 12.3)
     assert stage_row(Runner(), "m", None, "Method", 3.0)[1]["params"] == 3.0
+
+
+def test_describe_round_shows_the_round_metrics_an_algorithm_reports():
+    from jaxfednas.stages import describe_round
+
+    assert describe_round({"train_loss": 0.5, "global_test_acc": 0.25, "fixed_blocks": 3.0, "epsilon_pld": 1.23456,
+                           "not_shown": 1.0}) == "train loss 0.5000, global test acc 0.2500, ε (PLD) 1.235, fixed blocks 3"
+    assert describe_round({}) == ""
+
+
+def test_once_or_over_seeds_runs_the_job_once_or_per_seed(tmp_path):
+    import argparse
+
+    from jaxfednas.seeds import once_or_over_seeds
+
+    calls = []
+
+    def one(overrides, out):
+        calls.append((overrides, out))
+        return {"numbers": {"x": float(overrides.get("run.seed", -1))}}
+
+    args = argparse.Namespace(seeds=None, out=str(tmp_path / "one"), overrides={"algo.lr": 0.1})
+    assert once_or_over_seeds(args, one) == {None: {"numbers": {"x": -1.0}}}
+    assert calls == [({"algo.lr": 0.1}, tmp_path / "one")]
+    calls.clear()
+    args = argparse.Namespace(seeds="1,3", out=str(tmp_path / "many"), overrides={"algo.lr": 0.1})
+    once_or_over_seeds(args, one, {"algo.lr": 0.2}, title="t")
+    assert calls == [({"algo.lr": 0.2, "run.seed": s}, tmp_path / "many" / f"seed_{s}") for s in (1, 3)]
+    assert "| x | 2.0000 ± 1.4142 | 1.0000 | 3.0000 |" in (tmp_path / "many" / "results.md").read_text()
+
+
+def test_dp_fnas_sampling_probs_give_each_party_the_expected_batch():
+    from jaxfednas.algorithms.dp_fnas import sampling_probs
+
+    manifest = {"clients": [{"train": list(range(100)), "val": list(range(20))},
+                            {"train": list(range(300)), "val": list(range(60))}]}
+    assert sampling_probs(manifest, 16) == (16 * 2 / 400, 16 * 2 / 80)  # B over the parties' mean size
+    assert sampling_probs(manifest, 1000) == (1.0, 1.0)  # (at most 1)
