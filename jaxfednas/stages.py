@@ -31,8 +31,8 @@ ROUND_METRICS = (("train_loss", "train loss", "{:.4f}"), ("train_acc", "train ac
                  ("epsilon_pld", "ε (PLD)", "{:.3f}"), ("fixed_blocks", "fixed blocks", "{:.0f}"),
                  ("edges_decided", "edges decided", "{:.2f}"), ("final_clients", "final clients", "{:.0f}"),
                  ("over_budget", "over budget", "{:.0f}"))
-"""The round metrics a stage's progress line shows, where the algorithm reports them: key,
-name, format."""
+"""The round metrics a stage's progress line shows where the algorithm reports them, each as
+(key, name, format)."""
 
 
 def describe_round(row: dict) -> str:
