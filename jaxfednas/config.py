@@ -255,10 +255,40 @@ class ExperimentConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
+_SERVER_OPTS = ("server_optimizer", "arch_server_optimizer")  # (momentum, b1, b2, tau: shared by both)
+# A setting that acts only under another: (section, field) -> (its section, the fields any of which must
+# hold one of the values). A value other than the default where none holds has no effect.
+ONLY_UNDER = {
+    ("data", "alpha"): ("data", ("partition",), ("dirichlet",)),
+    ("data", "min_size"): ("data", ("partition",), ("dirichlet",)),
+    ("data", "classes_per_client"): ("data", ("partition",), ("label_skew",)),
+    ("run", "availability_period"): ("run", ("sampler",), ("available",)),
+    ("run", "availability_on"): ("run", ("sampler",), ("available",)),
+    ("run", "availability_pattern"): ("run", ("sampler",), ("available",)),
+    ("run", "availability_fraction"): ("run", ("availability_pattern",), ("markov",)),
+    ("run", "availability_persistence"): ("run", ("availability_pattern",), ("markov",)),
+    ("run", "trim_fraction"): ("run", ("aggregator",), ("trimmed_mean",)),
+    ("run", "server_lr"): ("run", ("server_optimizer",), ("sgd", "avgm", "adagrad", "adam", "yogi")),
+    ("run", "server_momentum"): ("run", _SERVER_OPTS, ("avgm",)),
+    ("run", "server_b1"): ("run", _SERVER_OPTS, ("adagrad", "adam", "yogi")),
+    ("run", "server_b2"): ("run", _SERVER_OPTS, ("adam", "yogi")),
+    ("run", "server_tau"): ("run", _SERVER_OPTS, ("adagrad", "adam", "yogi")),
+    ("run", "arch_server_lr"): ("run", ("arch_server_optimizer",), ("sgd", "avgm", "adagrad", "adam", "yogi")),
+}
+
+
 def setting_warnings(cfg: ExperimentConfig) -> list[str]:
     """Legal settings that are almost surely a mistake, one line each: a learning rate of 0
-    (whatever it steps stays at its initial value)."""
+    (whatever it steps stays at its initial value), a setting changed from its default where
+    the setting it acts under (:data:`ONLY_UNDER`) is off, so that it has no effect."""
     out = []
+    for (section, name), (where, fields, values) in ONLY_UNDER.items():
+        sub, under = getattr(cfg, section), getattr(cfg, where)
+        if any(f.name == name for f in dataclasses.fields(sub)) and getattr(sub, name) != _default(sub, name) \
+                and not any(getattr(under, f, None) in values for f in fields):
+            now = ", ".join(f"{where}.{f}={getattr(under, f)}" for f in fields if hasattr(under, f))
+            out.append(f"{section}.{name}={getattr(sub, name)} has no effect with {now} (it acts only with "
+                       f"{' or '.join(f'{where}.{fields[0]}={v}' for v in values)})")
     for section in ("data", "run", "algo"):
         sub = getattr(cfg, section)
         for f in dataclasses.fields(sub):
@@ -268,6 +298,11 @@ def setting_warnings(cfg: ExperimentConfig) -> list[str]:
                 out.append(f"{section}.{f.name}=0: this learning rate takes no step, so what it trains keeps its "
                            f"initial value (default {f.default:g})")
     return out
+
+
+def _default(sub, name: str):
+    f = next(f for f in dataclasses.fields(sub) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:

@@ -549,3 +549,29 @@ def test_a_users_config_or_checkpoint_in_out_gets_advice_that_works(tmp_path, ca
         assert err.count("\n") == 1 and "--resume" not in err and "choose an empty or new --out" in err, err
         assert (d / name).read_text() == text
     assert cli.main([*CLI, "--rounds", "1", "--out", str(tmp_path / "new")]) == 0  # the advice
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"run.server_momentum": 0.5}, "run.server_momentum=0.5 has no effect with run.server_optimizer=none, "
+                                   "run.arch_server_optimizer=none (it acts only with run.server_optimizer=avgm)"),
+    ({"run.availability_period": 4}, "run.availability_period=4 has no effect with run.sampler=uniform"),
+    ({"run.availability_pattern": "markov"}, "run.availability_pattern=markov has no effect with run.sampler=uniform"),
+    ({"data.partition": "iid", "data.alpha": 0.1}, "data.alpha=0.1 has no effect with data.partition=iid"),
+    ({"run.trim_fraction": 0.2}, "run.trim_fraction=0.2 has no effect with run.aggregator=mean"),
+    ({"run.server_lr": 0.5}, "run.server_lr=0.5 has no effect with run.server_optimizer=none"),
+])
+def test_a_setting_without_effect_in_the_chosen_configuration_warns(over, message):
+    from jaxfednas.config import setting_warnings
+
+    assert any(message in w for w in setting_warnings(_cfg(1, **over))), setting_warnings(_cfg(1, **over))
+    assert not setting_warnings(_cfg(1))
+
+
+def test_a_setting_under_its_mode_does_not_warn():
+    from jaxfednas.config import setting_warnings
+
+    for over in ({"run.server_optimizer": "avgm", "run.server_momentum": 0.5},
+                 {"run.sampler": "available", "run.availability_period": 4, "run.availability_on": 2},
+                 {"data.partition": "dirichlet", "data.alpha": 0.1},
+                 {"run.arch_server_optimizer": "adam", "run.server_b1": 0.5}):
+        assert not setting_warnings(_cfg(1, **over)), over
