@@ -77,6 +77,9 @@ _FACTORY_ARGUMENTS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "dropout_rate": ("a number (its range is checked by the factory)", _real),
     "precision": ("a precision name (str)", lambda v: isinstance(v, str)),
     "rounds": ("an int", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "model": ("None or a flax module (e.g. jaxfednas.search_spaces.models.make_model(name, classes, dataset); "
+              "to name a bundled model, set the config's model field)",
+              lambda v: v is None or _is("flax.linen.module", "Module", v)),
 }
 
 LEGACY_RUN_KEYWORDS = ("rounds", "clients_per_round", "placement", "server", "dropout_rate", "precision")
@@ -146,7 +149,8 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
             if info is None or not isinstance(algo, FederatedAlgorithm):
                 return algo
             _refuse_unsupported_options(factory, algo.name, bound.arguments.get("run"), info)
-            return algo._replace(**{f: _ForData(getattr(algo, f), info, f"{algo.name}.{f}")
+            state_type = _StateType(algo.init)
+            return algo._replace(**{f: _ForData(getattr(algo, f), info, f"{algo.name}.{f}", state_type)
                                     for f in _DATA_FUNCTIONS if getattr(algo, f) is not None})
         return checked
     return wrap
@@ -178,14 +182,32 @@ def data_mismatch(built: Any, given: Any) -> str | None:
     return "; ".join(f"{f}: {getattr(built, f)!r} built, {getattr(given, f, None)!r} given" for f in fields)
 
 
+class _StateType:
+    """The class of the state an algorithm's ``init`` returns, found once from shapes
+    (``jax.eval_shape``: nothing computed) when a function first needs it; None where that
+    cannot be found (nothing is then checked)."""
+
+    def __init__(self, init: Callable):
+        self.init, self.found, self.cls = init, False, None
+
+    def get(self) -> type | None:
+        if not self.found:
+            self.found = True
+            try:
+                self.cls = type(jax.eval_shape(self.init, jax.random.PRNGKey(0)))
+            except Exception:  # noqa: BLE001 - (an init that needs more than a key: no check)
+                self.cls = None
+        return self.cls
+
+
 class _ForData:
     """An algorithm's ``fn(state, data, ...)`` that first checks ``data.info`` against the
     ``info`` the factory was given: data split over another number of clients (or another
     dataset) would otherwise run, its client indices clamped by the gathers, and return wrong
     numbers silently. Everything else (``lower``, ``clear_cache``, ...) is ``fn``'s."""
 
-    def __init__(self, fn: Callable, info: Any, name: str):
-        self.fn, self.info, self.name = fn, info, name
+    def __init__(self, fn: Callable, info: Any, name: str, state_type: _StateType | None = None):
+        self.fn, self.info, self.name, self.state_type = fn, info, name, state_type
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", name)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -199,8 +221,15 @@ class _ForData:
             raise ValueError(f"{self.name}(): the data is not the data the algorithm was built for ({diff}); "
                              "build the algorithm with this data's info (FederatedData.info)")
 
+    def check_state(self, state: Any) -> None:
+        want = self.state_type.get() if self.state_type is not None else None
+        if want is not None and type(state) is not want:
+            raise TypeError(f"{self.name}(): state must be the {want.__name__} this algorithm's init returns, got "
+                            f"{type(state).__name__}")
+
     def __call__(self, state: Any, data: Any, *args, **kwargs):
         self.check(data)
+        self.check_state(state)
         return self.fn(state, data, *args, **kwargs)
 
     @property
@@ -209,6 +238,7 @@ class _ForData:
 
         def checked(state: Any, data: Any, *args, **kwargs):
             self.check(data)
+            self.check_state(state)
             return lower(state, data, *args, **kwargs)
         return checked
 

@@ -364,6 +364,11 @@ def run_experiment(
     :class:`RunDirectoryError` with one line of advice. Returns the summary dict (also
     written to ``summary.json``).
     """
+    if not isinstance(cfg, ExperimentConfig):
+        raise TypeError(f"run_experiment(): cfg must be an ExperimentConfig (jaxfednas.registry.make_config or "
+                        f"config_from_dict), got {type(cfg).__name__}")
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+        raise TypeError(f"run_experiment(): out_dir must be a directory path (str or Path), got {out_dir!r:.60}")
     out = Path(out_dir)
     t_start = time.perf_counter()
     release_memory_after_compiles()  # the compiler's freed temporaries do not stay resident

@@ -222,3 +222,24 @@ def test_every_algorithm_takes_or_refuses_each_server_choice(name, option):
     differs = [a for a, b in zip(jax.tree.leaves(d1), jax.tree.leaves(s1))
                if np.shape(a) == np.shape(b) and not np.array_equal(np.asarray(a), np.asarray(b))]
     assert differs, f"{name} with {option}: the same state as the default round (option ignored?)"
+
+
+def test_the_python_api_names_a_wrong_argument():
+    """The Python API is as strict as the CLI: a model name where a module is expected, a
+    state of another type, a dict as a configuration: one error naming the argument."""
+    from jaxfednas.algorithms.ditto import ditto
+    from jaxfednas.algorithms.fedavg import fedavg
+    from jaxfednas.experiment import run_experiment
+
+    cfg, data = tiny_federation("fedavg")
+    with pytest.raises(TypeError, match="fedavg\\(\\): model must be None or a flax module"):
+        fedavg(cfg.algo, data.info, model="cnn")
+    algo = fedavg(cfg.algo, data.info)
+    with pytest.raises(TypeError, match="fedavg.evaluate\\(\\): state must be the .* this algorithm's init returns, "
+                                        "got str"):
+        algo.evaluate("state", data)
+    other = ditto(tiny_federation("ditto")[0].algo, data.info)
+    with pytest.raises(TypeError, match="fedavg.round\\(\\): state must be .* got DittoState"):
+        algo.round(other.init(jax.random.PRNGKey(0)), data, jax.random.PRNGKey(1))
+    with pytest.raises(TypeError, match="run_experiment\\(\\): cfg must be an ExperimentConfig .* got dict"):
+        run_experiment({"algorithm": "fedavg"}, "runs/x")
