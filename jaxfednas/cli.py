@@ -420,7 +420,17 @@ def run_privacy_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt as e:  # (while modules import or arguments parse, before the command's own handling)
+        if type(e).__name__ == "Terminated":
+            print("terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPT
+
+
+def _main(argv: list[str]) -> int:
     try:
         _import_first(argv)
     except ConfigError as e:

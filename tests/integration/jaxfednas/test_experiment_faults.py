@@ -575,3 +575,16 @@ def test_a_setting_under_its_mode_does_not_warn():
                  {"data.partition": "dirichlet", "data.alpha": 0.1},
                  {"run.arch_server_optimizer": "adam", "run.server_b1": 0.5}):
         assert not setting_warnings(_cfg(1, **over)), over
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys):
+    """Ctrl-C while modules import or the arguments parse (before the command's own handling):
+    'interrupted' and status 130, no traceback."""
+    from jaxfednas import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_import_first", interrupted)
+    assert cli.main(["list"]) == cli.EXIT_INTERRUPT == 130
+    assert capsys.readouterr().err == "interrupted\n"
