@@ -109,6 +109,7 @@ DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4  # dp-accounting's own PLDAccountan
 # building it costs ~7 us a point on one core (a Poisson-subsampled Gaussian), so ~7 s.
 PLD_MAX_POINTS = 1_000_000
 PLD_MAX_INTERVAL = 100.0  # dp-accounting overflows (expm1 of the interval) far above this
+PLD_MAX_EXPLICIT_POINTS = 2e7  # an explicit interval finer than this grid takes GiBs and minutes: refused
 MAX_NOISE_MULTIPLIER = 1e150  # sigma^2 overflows a float near 1e154; epsilon is 0 to float precision long before
 _PLD_LOG_TAIL = -50.0  # dp-accounting's log_mass_truncation_bound of the Gaussian
 # Calibration searches sigma in this range.  Below ~0.05 a subsampled-Gaussian
@@ -218,8 +219,7 @@ def pld_interval(noise_multiplier: float, *, max_points: int = PLD_MAX_POINTS) -
     sigma = _check_noise_multiplier(noise_multiplier)
     if isinstance(max_points, bool) or not isinstance(max_points, numbers.Integral) or max_points < 1:
         raise ValueError(f"max_points must be a positive integer, got {max_points!r}")
-    k = -float(special.ndtri(0.5 * math.exp(_PLD_LOG_TAIL)))
-    loss_range = (2.0 * k + 1.0 / sigma) / sigma  # (2 k sigma + 1)/sigma^2 without underflow
+    loss_range = _loss_range(sigma)  # (2 k sigma + 1)/sigma^2 without underflow
     v = max(DEFAULT_VALUE_DISCRETIZATION_INTERVAL, loss_range / int(max_points))
     if v > 1.0:
         raise ValueError(
@@ -236,7 +236,20 @@ def _check_interval(value, noise_multiplier: float) -> float:
     v = _real("value_discretization_interval", value)
     if not 0.0 < v <= PLD_MAX_INTERVAL:
         raise ValueError(f"value_discretization_interval must be in (0, {PLD_MAX_INTERVAL:g}], got {v!r}")
+    points = _loss_range(_check_noise_multiplier(noise_multiplier)) / v  # (estimated before any table is built)
+    if points > PLD_MAX_EXPLICIT_POINTS:
+        raise ValueError(f"value_discretization_interval={v:g} needs a grid of ~{points:.2g} points per PLD table at "
+                         f"noise_multiplier={noise_multiplier:g} (several GiB, minutes); at most "
+                         f"{PLD_MAX_EXPLICIT_POINTS:.0e} points: an interval of at least "
+                         f"{_loss_range(noise_multiplier) / PLD_MAX_EXPLICIT_POINTS * 1.001:.3g}")
     return v
+
+
+def _loss_range(sigma: float) -> float:
+    """The span of one Gaussian step's privacy losses that the PLD grid covers, ``(2 k sigma + 1)/sigma^2``
+    (:func:`pld_interval`)."""
+    k = -float(special.ndtri(0.5 * math.exp(_PLD_LOG_TAIL)))
+    return (2.0 * k + 1.0 / sigma) / sigma
 
 
 # --------------------------------------------------------------------------

@@ -427,14 +427,14 @@ def test_cli_main_prints_table_and_calibration(capsys):
 def test_a_pld_grid_too_large_for_memory_is_one_line(capsys):
     """A tiny noise multiplier (or interval) asks dp-accounting for a privacy-loss grid of
     petabytes: numpy's MemoryError becomes a ValueError naming the setting, one line in the CLI."""
-    with pytest.raises(ValueError, match=r"noise_multiplier=0.1 .* interval 1e-09 does not fit in memory "
-                       r"\(it needs .*B\)"):
+    with pytest.raises(ValueError, match=r"value_discretization_interval=1e-09 needs a grid of ~2.9e\+11 points per "
+                       r"PLD table at noise_multiplier=0.1"):
         P.pld_epsilon(sampling_prob=0.01, noise_multiplier=0.1, steps=10, delta=1e-5,
                       value_discretization_interval=1e-9)
     rc = cli.main(["privacy", "--sampling-prob", "0.01", "--noise-multiplier", "0.1", "--steps", "1000",
                    "--delta", "1e-5", "--pld-interval", "1e-9"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "interval 1e-09 does not fit in memory" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "value_discretization_interval=1e-09 needs a grid" in err, err
 
 
 def test_the_default_pld_interval_keeps_small_noise_computable(capsys):
@@ -519,3 +519,20 @@ def test_a_noise_multiplier_beyond_the_float_range_is_refused_in_one_line():
         with pytest.raises(ValueError, match="noise_multiplier 1e.200 is above 1e.150"):
             call(1e200)
         assert call(1e150) == pytest.approx(0.0, abs=1e-100)
+
+
+def test_a_pld_interval_too_fine_to_build_is_refused_before_any_table():
+    """--pld-interval 1e-7 at sigma 1 (a grid of ~2e8 points) grew to GiBs for minutes and printed
+    nothing; it is refused at once with the finest interval that would be built."""
+    import re
+    import time
+
+    from jaxfednas import privacy as P
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="needs a grid of ~2e\\+08 points") as e:
+        P.pld_epsilon(sampling_prob=0.01, noise_multiplier=1.0, steps=100, delta=1e-5,
+                      value_discretization_interval=1e-7)
+    assert time.perf_counter() - t0 < 5
+    finest = float(re.search(r"an interval of at least ([0-9.e+-]+)", str(e.value)).group(1))
+    assert 1e-6 < finest < 1.1e-6
