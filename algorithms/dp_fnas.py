@@ -182,8 +182,12 @@ class DPFNASConfig(DartsSpaceConfig):
             if noise > 0:  # the PLD epsilon reported each round must be computable: refused now, not after round 1
                 try:
                     privacy.pld_interval(noise)
-                except ValueError as e:
-                    raise ConfigError(f"algo.{nn_}: {e}") from None
+                except ValueError:  # (the run has no PLD interval or accountant to change: the noise is the lever)
+                    raise ConfigError(f"algo.{nn_}={noise:g} is too small for the PLD accountant every DP-FNAS "
+                                      "round reports (one step's privacy losses span more than its grid: epsilon "
+                                      "of that order, no privacy to speak of); use a larger noise multiplier "
+                                      "(e.g. from `jaxfednas privacy --target-epsilon`), or 0 for the non-private "
+                                      "counterpart") from None
         if self.target_epsilon > 0 and (self.noise_multiplier <= 0 or self.tau <= 0):
             raise ConfigError("algo.target_epsilon needs noise on both mechanisms (noise_multiplier and "
                               "arch_noise_multiplier > 0)")

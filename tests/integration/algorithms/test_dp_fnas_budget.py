@@ -235,3 +235,21 @@ def test_max_iterations_bound_by_the_architecture_mechanism(accountant, arch):
     report = Accountant(cfg).report(t)
     assert report["budget_epsilon"] == pytest.approx(eps(p_val, tau, t), rel=1e-9)
     assert report["budget_epsilon"] > eps(p, sigma, t)
+
+
+def test_a_noise_too_small_for_the_pld_accountant_gets_advice_the_run_can_follow():
+    """A DP-FNAS run cannot change the PLD interval or accountant it reports with: the refusal
+    names the noise multiplier and what to do with it (calibrate one, or 0), both of which work."""
+    from jaxfednas.cli import _parser
+    from jaxfednas.config import ConfigError
+    from jaxfednas.registry import make_config
+
+    with pytest.raises(ConfigError, match="algo.noise_multiplier=0.0001 is too small for the PLD accountant every "
+                                          "DP-FNAS round reports.*--target-epsilon.*or 0") as e:
+        make_config("dp_fnas", overrides={"algo.noise_multiplier": 1e-4})
+    assert "--pld-interval" not in str(e.value) and "RDP" not in str(e.value)
+    assert _parser().parse_args(["privacy", "--sampling-prob", "0.06", "--noise-multiplier", "1", "--steps", "500",
+                                 "--delta", "1e-5",
+                                 "--target-epsilon", "4"]).target_epsilon == 4  # the calibration it names
+    assert make_config("dp_fnas", overrides={"algo.noise_multiplier": 0.0, "algo.clip_norm": 0.0}).algo \
+        .noise_multiplier == 0  # (0: the non-private counterpart)
