@@ -536,3 +536,24 @@ def test_a_pld_interval_too_fine_to_build_is_refused_before_any_table():
     assert time.perf_counter() - t0 < 5
     finest = float(re.search(r"an interval of at least ([0-9.e+-]+)", str(e.value)).group(1))
     assert 1e-6 < finest < 1.1e-6
+
+
+def test_a_step_count_beyond_the_pld_accountant_is_one_line_or_left_out(capsys):
+    """T = 1e9: the comparison table leaves PLD out and says so (it took minutes before, even
+    with --accountant rdp); a PLD calibration refuses with advice that works."""
+    import time
+
+    from jaxfednas import privacy as P
+
+    t0 = time.perf_counter()
+    argv = ["privacy", "--sampling-prob", "0.01", "--noise-multiplier", "1", "--steps", "1000000000", "--delta",
+            "1e-5", "--target-epsilon", "2"]
+    assert cli.main(argv + ["--accountant", "rdp"]) == 0
+    out = capsys.readouterr().out
+    assert "not computed: T > 1e+08 steps" in out and "calibration (rdp)" in out and time.perf_counter() - t0 < 30
+    assert cli.main(argv) == 2  # (the PLD calibration)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "steps=1000000000 is beyond what the PLD accountant composes" in err, err
+    assert "--accountant rdp" in err
+    with pytest.raises(ValueError, match="beyond what the PLD accountant composes"):
+        P.pld_epsilon(sampling_prob=0.01, noise_multiplier=1.0, steps=10**9, delta=1e-5)
