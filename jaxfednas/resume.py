@@ -17,7 +17,8 @@ from jaxfednas.config import apply_overrides, ConfigError, current_name, Experim
 from jaxfednas.data import partition as part
 from jaxfednas.registry import config_from_dict
 from jaxfednas.reports import _read_metrics
-from jaxfednas.rundir import (CHECKPOINT, check_run_directory, holds_run, RunDirectoryError, RunExistsError,
+from jaxfednas.rundir import (CHECKPOINT, check_run_directory, holds_run, PartitionChangedError, RunDirectoryError,
+                              RunExistsError,
                               _read_config_json, _refuse_non_file, _RunLock)
 
 CADENCE_FIELDS = ("rounds", "eval_every", "checkpoint_every")
@@ -134,12 +135,14 @@ def _read_resumed(cfg: ExperimentConfig, out: Path, manifest: dict, shapes, acce
     if manifest_path.exists():
         try:
             recorded = part.load_manifest(manifest_path)["sha256"]
-        except (OSError, ValueError, TypeError, KeyError) as e:
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
             raise RunDirectoryError(f"--resume: {manifest_path} is not a partition manifest ({type(e).__name__}); "
                                     "the partition is recomputed from the configuration: remove the file to have "
                                     "it written again") from None
         if recorded != manifest["sha256"]:
-            raise ValueError(f"--resume: the partition recomputed now differs from {manifest_path}")
+            raise PartitionChangedError(f"--resume: the partition recomputed now differs from {manifest_path} (the "
+                                        "dataset or the partitioning code changed since the run): continue with the "
+                                        "data it used, or start afresh in another --out")
     rows = _read_metrics(mpath)
     if not checkpoint_files(ckpt_path):
         # the first save writes metrics.jsonl, then the checkpoint: a run stopped in between

@@ -27,6 +27,12 @@ class RunDirectoryError(RuntimeError):
     for a failed checkpoint, the last good one and ``--resume``."""
 
 
+class PartitionChangedError(RunDirectoryError, ValueError):
+    """The partition recomputed now from a run's configuration is not the one its
+    ``partition/manifest.json`` records (the dataset, or the code that partitions it,
+    changed since): the run cannot continue on other clients' data."""
+
+
 class RunExistsError(RunDirectoryError):
     """``out_dir`` already holds a run and ``resume`` was not requested."""
 

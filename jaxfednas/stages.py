@@ -21,7 +21,7 @@ from jaxfednas.registry import build_algorithm, config_from_dict
 from jaxfednas.resume import config_hash, _accepted_hashes, _nonfinite_leaves
 from jaxfednas.run_options import RunOptions
 from jaxfednas.rng import init_key
-from jaxfednas.rundir import CHECKPOINT, holds_run, _read_config_json, read_json
+from jaxfednas.rundir import CHECKPOINT, holds_run, PartitionChangedError, _read_config_json, read_json
 
 
 ROUND_METRICS = (("train_loss", "train loss", "{:.4f}"), ("train_acc", "train acc", "{:.4f}"),
@@ -236,7 +236,8 @@ def load_run(out_dir: str | os.PathLike) -> FinishedRun:
     manifest = make_partition(cfg, dataset)
     saved = out / "partition" / "manifest.json"
     if saved.exists() and part.load_manifest(saved)["sha256"] != manifest["sha256"]:
-        raise ValueError(f"the partition recomputed now differs from {saved}")
+        raise PartitionChangedError(f"the partition recomputed now differs from {saved} (the dataset or the "
+                                    "partitioning code changed since the run)")
     data = make_federated_data(dataset, part.manifest_splits(manifest))
     options = RunOptions.from_run(cfg.run)
     algo = build_algorithm(cfg, data.info, run=options)

@@ -588,3 +588,25 @@ def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_import_first", interrupted)
     assert cli.main(["list"]) == cli.EXIT_INTERRUPT == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_manifest_of_another_partition_or_nested_deep_is_one_line_on_resume(tmp_path, capsys):
+    """--resume where partition/manifest.json is a valid manifest of another partition (another
+    seed), or JSON nested 100,000 deep: one line naming the file, no traceback."""
+    import shutil
+
+    from jaxfednas import cli
+
+    d = tmp_path / "run"
+    assert cli.main([*CLI, "--rounds", "1", "--out", str(d)]) == 0
+    assert cli.main(["partition", "--dataset", "synthetic", "--clients", "4", "--seed", "7",
+                     "--out", str(tmp_path / "other")]) == 0
+    shutil.copy(tmp_path / "other" / "manifest.json", d / "partition" / "manifest.json")
+    capsys.readouterr()
+    assert cli.main([*CLI, "--rounds", "2", "--out", str(d), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the partition recomputed now differs from" in err and "another --out" in err, err
+    (d / "partition" / "manifest.json").write_text("[" * 100_000)
+    assert cli.main([*CLI, "--rounds", "2", "--out", str(d), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a partition manifest (RecursionError)" in err, err

@@ -27,7 +27,7 @@ def test_a_moved_name_is_reachable_from_experiment_and_warns_naming_its_new_modu
 ADDED_SINCE = {"LAYOUT", "run_layout", "layout_changes",  # new in these modules after the move: never in experiment
                "read_metrics", "read_client_test_acc", "client_acc_summary", "shared_settings", "cached_json",
                "personalized_accuracy", "method_row", "stage_row", "read_json", "compare_clients", "describe_round",
-               "ROUND_METRICS"}
+               "ROUND_METRICS", "PartitionChangedError"}
 
 
 def test_every_public_name_of_the_new_modules_is_reachable_from_experiment():
