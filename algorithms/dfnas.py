@@ -458,6 +458,13 @@ def child_report(arch: ShuffleArch, info: DataInfo) -> dict:
 
 
 FACTORY = dfnas
+
+
+def ANNEALS_OVER_ROUNDS(cfg) -> bool:  # noqa: N802  (a resume must keep run.rounds where it holds)
+    """Whether a learning rate anneals over ``run.rounds`` (:mod:`jaxfednas.resume`: a resume must then keep them)."""
+    return cfg.lr_schedule == "cosine"
+
+
 RUN_OPTIONS = (
     "clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer", "arch_server_optimizer",
 )

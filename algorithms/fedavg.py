@@ -172,4 +172,11 @@ def fedavg(cfg: FedAvgConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
 
 
 FACTORY = fedavg
+
+
+def ANNEALS_OVER_ROUNDS(cfg) -> bool:  # noqa: N802  (a resume must keep run.rounds where it holds)
+    """Whether a learning rate anneals over ``run.rounds`` (:mod:`jaxfednas.resume`: a resume must then keep them)."""
+    return cfg.lr_schedule == "cosine"
+
+
 RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator", "server_optimizer")

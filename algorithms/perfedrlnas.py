@@ -1042,6 +1042,13 @@ def check(config: ExperimentConfig) -> None:
 
 
 FACTORY = perfedrlnas
+
+
+def ANNEALS_OVER_ROUNDS(cfg) -> bool:  # noqa: N802  (a resume must keep run.rounds where it holds)
+    """Whether a learning rate anneals over ``run.rounds`` (:mod:`jaxfednas.resume`: a resume must then keep them)."""
+    return True
+
+
 RUN_OPTIONS = ("clients_per_round", "dropout_rate", "precision", "sampler", "aggregator")
 
 

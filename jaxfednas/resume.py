@@ -78,6 +78,16 @@ def resume_config(out_dir: str | os.PathLike, overrides: dict | None = None) -> 
     return apply_overrides(config_from_dict(_read_config_json(cfg_path)), overrides or {})
 
 
+def _anneals_over_rounds(cfg: ExperimentConfig) -> bool:
+    """Whether a learning rate of ``cfg``'s algorithm follows a schedule over ``run.rounds``:
+    its module's ``ANNEALS_OVER_ROUNDS(algo config) -> bool``, else a config whose
+    ``lr_schedule`` is cosine (FedAvg's and the configs built on it)."""
+    from jaxfednas.registry import algorithm_module  # noqa: PLC0415
+
+    anneals = getattr(algorithm_module(cfg.algorithm), "ANNEALS_OVER_ROUNDS", None)
+    return bool(anneals(cfg.algo)) if callable(anneals) else getattr(cfg.algo, "lr_schedule", None) == "cosine"
+
+
 def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunLock,
                      log: Callable[[str], None]) -> list[str]:
     """(Process 0) the run directory's verdict, nothing written but the lock: a new run
@@ -117,6 +127,11 @@ def _check_directory(cfg: ExperimentConfig, out: Path, resume: bool, lock: _RunL
             "run.client_chunk_size, run.memory_budget_gib) may change when resuming"
         )
     before, now = config_from_dict(raw).run, cfg.run
+    if before.rounds != now.rounds and _anneals_over_rounds(cfg):
+        raise ConfigError(f"--resume with run.rounds {before.rounds} -> {now.rounds}: {cfg.algorithm}'s learning rate "
+                          "anneals over run.rounds (a cosine), so the rounds done followed another schedule than "
+                          f"{now.rounds} rounds would; keep run.rounds={before.rounds}, or run {now.rounds} rounds "
+                          "afresh in another --out")
     moved = [f"run.{f}: {getattr(before, f)} -> {getattr(now, f)}" for f in LAYOUT_FIELDS
              if getattr(before, f) != getattr(now, f)]
     if moved:

@@ -610,3 +610,18 @@ def test_a_manifest_of_another_partition_or_nested_deep_is_one_line_on_resume(tm
     assert cli.main([*CLI, "--rounds", "2", "--out", str(d), "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a partition manifest (RecursionError)" in err, err
+
+
+def test_a_resume_that_would_re_anneal_a_cosine_rate_is_refused(tmp_path):
+    """A cosine rate anneals over run.rounds: resumed with more rounds, the rounds done would have
+    followed another schedule. Refused in one line with what to do; a constant rate extends."""
+    from jaxfednas.config import ConfigError
+
+    cosine = {"algo.lr_schedule": "cosine"}
+    run_experiment(_cfg(1, **cosine), tmp_path / "c", progress=False, log=lambda s: None)
+    with pytest.raises(ConfigError, match="run.rounds 1 -> 2: fedavg's learning rate anneals over run.rounds .* keep "
+                                          "run.rounds=1, or run 2 rounds afresh in another --out"):
+        run_experiment(_cfg(2, **cosine), tmp_path / "c", resume=True, progress=False, log=lambda s: None)
+    run_experiment(_cfg(1, **cosine), tmp_path / "c", resume=True, progress=False, log=lambda s: None)  # the advice
+    run_experiment(_cfg(1), tmp_path / "k", progress=False, log=lambda s: None)
+    assert run_experiment(_cfg(2), tmp_path / "k", resume=True, progress=False, log=lambda s: None)["rounds"] == 2
