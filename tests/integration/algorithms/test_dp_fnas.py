@@ -99,7 +99,7 @@ def test_config_errors(data2):
     with pytest.raises(ConfigError, match="single iteration"):
         dp_fnas(DPFNASConfig(**TINY, target_epsilon=1e-3), data2.info)
     # a noise whose epsilon the PLD accountant cannot compute is refused now, not after round 1
-    with pytest.raises(ConfigError, match=r"algo.arch_noise_multiplier: noise_multiplier=0.0005 is too small"):
+    with pytest.raises(ConfigError, match=r"algo.arch_noise_multiplier=0.0005 is too small for the PLD accountant"):
         DPFNASConfig(arch_noise_multiplier=5e-4)
     with pytest.raises(ConfigError, match="validation split"):
         build_algorithm(make_config("dp_fnas", overrides={"data.split": (0.75, 0.0, 0.25)}), data2.info)
