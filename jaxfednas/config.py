@@ -280,7 +280,7 @@ ONLY_UNDER = {
 def setting_warnings(cfg: ExperimentConfig) -> list[str]:
     """Legal settings that are almost surely a mistake, one line each: a learning rate of 0
     (whatever it steps stays at its initial value), a setting changed from its default where
-    the setting it acts under (:data:`ONLY_UNDER`) is off, so that it has no effect."""
+    the setting it acts under (``ONLY_UNDER``) is off, so that it has no effect."""
     out = []
     for (section, name), (where, fields, values) in ONLY_UNDER.items():
         sub, under = getattr(cfg, section), getattr(cfg, where)
