@@ -408,7 +408,9 @@ def run_privacy_command(args: argparse.Namespace) -> int:
             budget = max_steps(sampling_prob=args.sampling_prob,
                                noise_multiplier=args.noise_multiplier,
                                target_epsilon=args.target_epsilon, delta=args.delta,
-                               accountant=args.accountant)
+                               accountant=args.accountant,
+                               **({} if args.pld_interval is None or args.accountant != "pld"
+                                  else {"value_discretization_interval": args.pld_interval}))
             print(f"\ncalibration ({args.accountant}) for target epsilon = "
                   f"{args.target_epsilon:g} at delta = {args.delta:g}:")
             print(f"  smallest noise_multiplier for T = {args.steps}: {sigma:.4f}")

@@ -81,7 +81,9 @@ Example
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import numbers
 import sys
@@ -222,6 +224,7 @@ def pld_interval(noise_multiplier: float, *, max_points: int = PLD_MAX_POINTS) -
         raise ValueError(f"max_points must be a positive integer, got {max_points!r}")
     loss_range = _loss_range(sigma)  # (2 k sigma + 1)/sigma^2 without underflow
     v = max(DEFAULT_VALUE_DISCRETIZATION_INTERVAL, loss_range / int(max_points))
+    _refuse_beyond_any_interval(sigma)
     if v > 1.0:
         raise ValueError(
             f"noise_multiplier={sigma:g} is too small for the PLD accountant: the privacy losses of one step "
@@ -237,6 +240,7 @@ def _check_interval(value, noise_multiplier: float) -> float:
     v = _real("value_discretization_interval", value)
     if not 0.0 < v <= PLD_MAX_INTERVAL:
         raise ValueError(f"value_discretization_interval must be in (0, {PLD_MAX_INTERVAL:g}], got {v!r}")
+    _refuse_beyond_any_interval(_check_noise_multiplier(noise_multiplier))
     points = _loss_range(_check_noise_multiplier(noise_multiplier)) / v  # (estimated before any table is built)
     if points > PLD_MAX_EXPLICIT_POINTS:
         raise ValueError(f"value_discretization_interval={v:g} needs a grid of ~{points:.2g} points per PLD table at "
@@ -244,6 +248,28 @@ def _check_interval(value, noise_multiplier: float) -> float:
                          f"{PLD_MAX_EXPLICIT_POINTS:.0e} points: an interval of at least "
                          f"{_loss_range(noise_multiplier) / PLD_MAX_EXPLICIT_POINTS * 1.001:.3g}")
     return v
+
+
+def _smallest_pld_noise() -> float:
+    """The noise multiplier whose loss range the coarsest interval allowed covers in the largest grid
+    allowed (``PLD_MAX_INTERVAL`` x ``PLD_MAX_EXPLICIT_POINTS``): the root of ``R s^2 - 2 k s - 1``."""
+    k = -float(special.ndtri(0.5 * math.exp(_PLD_LOG_TAIL)))
+    r = PLD_MAX_INTERVAL * PLD_MAX_EXPLICIT_POINTS
+    return (k + math.sqrt(k * k + r)) / r
+
+
+def _refuse_beyond_any_interval(sigma: float) -> None:
+    """A noise so small that no interval the accountant allows gives a grid it can build: one line
+    naming what works (a larger noise or the RDP accountant), instead of advising an interval."""
+    smallest = _smallest_pld_noise()
+    if sigma < smallest:
+        span = _loss_range(sigma)
+        span_text = f"~{span:.3g}" if math.isfinite(span) else "beyond floating point"
+        raise ValueError(
+            f"noise_multiplier={sigma:g} is too small for the PLD accountant at any interval it allows: the privacy "
+            f"losses of one step span {span_text} (epsilon is of that order, i.e. no meaningful privacy); a noise "
+            f"multiplier of at least {smallest * 1.001:.3g}, or the RDP accountant (`jaxfednas privacy --accountant "
+            "rdp`)")
 
 
 def _loss_range(sigma: float) -> float:
@@ -473,8 +499,10 @@ def rdp_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int,
     r"""Epsilon of the same event from ``dp_accounting.rdp.RdpAccountant``.
 
     Default RDP orders, add/remove-one.  An upper bound, usually looser than
-    PLD.  (The accountant may log that a few fractional orders near 1 failed
-    to converge and were skipped; the bound stays valid.)
+    PLD.  Fractional orders near 1 that fail to converge are skipped (the
+    bound over the remaining orders stays valid; dp-accounting's warning about
+    each is kept out of the output).  A noise so small that its square
+    underflows gives ``inf``.
 
     >>> round(rdp_epsilon(sampling_prob=0.01, noise_multiplier=1.0, steps=1000, delta=1e-5), 2)
     2.1
@@ -485,9 +513,25 @@ def rdp_epsilon(*, sampling_prob: float, noise_multiplier: float, steps: int,
     d = _check_delta(delta)
     from dp_accounting import rdp
 
+    if sigma * sigma == 0.0:  # (the accountant divides by sigma^2: no privacy left to bound)
+        return math.inf
     accountant = rdp.RdpAccountant()
-    accountant.compose(_dp_event(p, sigma, t))
-    return float(accountant.get_epsilon(d))
+    with _quiet_absl_warnings():
+        accountant.compose(_dp_event(p, sigma, t))
+        return float(accountant.get_epsilon(d))
+
+
+@contextlib.contextmanager
+def _quiet_absl_warnings():
+    """dp-accounting logs a WARNING through absl for every RDP order it skips (hundreds of lines in
+    a calibration); the skipped orders only loosen the bound, so they are kept out of the output."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _epsilon(accountant: str, p: float, sigma: float, steps: int, delta: float,
@@ -530,6 +574,7 @@ class AccountingReport:
     clt_optimistic: bool
     ratio_pld_over_clt: float
     value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL  # the one used
+    pld_left_out: str = ""  # why epsilon_pld is not computed (NaN), or "" when it is
 
     def to_table(self) -> str:
         """Fixed-width text table (what ``jaxfednas privacy`` prints)."""
@@ -545,8 +590,7 @@ class AccountingReport:
             f"mu = {self.mu_clt:.4f}-GDP; asymptotic approximation, not a bound",
             f"{'PLD (dp-accounting)':<22}{self.epsilon_pld:>12.4f}  upper bound (the guarantee; "
             f"value discretisation interval {self.value_discretization_interval:g})" if self.epsilon_pld == self.epsilon_pld
-            else f"{'PLD (dp-accounting)':<22}{'—':>12}  not computed: T > {PLD_MAX_STEPS:.0e} steps takes minutes "
-            "to hours; the RDP bound below holds",
+            else f"{'PLD (dp-accounting)':<22}{'—':>12}  not computed: {self.pld_left_out}; the RDP bound below holds",
             f"{'RDP (dp-accounting)':<22}{self.epsilon_rdp:>12.4f}  upper bound (looser)",
         ] + ([f"PLD / CLT = {self.ratio_pld_over_clt:.3f}: {verdict}"] if self.epsilon_pld == self.epsilon_pld else [])
         return "\n".join(lines)
@@ -571,17 +615,26 @@ def compare_accountants(*, sampling_prob: float, noise_multiplier: float, steps:
     sigma = _check_noise_multiplier(noise_multiplier)
     t = _check_steps(steps)
     d = _check_delta(delta)
-    vdi = _check_interval(value_discretization_interval, sigma)
+    left_out = ""  # why PLD is not computed (the table says so; RDP and the CLT still are)
+    try:
+        vdi = _check_interval(value_discretization_interval, sigma)
+    except ValueError as e:
+        if value_discretization_interval is not None:  # an interval asked for explicitly: refused as given
+            raise
+        vdi, left_out = math.nan, f"too small a noise for the default grid ({str(e).split(': ', 1)[0]})"
+    if t > PLD_MAX_STEPS:
+        left_out = f"T > {PLD_MAX_STEPS:.0e} steps takes minutes to hours"
     mu = gdp_mu_poisson(sampling_prob=p, noise_multiplier=sigma, steps=t)
     eps_clt = gdp_epsilon(mu=mu, delta=d)
-    eps_pld = math.nan if t > PLD_MAX_STEPS else pld_epsilon(  # (beyond: not computed, the table says so)
+    eps_pld = math.nan if left_out else pld_epsilon(
         sampling_prob=p, noise_multiplier=sigma, steps=t, delta=d, value_discretization_interval=vdi)
     eps_rdp = rdp_epsilon(sampling_prob=p, noise_multiplier=sigma, steps=t, delta=d)
     ratio = eps_pld / eps_clt if eps_clt > 0.0 else math.inf
     return AccountingReport(
         sampling_prob=p, noise_multiplier=sigma, steps=t, delta=d, mu_clt=mu,
         epsilon_clt=eps_clt, epsilon_pld=eps_pld, epsilon_rdp=eps_rdp,
-        clt_optimistic=bool(eps_clt < eps_pld), ratio_pld_over_clt=ratio, value_discretization_interval=vdi)
+        clt_optimistic=bool(eps_clt < eps_pld), ratio_pld_over_clt=ratio, value_discretization_interval=vdi,
+        pld_left_out=left_out)
 
 
 # --------------------------------------------------------------------------
@@ -650,12 +703,13 @@ def calibrate_noise_multiplier(*, sampling_prob: float, steps: int, target_epsil
 
 
 def max_steps(*, sampling_prob: float, noise_multiplier: float, target_epsilon: float,
-              delta: float, accountant: str = "pld") -> int:
+              delta: float, accountant: str = "pld", value_discretization_interval: float | None = None) -> int:
     r"""Largest number of steps T whose epsilon is <= ``target_epsilon`` (0 if none).
 
     Doubles T until the target is exceeded, then bisects on integers.  Assumes
     epsilon is non-decreasing in T (true of the mechanism; the PLD
-    discretisation keeps it so up to its tiny rounding).
+    discretisation keeps it so up to its tiny rounding).  ``value_discretization_interval``:
+    the PLD accountant's (None: :func:`pld_interval` of the noise).
 
     >>> max_steps(sampling_prob=0.01, noise_multiplier=1.0, target_epsilon=1.0, delta=1e-5,
     ...           accountant="clt")
@@ -666,9 +720,10 @@ def max_steps(*, sampling_prob: float, noise_multiplier: float, target_epsilon: 
     target = _check_epsilon(target_epsilon, "target_epsilon")
     d = _check_delta(delta)
     acc = _check_accountant(accountant)
+    vdi = _check_interval(value_discretization_interval, sigma) if acc == "pld" else None
 
     def meets(steps: int) -> bool:
-        return _epsilon(acc, p, sigma, steps, d) <= target
+        return _epsilon(acc, p, sigma, steps, d, vdi) <= target
 
     if not meets(1):
         return 0

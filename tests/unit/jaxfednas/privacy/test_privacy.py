@@ -452,11 +452,15 @@ def test_the_default_pld_interval_keeps_small_noise_computable(capsys):
     coarse = P.pld_epsilon(**args, value_discretization_interval=P.pld_interval(0.5, max_points=2_000))
     assert fine < coarse < 1.05 * fine
     assert P.gdp_mu_poisson(sampling_prob=0.5, noise_multiplier=1e-300, steps=10) == float("inf")
-    for sigma in ("1e-300", "5e-4"):
+    for sigma in ("1e-300", "5e-4"):  # the table leaves PLD out and says why; RDP is still shown
         rc = cli.main(["privacy", "--sampling-prob", "0.5", "--noise-multiplier", sigma, "--steps", "10",
                        "--delta", "1e-5"])
-        err = capsys.readouterr().err
-        assert rc == 2 and err.count("\n") == 1 and "too small for the PLD accountant" in err, err
+        captured = capsys.readouterr()
+        assert rc == 0 and captured.err == "", captured.err
+        pld_row = next(line for line in captured.out.splitlines() if line.startswith("PLD"))
+        assert "not computed: too small a noise" in pld_row and "RDP bound below holds" in pld_row
+        with pytest.raises(ValueError, match="too small for the PLD accountant"):
+            P.pld_epsilon(sampling_prob=0.5, noise_multiplier=float(sigma), steps=10, delta=1e-5)
     with pytest.raises(ValueError, match=r"value_discretization_interval must be in \(0, 100\]"):
         P.pld_epsilon(**args, value_discretization_interval=1e3)
 
@@ -557,3 +561,33 @@ def test_a_step_count_beyond_the_pld_accountant_is_one_line_or_left_out(capsys):
     assert "--accountant rdp" in err
     with pytest.raises(ValueError, match="beyond what the PLD accountant composes"):
         P.pld_epsilon(sampling_prob=0.01, noise_multiplier=1.0, steps=10**9, delta=1e-5)
+
+
+def test_a_noise_below_any_pld_grid_gets_advice_that_works(capsys):
+    """noise 1e-300: PLD advised "an interval of at least inf" and RDP raised ZeroDivisionError from
+    dp-accounting; now PLD names the smallest noise it can take (which then works), RDP gives inf,
+    and `--accountant rdp` prints no dp-accounting warnings."""
+    import re
+
+    from jaxfednas import privacy as P
+
+    for interval in (None, 1e-2, 100.0):
+        with pytest.raises(ValueError, match="at any interval it allows") as e:
+            P.pld_epsilon(sampling_prob=0.5, noise_multiplier=1e-300, steps=10, delta=1e-5,
+                          value_discretization_interval=interval)
+        assert "inf" not in str(e.value).split("losses", 1)[1], str(e.value)
+    smallest = float(re.search(r"a noise multiplier of at least ([0-9.e+-]+)", str(e.value)).group(1))
+    assert math.isfinite(P.pld_epsilon(sampling_prob=0.5, noise_multiplier=smallest, steps=10, delta=1e-5,
+                                       value_discretization_interval=100.0))
+    assert P.rdp_epsilon(sampling_prob=0.5, noise_multiplier=1e-300, steps=10, delta=1e-5) == math.inf
+    rc = cli.main(["privacy", "--sampling-prob", "0.5", "--noise-multiplier", "1e-300", "--steps", "10",
+                   "--delta", "1e-5", "--accountant", "rdp", "--target-epsilon", "1"])
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.err == "", captured.err
+    assert re.search(r"RDP \(dp-accounting\)\s+inf", captured.out)
+    assert "largest T for noise_multiplier = 1e-300: 0" in captured.out
+    # --pld-interval reaches the step budget too (it used the default interval and refused)
+    rc = cli.main(["privacy", "--sampling-prob", "0.5", "--noise-multiplier", "5e-4", "--steps", "10",
+                   "--delta", "1e-5", "--target-epsilon", "1", "--pld-interval", "10"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "largest T for noise_multiplier = 0.0005: 0" in captured.out, captured.err
