@@ -203,6 +203,12 @@ def count_kernels(hlo_text: str, scope_depth: int | None = None) -> KernelCount:
     """The launches of the program whose optimized HLO is ``hlo_text`` (for a compiled
     program: ``compiled.as_text()``), counted as the module docstring says; with
     ``scope_depth``, also by source scope (``KernelCount.scopes``, :func:`scope_of`)."""
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"count_kernels: hlo_text must be the HLO module's text (str; for a compiled program "
+                        f"compiled.as_text()), got {type(hlo_text).__name__}")
+    if scope_depth is not None and (isinstance(scope_depth, bool) or not isinstance(scope_depth, int)
+                                    or scope_depth < 0):
+        raise ValueError(f"count_kernels: scope_depth must be None or an int >= 0, got {scope_depth!r:.40}")
     comps, entry = _computations(hlo_text)
     memo: dict[str, KernelCount] = {}
 

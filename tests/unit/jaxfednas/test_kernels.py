@@ -76,6 +76,18 @@ def test_text_that_is_no_hlo_module_is_refused():
         count_kernels("HloModule m\n")
 
 
+def test_arguments_of_the_wrong_type_are_named():
+    """count_kernels(None) / bytes gave AttributeError / a regex TypeError; scope_depth=-1 passed."""
+    text = "HloModule m\n\nENTRY %main () -> f32[] {\n  ROOT %c = f32[] constant(1)\n}\n"
+    for bad in (None, text.encode()):
+        with pytest.raises(TypeError, match="count_kernels: hlo_text must be the HLO module's text"):
+            count_kernels(bad)
+    for depth in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="scope_depth must be None or an int >= 0"):
+            count_kernels(text, scope_depth=depth)
+    assert count_kernels(text, scope_depth=0).kernels == count_kernels(text).kernels
+
+
 def test_scope_drops_jax_transformations():
     line = '%f = f32[] fusion(), metadata={op_name="jit(step)/transpose(jvp())/while/body/cell_3/edges/sep/conv"}'
     assert scope_of(line, depth=2) == "cell_3/edges/conv"
