@@ -39,12 +39,11 @@ import optax
 
 from jaxfednas.algorithms.common import (
     evaluate_clients,
-    evaluate_global,
     make_batch_grad,
     make_client_optimizer,
     train_metrics,
 )
-from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg, global_report
 from jaxfednas.algorithms.local_adaptation import PAPER_SETTING, evaluate_clients_global
 from jaxfednas.search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
@@ -159,7 +158,7 @@ def ditto(cfg: DittoConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
         return DittoState(variables=g.variables, personal=personal, round=g.round, server=g.server), metrics
 
     def evaluate(state: DittoState, data: FederatedData):
-        out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
+        out = global_report(model, info, cfg, state.variables, data, placement=placement)  # (FedAvg's)
         out.update(evaluate_clients_global(model, info, state.variables, data, cfg.eval_batch_size, placement=placement))
         out.update(
             evaluate_clients(model, info, state.personal, data, cfg.eval_batch_size, placement=placement, personal=True)

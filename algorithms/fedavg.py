@@ -152,17 +152,7 @@ def fedavg(cfg: FedAvgConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
         return state.replace(variables=variables, round=state.round + 1, server=opt), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData):
-        out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
-        if cfg.bn_recalibration_batches and not state.variables["batch_stats"]:
-            out["global_test_acc_bn_recal"] = out["global_test_acc"]  # no BatchNorm: nothing to recalibrate
-        elif cfg.bn_recalibration_batches:
-            # Averaged over non-IID clients, the running statistics fit no client's data;
-            # the clients measure the global model's own on their training examples.
-            stats = recalibrated_batch_stats(model, info, state.variables, data, batch_size=cfg.eval_batch_size,
-                                             max_batches=cfg.bn_recalibration_batches, placement=placement)
-            recal = {**state.variables, "batch_stats": stats}
-            out["global_test_acc_bn_recal"] = evaluate_global(model, info, recal, data,
-                                                              cfg.eval_batch_size)["global_test_acc"]
+        out = global_report(model, info, cfg, state.variables, data, placement=placement)
         out.update(
             evaluate_clients(model, info, state.variables, data, cfg.eval_batch_size, placement=placement, personal=False)
         )
@@ -172,6 +162,24 @@ def fedavg(cfg: FedAvgConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
 
 
 FACTORY = fedavg
+
+
+def global_report(model: nn.Module, info: DataInfo, cfg: FedAvgConfig, variables: dict, data: FederatedData, *,
+                  placement) -> dict[str, jax.Array]:
+    """The global model's test accuracy, ``global_test_acc``, and with ``cfg.bn_recalibration_batches``
+    ``global_test_acc_bn_recal`` (FedAvg's, Ditto's and local adaptation's global model)."""
+    out = evaluate_global(model, info, variables, data, cfg.eval_batch_size)
+    if cfg.bn_recalibration_batches and not variables["batch_stats"]:
+        out["global_test_acc_bn_recal"] = out["global_test_acc"]  # no BatchNorm: nothing to recalibrate
+    elif cfg.bn_recalibration_batches:
+        # Averaged over non-IID clients, the running statistics fit no client's data;
+        # the clients measure the global model's own on their training examples.
+        stats = recalibrated_batch_stats(model, info, variables, data, batch_size=cfg.eval_batch_size,
+                                         max_batches=cfg.bn_recalibration_batches, placement=placement)
+        recal = {**variables, "batch_stats": stats}
+        out["global_test_acc_bn_recal"] = evaluate_global(model, info, recal, data,
+                                                          cfg.eval_batch_size)["global_test_acc"]
+    return out
 
 
 def ANNEALS_OVER_ROUNDS(cfg) -> bool:  # noqa: N802  (a resume must keep run.rounds where it holds)

@@ -25,8 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxfednas.algorithms.common import evaluate_global, make_local_train, make_logits_fn
-from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg
+from jaxfednas.algorithms.common import make_local_train, make_logits_fn
+from jaxfednas.algorithms.fedavg import FedAvgConfig, FedAvgState, fedavg, global_report
 from jaxfednas.search_spaces.models import make_model
 from jaxfednas.algorithm import FederatedAlgorithm, checked_factory
 from jaxfednas.config import param
@@ -124,7 +124,7 @@ def local_adaptation(cfg: LocalAdaptationConfig, info: DataInfo, *, run: RunOpti
     placement = run.placement
 
     def evaluate(state: FedAvgState, data: FederatedData):
-        out = evaluate_global(model, info, state.variables, data, cfg.eval_batch_size)
+        out = global_report(model, info, cfg, state.variables, data, placement=placement)  # (FedAvg's)
         out.update(evaluate_clients_global(model, info, state.variables, data, cfg.eval_batch_size, placement=placement))
         out.update(evaluate_adapted(
             model, info, lambda v, c, k: finetune(v, c, k)[0], state.variables, data, cfg.eval_batch_size,

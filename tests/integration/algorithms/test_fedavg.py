@@ -38,6 +38,26 @@ def test_recalibrated_accuracy_ignores_the_averaged_statistics(tiny_data):
     assert float(out["global_test_acc_bn_recal"]) == float(out["global_test_acc"])
 
 
+def test_ditto_and_local_adaptation_report_the_recalibrated_global_model(tiny_data):
+    """algo.bn_recalibration_batches was accepted by ditto and local_adaptation (their configs extend
+    FedAvg's) and reported nothing; their global model now reports it as FedAvg does."""
+    from jaxfednas.algorithms.ditto import DittoConfig, ditto
+    from jaxfednas.algorithms.local_adaptation import LocalAdaptationConfig, local_adaptation
+
+    info, run = tiny_data.info, RunOptions(placement=Placement("map"))
+    reference = fedavg(FedAvgConfig(model="resnet_tiny", bn_recalibration_batches=2), info, run=run)
+    state = reference.round(reference.init(jax.random.key(0)), tiny_data, jax.random.key(1))[0]
+    want = float(reference.evaluate(state, tiny_data)["global_test_acc_bn_recal"])
+    adapt = local_adaptation(LocalAdaptationConfig(model="resnet_tiny", bn_recalibration_batches=2,
+                                                   finetune_epochs=1), info, run=run)
+    assert float(adapt.evaluate(state, tiny_data)["global_test_acc_bn_recal"]) == want
+    personal = ditto(DittoConfig(model="resnet_tiny", bn_recalibration_batches=2), info, run=run)
+    d = personal.init(jax.random.key(0)).replace(variables=state.variables)
+    assert float(personal.evaluate(d, tiny_data)["global_test_acc_bn_recal"]) == want
+    off = ditto(DittoConfig(model="resnet_tiny"), info, run=run)
+    assert "global_test_acc_bn_recal" not in off.evaluate(d, tiny_data)
+
+
 def _params(state):
     return jax.tree.leaves(state.variables["params"])
 
