@@ -268,6 +268,8 @@ ONLY_UNDER = {
     ("run", "availability_fraction"): ("run", ("availability_pattern",), ("markov",)),
     ("run", "availability_persistence"): ("run", ("availability_pattern",), ("markov",)),
     ("run", "trim_fraction"): ("run", ("aggregator",), ("trimmed_mean",)),
+    ("run", "client_chunk_size"): ("run", ("placement",), ("auto", "map", "shard_map")),  # (vmap: all at once)
+    ("run", "memory_budget_gib"): ("run", ("placement",), ("auto", "map", "shard_map")),  # (it picks the chunk)
     ("run", "server_lr"): ("run", ("server_optimizer",), ("sgd", "avgm", "adagrad", "adam", "yogi")),
     ("run", "server_momentum"): ("run", _SERVER_OPTS, ("avgm",)),
     ("run", "server_b1"): ("run", _SERVER_OPTS, ("adagrad", "adam", "yogi")),

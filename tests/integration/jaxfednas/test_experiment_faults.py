@@ -559,6 +559,10 @@ def test_a_users_config_or_checkpoint_in_out_gets_advice_that_works(tmp_path, ca
     ({"data.partition": "iid", "data.alpha": 0.1}, "data.alpha=0.1 has no effect with data.partition=iid"),
     ({"run.trim_fraction": 0.2}, "run.trim_fraction=0.2 has no effect with run.aggregator=mean"),
     ({"run.server_lr": 0.5}, "run.server_lr=0.5 has no effect with run.server_optimizer=none"),
+    ({"run.placement": "vmap", "run.client_chunk_size": 2}, "run.client_chunk_size=2 has no effect with "
+                                                            "run.placement=vmap"),
+    ({"run.placement": "vmap", "run.memory_budget_gib": 4.0}, "run.memory_budget_gib=4.0 has no effect with "
+                                                              "run.placement=vmap"),
 ])
 def test_a_setting_without_effect_in_the_chosen_configuration_warns(over, message):
     from jaxfednas.config import setting_warnings
@@ -573,7 +577,9 @@ def test_a_setting_under_its_mode_does_not_warn():
     for over in ({"run.server_optimizer": "avgm", "run.server_momentum": 0.5},
                  {"run.sampler": "available", "run.availability_period": 4, "run.availability_on": 2},
                  {"data.partition": "dirichlet", "data.alpha": 0.1},
-                 {"run.arch_server_optimizer": "adam", "run.server_b1": 0.5}):
+                 {"run.arch_server_optimizer": "adam", "run.server_b1": 0.5},
+                 {"run.placement": "auto", "run.client_chunk_size": 2},
+                 {"run.placement": "map", "run.memory_budget_gib": 4.0}):
         assert not setting_warnings(_cfg(1, **over)), over
 
 
