@@ -209,6 +209,8 @@ def _run(args) -> int:
             from jaxfednas.seeds import parse_seeds, seed_dir_name
             src = src / seed_dir_name(parse_seeds(args.seeds)[0])
         cfg = resume_config(src, overrides)
+        if args.preset is not None:
+            _check_preset_on_resume(args.algorithm, args.preset, cfg, overrides, src)
     else:
         cfg = make_config(args.algorithm, preset=args.preset, overrides=overrides)
     if cfg.algorithm != args.algorithm:
@@ -238,6 +240,25 @@ def _run(args) -> int:
     print(f"{'wall time (s)':>36}: {summary['timing']['wall_time_s']}")
     print(f"run directory: {out}")
     return 0
+
+
+def _check_preset_on_resume(algorithm: str, preset: str, cfg, overrides: dict, src: Path) -> None:
+    """``--preset`` with ``--resume``: the run continues with the configuration it was made with, so a
+    preset that would change it is refused in one line (it was ignored without a word)."""
+    from jaxfednas.config import apply_overrides
+    from jaxfednas.registry import algorithm_module
+
+    presets = algorithm_module(algorithm).PRESETS
+    if preset not in presets:
+        raise ConfigError(f"unknown preset {preset!r} for {algorithm}; available: {sorted(presets)}")
+    with_preset = apply_overrides(cfg, {**presets[preset], **overrides})
+    before, after = cfg.to_dict(), with_preset.to_dict()
+    changed = [f"{s}.{k}={before[s][k]!r} -> {after[s][k]!r}" for s in ("data", "run", "algo")
+               for k in before[s] if before[s][k] != after[s][k]]
+    if changed:
+        shown = ", ".join(changed[:2]) + (f" and {len(changed) - 2} more" if len(changed) > 2 else "")
+        raise ConfigError(f"--preset {preset} with --resume: the run in {src} was not made with it ({shown}); a "
+                          "resumed run keeps its configuration: leave --preset out, or start the preset in a new --out")
 
 
 def _run_seeds(args, cfg) -> int:

@@ -631,3 +631,19 @@ def test_a_resume_that_would_re_anneal_a_cosine_rate_is_refused(tmp_path):
     run_experiment(_cfg(1, **cosine), tmp_path / "c", resume=True, progress=False, log=lambda s: None)  # the advice
     run_experiment(_cfg(1), tmp_path / "k", progress=False, log=lambda s: None)
     assert run_experiment(_cfg(2), tmp_path / "k", resume=True, progress=False, log=lambda s: None)["rounds"] == 2
+
+
+def test_a_preset_on_resume_that_would_change_the_run_is_refused(tmp_path, capsys):
+    """`--preset paper --resume` of a smoke run continued the smoke run without a word; a preset that
+    would change the run is one line that says what it would change; the run's own preset passes."""
+    from jaxfednas import cli
+
+    out = str(tmp_path / "run")
+    assert cli.main([*CLI, "--preset", "smoke", "--rounds", "1", "--out", out]) == 0
+    capsys.readouterr()
+    assert cli.main([*CLI, "--preset", "paper", "--rounds", "2", "--resume", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--preset paper with --resume" in err and "algo.model='auto' -> " \
+        "'resnet18'" in err and "leave --preset out" in err, err
+    assert cli.main([*CLI, "--rounds", "2", "--resume", "--out", out]) == 0  # the advice
+    assert cli.main([*CLI, "--preset", "smoke", "--rounds", "3", "--resume", "--out", out]) == 0
