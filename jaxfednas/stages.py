@@ -21,7 +21,7 @@ from jaxfednas.registry import build_algorithm, config_from_dict
 from jaxfednas.resume import config_hash, _accepted_hashes, _nonfinite_leaves
 from jaxfednas.run_options import RunOptions
 from jaxfednas.rng import init_key
-from jaxfednas.rundir import CHECKPOINT, holds_run, PartitionChangedError, _read_config_json, read_json
+from jaxfednas.rundir import CHECKPOINT, holds_run, PartitionChangedError, RunDirectoryError, _read_config_json, read_json
 
 
 ROUND_METRICS = (("train_loss", "train loss", "{:.4f}"), ("train_acc", "train acc", "{:.4f}"),
@@ -79,12 +79,28 @@ class StageRunner:
                  same_test_rows: bool = True):
         self.out, self.resume, self.describe, self.same_test_rows = Path(out), resume, describe, same_test_rows
         path = self.out / self.WALL_TIMES
+        self._refuse_foreign_pages()
         #: Each stage's wall time in seconds, by name (kept in ``out/wall_times.json``).
         self.times: dict[str, float] = read_json(path, dict, "remove it: the stages' wall times are then counted "
                                                  "from this call on") if path.exists() else {}
         #: The first stage and its clients' test indices, once a stage has run.
         self.test_splits: tuple[str, list] | None = None
         self._datasets: dict[tuple, Dataset] = {}  # (dataset, data_dir) -> loaded, for finished stages' checks
+
+    PAGES = ("results.md", "results.json")  # what a script's page writes into ``out`` (evidence.write_results)
+
+    def _refuse_foreign_pages(self) -> None:
+        """A page (``results.md``/``results.json``) in ``out`` that no stages wrote -- no
+        ``wall_times.json`` and no stage directory beside it -- would be replaced when the script
+        ends: refused before any stage runs, in one line."""
+        if not self.out.is_dir() or (self.out / self.WALL_TIMES).exists() or \
+                any((d / "config.json").exists() for d in self.out.iterdir() if d.is_dir()):
+            return
+        foreign = [n for n in self.PAGES if (self.out / n).exists()]
+        if foreign:
+            raise RunDirectoryError(f"--out {self.out} holds {', '.join(foreign)}, which no run of stages wrote there "
+                                    "(no wall_times.json or stage directory beside it) and which this script's page "
+                                    "would replace: choose another --out")
 
     def stage(self, name: str, cfg: ExperimentConfig) -> tuple[dict, float]:
         """Run (or resume, or find finished) stage ``name``: its ``summary.json`` and wall time."""

@@ -174,3 +174,30 @@ def test_fedavg_example_without_cifar_gives_advice_it_can_follow(tmp_path):
     from jaxfednas.cli import _parser
 
     assert _parser().parse_args(advised).download  # the advised command parses
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY))
+def test_a_page_in_out_that_no_stages_wrote_is_refused_before_any_stage(name, tmp_path, monkeypatch, capsys):
+    """An example's results.md/results.json in a user's --out was replaced when the script ended;
+    now it is one line before any stage runs, the user's file kept."""
+    mod, ran = _example(name), []
+    monkeypatch.setattr(StageRunner, "stage", lambda self, *a, **k: ran.append(a) or (_ for _ in ()).throw(
+        AssertionError("a stage ran")))
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.md").write_text("# my notes\n")
+    assert mod.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds results.md, which no run of stages wrote there" in err, err
+    assert (out / "results.md").read_text() == "# my notes\n" and not ran
+
+
+def test_a_stage_runners_own_page_is_rewritten(tmp_path):
+    out = tmp_path / "o"
+    (out / "stage").mkdir(parents=True)
+    (out / "results.md").write_text("# an earlier page\n")
+    (out / "stage" / "config.json").write_text("{}")
+    StageRunner(out, resume=True)  # a stage directory beside it: the script's own page
+    (out / "stage" / "config.json").unlink()
+    (out / "wall_times.json").write_text("{}")
+    StageRunner(out, resume=True)
