@@ -131,7 +131,7 @@ def ditto(cfg: DittoConfig, info: DataInfo, *, run: RunOptions = RunOptions(),
     """
     run.server.refuse("ditto", "Ditto trains no architecture parameters", arch_optimizer=True)
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
-    base = fedavg(cfg, info, run=run, model=model)
+    base = fedavg.extended(cfg, info, run=run, model=model)
     personal_train = make_personal_train(model, info, cfg, precision=run.precision)
     placement = run.placement
 

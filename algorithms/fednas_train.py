@@ -165,8 +165,8 @@ def fednas_train(
     server, rounds = run.server, run.rounds
     server.refuse("fednas_train", "the derived genotype is fixed: no architecture parameters are trained",
                   arch_optimizer=True)
-    algo = fedavg(cfg, info, run=run, model=make_network(cfg, info), aux_weight=cfg.auxiliary_weight,
-                  drop_path=drop_path_schedule(cfg, rounds))
+    algo = fedavg.extended(cfg, info, run=run, model=make_network(cfg, info), aux_weight=cfg.auxiliary_weight,
+                           drop_path=drop_path_schedule(cfg, rounds))
     return algo._replace(name="fednas_train")
 
 

@@ -118,7 +118,7 @@ def local_adaptation(cfg: LocalAdaptationConfig, info: DataInfo, *, run: RunOpti
     """
     model = make_model(cfg.model, info.num_classes, info.name) if model is None else model
     run.server.refuse("local_adaptation", "it trains no architecture parameters", arch_optimizer=True)
-    base = fedavg(cfg, info, run=run, model=model)
+    base = fedavg.extended(cfg, info, run=run, model=model)
     finetune = make_local_train(model, info, dataclasses.replace(cfg, local_epochs=cfg.finetune_epochs),
                                 precision=run.precision)
     placement = run.placement

@@ -123,15 +123,18 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
     given as separate keywords (:data:`LEGACY_RUN_KEYWORDS`, the former signature) are
     folded into ``run`` with a ``DeprecationWarning``. The algorithm returned refuses data
     other than the data ``info`` describes in every function taking ``(state, data, ...)``
-    (a ``ValueError`` naming what differs; see :func:`data_mismatch`)."""
+    (a ``ValueError`` naming what differs; see :func:`data_mismatch`).
+
+    A config of a subclass with fields the factory does not read (Ditto's config given to
+    ``fedavg``) is refused too; an algorithm built on another, reading those fields itself,
+    calls ``factory.extended(cfg, info, ...)``."""
     import functools  # noqa: PLC0415
     import inspect  # noqa: PLC0415
 
     def wrap(factory: Callable[..., FederatedAlgorithm]) -> Callable[..., FederatedAlgorithm]:
         signature = inspect.signature(factory)
 
-        @functools.wraps(factory)
-        def checked(*args, **kwargs):
+        def build(args, kwargs, *, extended: bool):
             kwargs = _fold_legacy_keywords(factory.__name__, dict(kwargs))
             try:
                 bound = signature.bind(*args, **kwargs)
@@ -141,6 +144,10 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
                 if name == "cfg" and not isinstance(value, config_cls):
                     raise TypeError(f"{factory.__name__}(): cfg must be a {config_cls.__name__}, got "
                                     f"{type(value).__name__}")
+                if name == "cfg" and not extended and _unread_fields(value, config_cls):
+                    raise TypeError(f"{factory.__name__}(): cfg is a {type(value).__name__}, whose fields "
+                                    f"{', '.join(_unread_fields(value, config_cls))} {factory.__name__} does not read: "
+                                    f"pass a {config_cls.__name__}, or build the algorithm that config is for")
                 want = _FACTORY_ARGUMENTS.get(name)
                 if want is not None and not want[1](value):
                     raise TypeError(f"{factory.__name__}(): {name} must be {want[0]}, got {value!r:.60}")
@@ -152,8 +159,26 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
             state_type = _StateType(algo.init)
             return algo._replace(**{f: _ForData(getattr(algo, f), info, f"{algo.name}.{f}", state_type)
                                     for f in _DATA_FUNCTIONS if getattr(algo, f) is not None})
+
+        @functools.wraps(factory)
+        def checked(*args, **kwargs):
+            return build(args, kwargs, extended=False)
+
+        # An algorithm built on this one (Ditto on FedAvg) passes its own config, a subclass whose
+        # extra fields it reads itself: ``factory.extended(cfg, info, ...)``.
+        checked.extended = lambda *args, **kwargs: build(args, kwargs, extended=True)
         return checked
     return wrap
+
+
+def _unread_fields(cfg: Any, config_cls: type) -> list[str]:
+    """The fields of ``cfg``, an instance of a subclass of ``config_cls``, that ``config_cls`` lacks."""
+    import dataclasses  # noqa: PLC0415
+
+    if type(cfg) is config_cls or not dataclasses.is_dataclass(cfg):
+        return []
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    return [f.name for f in dataclasses.fields(cfg) if f.name not in own]
 
 
 def _refuse_unsupported_options(factory: Callable, name: str, run: Any, info: Any) -> None:

@@ -121,3 +121,15 @@ def test_one_server_learning_rate():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert config_from_dict(old) == make_config("fedavg")
+
+
+def test_a_config_of_an_algorithm_built_on_fedavg_is_refused_by_fedavg(tiny_data):
+    """fedavg(DittoConfig(prox_lambda=5), info) ran FedAvg and ignored λ; now a TypeError naming the
+    fields FedAvg does not read. Ditto itself builds on FedAvg with its config (fedavg.extended)."""
+    from jaxfednas.algorithms.ditto import DittoConfig, ditto
+
+    with pytest.raises(TypeError, match=r"fedavg\(\): cfg is a DittoConfig, whose fields prox_lambda.* fedavg does "
+                                        r"not read: pass a FedAvgConfig"):
+        fedavg(DittoConfig(prox_lambda=5.0), tiny_data.info)
+    ditto(DittoConfig(prox_lambda=5.0), tiny_data.info)
+    assert fedavg.extended(DittoConfig(prox_lambda=5.0), tiny_data.info).name == "fedavg"
