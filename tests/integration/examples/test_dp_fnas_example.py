@@ -121,6 +121,8 @@ def test_dp_fnas_example_one_seed_is_one_private_row_vs_random_cells(tmp_path, m
     def fake_stage(runner, name, cfg):
         ran[name] = cfg
         assert runner.out == tmp_path  # every stage a directory of the seed's --out
+        (runner.out / name).mkdir(exist_ok=True)  # (what a stage leaves: its directory and configuration)
+        (runner.out / name / "config.json").write_text(cfg.to_json())
         if cfg.algorithm == "dp_fnas":
             return {"final": {"global_test_acc": 0.5, "epsilon_pld": 6.5}, "architecture": searched.to_dict()}
         acc = {"random-0": 0.9, "random-1": 0.7, "augment-seed_1": 0.83, "augment-seed_2": 0.87}.get(name, 0.85)
