@@ -33,6 +33,7 @@ import dataclasses
 import gc
 import math
 import os
+import platform
 from typing import Any
 from collections.abc import Callable
 
@@ -111,13 +112,48 @@ def keep_calls_choice(keep_calls: bool) -> bool:
     return raw == "1"
 
 
+CPU_CONV_BACKENDS = {
+    "ynn": {},  # XLA:CPU's default in jaxlib 0.12: convolutions fused into YNNPACK calls
+    "xla": {"xla_cpu_experimental_ynn_fusion_type": ""},  # XLA's own (Eigen) convolutions
+    "onednn": {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_experimental_onednn_custom_call": True},
+    "ynn+onednn": {"xla_cpu_experimental_onednn_custom_call": True},  # oneDNN for what YNNPACK does not take
+}
+"""XLA options of each convolution library on CPU: YNNPACK (XLA's default, jaxlib 0.12), XLA's own
+Eigen convolutions, oneDNN's (what PyTorch's CPU convolutions call) as ``__onednn$convolution``
+custom calls, or YNNPACK with oneDNN for the convolutions YNNPACK does not take (``ynn+onednn``:
+in a DARTS training step, most of the gradient convolutions, which otherwise run on XLA's own).
+``JAXFEDNAS_CPU_CONV=ynn|xla|onednn|ynn+onednn`` picks one for every program."""
+
+CPU_CONV_DEFAULT = "ynn+onednn"
+"""The convolution library of every jaxfednas program on an x86-64 CPU (:data:`CPU_CONV_BACKENDS`;
+elsewhere XLA's default, ``ynn``, as oneDNN's custom calls are built for x86-64). Measured on a 2-core
+AMD EPYC CPU, jax 0.12.1, in one process per comparison (``benchmarks/studies/conv_backends.py``):
+a DARTS search edge (the 8-op ``MixedOp``, fused separable convolutions) forward + backward 1.29x
+as fast as YNNPACK alone at C=16, batch 64 and 1.40x at C=8, batch 32, gradients as close to the
+reference formulation as YNNPACK's; oneDNN for every convolution (``onednn``) 1.03x and ~0.7x. The
+FedNAS local search step (``benchmarks/fednas_search.py --parts step``, separate processes): 1.16x
+at C=8, 5 cells (1.88 vs 2.19 s/step), 1.07x at the paper's C=16, 8 cells (17.97 vs 19.27)."""
+
+
+def cpu_conv_backend() -> str:
+    """The convolution library of CPU programs: ``JAXFEDNAS_CPU_CONV``, else :data:`CPU_CONV_DEFAULT`
+    on x86-64 and ``"ynn"`` (XLA's default) elsewhere."""
+    raw = os.environ.get("JAXFEDNAS_CPU_CONV")
+    if not raw:
+        return CPU_CONV_DEFAULT if platform.machine().lower() in ("x86_64", "amd64") else "ynn"
+    if raw not in CPU_CONV_BACKENDS:
+        raise ValueError(f"JAXFEDNAS_CPU_CONV must be one of {', '.join(CPU_CONV_BACKENDS)}, got {raw!r}")
+    return raw
+
+
 def compiler_options(scheduler: str = "memory", keep_calls: bool = False) -> dict[str, str | int] | None:
     """The ``compiler_options`` of a program compiled with ``scheduler`` on the default
     backend. On CPU: ``xla_backend_optimization_level`` = :func:`cpu_opt_level` (left to JAX
     under ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which compiles at ``-O0``), plus
     :data:`CPU_COMPILER_OPTIONS` for ``"memory"`` (nothing more for ``"default"``, XLA's own
-    scheduler), plus :data:`KEEP_CALLS_OPTIONS` where ``keep_calls`` (:func:`keep_calls_choice`);
-    ``None`` on other backends or where nothing is set.
+    scheduler), plus :data:`KEEP_CALLS_OPTIONS` where ``keep_calls`` (:func:`keep_calls_choice`),
+    plus the convolution library's options (:func:`cpu_conv_backend`); ``None`` on other backends
+    or where nothing is set.
     ``JAXFEDNAS_CPU_SCHEDULER=memory|default`` in the environment overrides every program's
     choice (for comparisons). Pass them to your own
     ``jax.jit(..., compiler_options=compiler_options())`` (or use :func:`jit`)."""
@@ -134,6 +170,7 @@ def compiler_options(scheduler: str = "memory", keep_calls: bool = False) -> dic
         options.update(CPU_COMPILER_OPTIONS)
     if keep_calls_choice(keep_calls):
         options.update(KEEP_CALLS_OPTIONS)
+    options.update(CPU_CONV_BACKENDS[cpu_conv_backend()])
     return options or None
 
 

@@ -125,9 +125,12 @@ def algo_and_states(data4):
 
 @pytest.fixture(scope="module")
 def local(data4):
-    """Algorithm 1 on one client, compiled once for the hand-run clients below."""
+    """Algorithm 1 on one client, compiled once for the hand-run clients below (with the library's
+    CPU compiler options, as the round is: the same convolution library, the same roundings)."""
+    from jaxfednas.runtime import jit
+
     cfg, info = data4[0].algo, data4[1].info
-    return jax.jit(make_local_search(cfg, info, make_supernet(cfg, info), cfg.local_epochs))
+    return jit(make_local_search(cfg, info, make_supernet(cfg, info), cfg.local_epochs))
 
 
 def test_round_is_fedavg_of_w_and_alpha(data4, algo_and_states, local):

@@ -271,7 +271,16 @@ def test_default_fedavg_round_is_the_plain_weighted_mean_bit_for_bit(fedavg_run)
         params = jax.tree.map(lambda w, a: w + 1.0 * (a - w), variables["params"], avg["params"])
         return {"params": params, "batch_stats": avg["batch_stats"]}
 
-    chex.assert_trees_all_equal(s1.variables, by_hand(s0.variables, data, round_key(0, 0)))
+    # Bit for bit under XLA's own libraries (JAXFEDNAS_CPU_CONV=ynn); with oneDNN's custom calls (the
+    # x86-64 default) XLA rewrites the softmax of the hand-written program into a oneDNN call and not
+    # the round's, so the two programs agree to float rounding.
+    from jaxfednas.runtime import cpu_conv_backend
+
+    want = by_hand(s0.variables, data, round_key(0, 0))
+    if cpu_conv_backend() == "ynn":
+        chex.assert_trees_all_equal(s1.variables, want)
+    else:
+        chex.assert_trees_all_close(s1.variables, want, rtol=1e-5, atol=1e-7)
 
 
 def test_fedavg_with_fedadam_steps_from_the_clients_aggregate(fedavg_run, tmp_path):

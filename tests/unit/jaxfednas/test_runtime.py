@@ -378,6 +378,7 @@ def optimizing():
 
 
 def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch, optimizing):
+    monkeypatch.setenv("JAXFEDNAS_CPU_CONV", "ynn")  # (XLA's default: no options of its own)
     monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
     monkeypatch.delenv("JAXFEDNAS_CPU_OPT_LEVEL", raising=False)
     o2 = {"xla_backend_optimization_level": CPU_OPT_LEVEL}
@@ -392,6 +393,7 @@ def test_cpu_scheduler_per_program_and_environment_switch(monkeypatch, optimizin
 
 
 def test_cpu_opt_level_left_to_jax_when_it_disables_optimisations(monkeypatch):
+    monkeypatch.setenv("JAXFEDNAS_CPU_CONV", "ynn")  # (XLA's default: no options of its own)
     # JAX_DISABLE_MOST_OPTIMIZATIONS (this suite's setting) compiles at -O0; an explicit level
     # among the compiler options would override it
     monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
@@ -401,6 +403,7 @@ def test_cpu_opt_level_left_to_jax_when_it_disables_optimisations(monkeypatch):
 
 
 def test_cpu_opt_level_default_environment_switch_and_effect(monkeypatch, optimizing):
+    monkeypatch.setenv("JAXFEDNAS_CPU_CONV", "ynn")  # (XLA's default: no options of its own)
     monkeypatch.delenv("JAXFEDNAS_CPU_SCHEDULER", raising=False)
     monkeypatch.delenv("JAXFEDNAS_CPU_OPT_LEVEL", raising=False)
     assert CPU_OPT_LEVEL == 2 and compiler_options()["xla_backend_optimization_level"] == 2
@@ -523,3 +526,36 @@ def test_auto_placement_on_one_accelerator_honours_a_chunk_size(monkeypatch):
     assert Placement("auto").resolved() == Placement("auto", client_chunk_size=2).resolved() == "map"
     monkeypatch.setattr(jax, "device_count", lambda *a: 2)
     assert Placement("auto", client_chunk_size=2).resolved() == "shard_map"
+
+
+def test_cpu_convolutions_default_to_ynnpack_with_onednn_for_the_rest(monkeypatch):
+    """On x86-64 every jaxfednas program asks XLA:CPU for oneDNN's convolutions where YNNPACK takes
+    none (a training step's gradient convolutions); the gradients equal XLA's default's to float
+    rounding; JAXFEDNAS_CPU_CONV picks another library or refuses an unknown one."""
+    import platform
+
+    from jaxfednas.runtime import CPU_CONV_BACKENDS, cpu_conv_backend
+
+    monkeypatch.delenv("JAXFEDNAS_CPU_CONV", raising=False)
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    assert cpu_conv_backend() == ("ynn+onednn" if x86 else "ynn")
+    x = jax.random.normal(jax.random.key(0), (4, 8, 8, 8))
+    w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 8, 8))
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.sum(jnp.tanh(y) ** 2)
+
+    grads = {}
+    for backend in ("ynn+onednn", "ynn"):
+        monkeypatch.setenv("JAXFEDNAS_CPU_CONV", backend)
+        assert compiler_options().items() >= CPU_CONV_BACKENDS[backend].items()
+        compiled = jit(jax.grad(loss, argnums=(0, 1))).lower(w, x).compile()
+        if x86:
+            assert ("__onednn$convolution" in compiled.as_text()) == (backend == "ynn+onednn")
+        grads[backend] = compiled(w, x)
+    for a, b in zip(grads["ynn+onednn"], grads["ynn"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("JAXFEDNAS_CPU_CONV", "mkl")
+    with pytest.raises(ValueError, match="JAXFEDNAS_CPU_CONV must be one of ynn, xla, onednn, ynn\\+onednn"):
+        compiler_options()
