@@ -118,8 +118,8 @@ CPU_CONV_BACKENDS = {
     "onednn": {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_experimental_onednn_custom_call": True},
     "ynn+onednn": {"xla_cpu_experimental_onednn_custom_call": True},  # oneDNN for what YNNPACK does not take
 }
-"""XLA options of each convolution library on CPU: YNNPACK (XLA's default, jaxlib 0.12), XLA's own
-Eigen convolutions, oneDNN's (what PyTorch's CPU convolutions call) as ``__onednn$convolution``
+"""The XLA options of each convolution library on CPU, by name -- YNNPACK (XLA's default, jaxlib
+0.12), XLA's own Eigen convolutions, oneDNN's (what PyTorch's CPU convolutions call) as ``__onednn$convolution``
 custom calls, or YNNPACK with oneDNN for the convolutions YNNPACK does not take (``ynn+onednn``:
 in a DARTS training step, most of the gradient convolutions, which otherwise run on XLA's own).
 ``JAXFEDNAS_CPU_CONV=ynn|xla|onednn|ynn+onednn`` picks one for every program."""
