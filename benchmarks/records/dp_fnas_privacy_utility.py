@@ -13,8 +13,8 @@ multiplier; each holds ``seed_<s>/results.json`` and the search's ``summary.json
   (log scale; each seed a dot, the mean a line), the random cells' mean ± std as a band, the
   non-private search's cell as a horizontal line.
 
-    PYTHONPATH=. python benchmarks/dp_fnas_privacy_utility.py            # docs/results/dp_fnas_privacy_utility.{md,png}
-    PYTHONPATH=. python benchmarks/dp_fnas_privacy_utility.py --no-write # print only
+    python benchmarks/records/dp_fnas_privacy_utility.py            # docs/results/dp_fnas_privacy_utility.{md,png}
+    python benchmarks/records/dp_fnas_privacy_utility.py --no-write # print only
 
 Nothing is trained: the numbers are the records'.
 """
@@ -26,7 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "benchmarks" / "records"
 PREFIX = "dp_fnas_cluttered_digits_budget_probe_darts_5cells"
 NOISES = ("0.77", "1.64", "5.04")
@@ -142,7 +142,7 @@ each seed's searched cell against the same 5 random cells of that seed:
 (`--noise 0` for the non-private line). Seeds per level: {", ".join(f"σ {n}: {k}" for n, k in seeds.items())}
 (mean ± std over them where more than one). ε is the PLD accountant's for the validation
 mechanism, the larger of the two; μ its Gaussian-DP CLT value (asymptotic, not a bound). Records:
-`benchmarks/records/{PREFIX}*/`. Written by `PYTHONPATH=. python benchmarks/dp_fnas_privacy_utility.py`.
+`benchmarks/records/{PREFIX}*/`. Written by `python benchmarks/records/dp_fnas_privacy_utility.py`.
 
 {body}
 
