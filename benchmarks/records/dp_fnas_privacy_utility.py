@@ -10,8 +10,8 @@ multiplier; each holds ``seed_<s>/results.json`` and the search's ``summary.json
   accuracy, the random cells', searched − random, the fraction of random cells beaten,
   signal-to-noise and τ, each as mean ± std over the seeds;
 * the figure, over the seeds every private level has: the searched cell's accuracy against ε
-  (log scale; each seed a dot, the mean a line), the random cells' mean ± std as a band, the
-  non-private search's cell as a horizontal line.
+  (log scale; each seed ± its cell's std over training seeds, the mean a line), the random cells'
+  mean ± std as a band, the non-private search's cell as a horizontal line.
 
     python benchmarks/records/dp_fnas_privacy_utility.py            # docs/results/dp_fnas_privacy_utility.{md,png}
     python benchmarks/records/dp_fnas_privacy_utility.py --no-write # print only
@@ -50,6 +50,7 @@ def level(directory: Path) -> dict[int, dict]:
         out[int(seed_dir.name.split("_")[1])] = {
             "epsilon": numbers.get("ε (PLD, δ=1e-05)", float("inf")), "mu": final.get("mu_val", float("inf")),
             "supernet": supernet, "searched": numbers["searched cell: augmented test acc"],
+            "searched_std": numbers["searched cell: std over 3 training seeds"],
             "random": numbers["random cells: mean"], "random_std": numbers["random cells: std"],
             "diff": numbers["searched − random mean"], "beaten": numbers["random cells beaten (fraction)"],
             "snr": numbers["architecture signal-to-noise"], "tau": numbers["supernet ranking: Kendall τ"]}
@@ -101,9 +102,10 @@ def figure(levels: dict[str, dict[int, dict]], path: Path) -> None:
     line = sorted((statistics.fmean(s["epsilon"] for s in seeds.values()),
                    statistics.fmean(s["searched"] for s in seeds.values())) for seeds in private.values())
     ax.plot(*zip(*line), color="tab:red", marker="o", label="private search (mean over seeds)")
-    for seeds in private.values():
-        ax.scatter([s["epsilon"] for s in seeds.values()], [s["searched"] for s in seeds.values()], color="tab:red",
-                   s=12, alpha=0.5)
+    for i, seeds in enumerate(private.values()):  # each seed, ± its searched cell's std over training seeds
+        ax.errorbar([s["epsilon"] for s in seeds.values()], [s["searched"] for s in seeds.values()],
+                    yerr=[s["searched_std"] for s in seeds.values()], fmt="none", ecolor="tab:red", alpha=0.5,
+                    capsize=3, label="each seed ± training-seed std" if i == 0 else None)
     ax.set_xscale("log")
     ax.set_xlim(*xs)
     ax.set_xlabel("ε (PLD, δ = 1e-5)")
