@@ -144,9 +144,10 @@ def checked_factory(config_cls: type) -> Callable[[Callable[..., FederatedAlgori
                 if name == "cfg" and not isinstance(value, config_cls):
                     raise TypeError(f"{factory.__name__}(): cfg must be a {config_cls.__name__}, got "
                                     f"{type(value).__name__}")
-                if name == "cfg" and not extended and _unread_fields(value, config_cls):
+                unread = _unread_fields(value, config_cls) if name == "cfg" and not extended else []
+                if unread:
                     raise TypeError(f"{factory.__name__}(): cfg is a {type(value).__name__}, whose fields "
-                                    f"{', '.join(_unread_fields(value, config_cls))} {factory.__name__} does not read: "
+                                    f"{', '.join(unread)} {factory.__name__} does not read: "
                                     f"pass a {config_cls.__name__}, or build the algorithm that config is for")
                 want = _FACTORY_ARGUMENTS.get(name)
                 if want is not None and not want[1](value):

@@ -246,12 +246,9 @@ def _check_preset_on_resume(algorithm: str, preset: str, cfg, overrides: dict, s
     """``--preset`` with ``--resume``: the run continues with the configuration it was made with, so a
     preset that would change it is refused in one line (it was ignored without a word)."""
     from jaxfednas.config import apply_overrides
-    from jaxfednas.registry import algorithm_module
+    from jaxfednas.registry import preset_overrides
 
-    presets = algorithm_module(algorithm).PRESETS
-    if preset not in presets:
-        raise ConfigError(f"unknown preset {preset!r} for {algorithm}; available: {sorted(presets)}")
-    with_preset = apply_overrides(cfg, {**presets[preset], **overrides})
+    with_preset = apply_overrides(cfg, {**preset_overrides(algorithm, preset), **overrides})
     before, after = cfg.to_dict(), with_preset.to_dict()
     changed = [f"{s}.{k}={before[s][k]!r} -> {after[s][k]!r}" for s in ("data", "run", "algo")
                for k in before[s] if before[s][k] != after[s][k]]

@@ -116,10 +116,17 @@ def make_config(name: str, *, preset: str | None = None, overrides: dict | None 
     cfg = ExperimentConfig(algorithm=name, data=DataConfig(), run=RunConfig(), algo=mod.CONFIG())
     cfg = apply_overrides(cfg, getattr(mod, "DEFAULTS", {}))
     if preset is not None:
-        if preset not in mod.PRESETS:
-            raise ConfigError(f"unknown preset {preset!r} for {name}; available: {sorted(mod.PRESETS)}")
-        cfg = apply_overrides(cfg, mod.PRESETS[preset])
+        cfg = apply_overrides(cfg, preset_overrides(name, preset))
     return apply_overrides(cfg, overrides or {}, warn_renamed=warn_renamed)
+
+
+def preset_overrides(name: str, preset: str) -> dict:
+    """The settings algorithm ``name``'s preset ``preset`` sets (flat ``section.field`` keys), or a
+    one-line ``ConfigError`` naming the presets there are."""
+    presets = algorithm_module(name).PRESETS
+    if preset not in presets:
+        raise ConfigError(f"unknown preset {preset!r} for {name}; available: {sorted(presets)}")
+    return presets[preset]
 
 
 def config_from_dict(d: dict) -> ExperimentConfig:

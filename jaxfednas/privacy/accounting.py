@@ -240,8 +240,9 @@ def _check_interval(value, noise_multiplier: float) -> float:
     v = _real("value_discretization_interval", value)
     if not 0.0 < v <= PLD_MAX_INTERVAL:
         raise ValueError(f"value_discretization_interval must be in (0, {PLD_MAX_INTERVAL:g}], got {v!r}")
-    _refuse_beyond_any_interval(_check_noise_multiplier(noise_multiplier))
-    points = _loss_range(_check_noise_multiplier(noise_multiplier)) / v  # (estimated before any table is built)
+    sigma = _check_noise_multiplier(noise_multiplier)
+    _refuse_beyond_any_interval(sigma)
+    points = _loss_range(sigma) / v  # (estimated before any table is built)
     if points > PLD_MAX_EXPLICIT_POINTS:
         raise ValueError(f"value_discretization_interval={v:g} needs a grid of ~{points:.2g} points per PLD table at "
                          f"noise_multiplier={noise_multiplier:g} (several GiB, minutes); at most "
