@@ -53,6 +53,33 @@ def add_output_args(p: Any, quick_help: str = "") -> None:
                    help=f"results file (default {RESULTS.relative_to(REPO_ROOT)}; with --quick {QUICK_RESULTS})")
 
 
+def add_torch_python_arg(p: Any) -> None:
+    """``--torch-python PYTHON``: the interpreter that runs a benchmark's PyTorch worker."""
+    p.add_argument("--torch-python", metavar="PYTHON", default=None,
+                   help="Python whose environment has torch, for the PyTorch baseline (default: this one). The "
+                   "PyTorch worker imports no jax, so another Python version works, e.g. one for which a CPU "
+                   "build of torch exists")
+
+
+def torch_python(p: Any, args: Any) -> str | None:
+    """The interpreter for the PyTorch worker: ``--torch-python`` (``p.error`` where it cannot
+    import torch), else this one where it can, else None (the PyTorch rows are skipped)."""
+    import subprocess
+
+    exe = args.torch_python or sys.executable
+    try:
+        proc = subprocess.run([exe, "-c", "import torch"], capture_output=True, text=True)
+    except OSError as e:
+        proc = None
+        why = str(e)
+    if proc is not None and proc.returncode == 0:
+        return exe
+    if args.torch_python:
+        why = why if proc is None else (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]
+        p.error(f"--torch-python {args.torch_python} cannot import torch ({why})")
+    return None
+
+
 def check_choices(p: Any, value: str, choices: Sequence[str], what: str) -> list[str]:
     """``value`` split on commas; ``p.error`` names the entries not in ``choices``."""
     items = value.split(",")

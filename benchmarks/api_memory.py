@@ -76,6 +76,7 @@ def torch_worker(args) -> dict:
     code, each from the round's starting weights and α with fresh optimizers, the average of the
     clients' weights and α at the end. Jax is not imported in this process."""
     import copy
+    import platform
 
     import torch
 
@@ -109,7 +110,8 @@ def torch_worker(args) -> dict:
 
     first = one_round()
     out = {"first_round_s": first, "local_steps": args.clients * args.steps, "devices": 1,
-           "placement": "clients one after another", "torch": torch.__version__}
+           "placement": "clients one after another", "torch": torch.__version__,
+           "python": platform.python_version()}
     if args.second_round:
         out["second_round_s"] = one_round()
     out.update(peak_rss_mib=bu.peak_rss_mib(), rss_after_mib=bu.rss_mib())
@@ -123,7 +125,7 @@ def versus_torch(results: dict) -> str:
     ours, theirs = results["on"], results["torch"]
     key = "second_round_s" if "second_round_s" in ours and "second_round_s" in theirs else "first_round_s"
     what = "second round" if key == "second_round_s" else "first round (ours includes its compilation)"
-    return (f"\n\nAgainst the PyTorch port of the authors' step in this run (torch {theirs['torch']}, 2 threads, "
+    return (f"\n\nAgainst the PyTorch port of the authors' step in this run (torch {theirs['torch']} on Python {theirs['python']}, 2 threads, "
             f"clients one after another): {what} {ours[key]:.1f} vs {theirs[key]:.1f} s = "
             f"**{theirs[key] / ours[key]:.2f}x** its speed; peak RSS {ours['peak_rss_mib'] / 1024:.2f} vs "
             f"{theirs['peak_rss_mib'] / 1024:.2f} GiB = **{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}x**.")
@@ -139,6 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="off,on", help=f"comma list from {VARIANTS}: the round with the memory "
                    "release off / on, and the PyTorch port of the authors' step (needs torch)")
     p.add_argument("--second-round", action="store_true", help="also time a second round (no compile)")
+    bu.add_torch_python_arg(p)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     bu.add_output_args(p, "config q (C=4, one cell of one node), 2 clients x 2 steps")
     args = bu.parse_with_quick(p, argv, QUICK)
@@ -146,13 +149,18 @@ def main(argv=None) -> int:
     if args.worker:
         print("RESULT " + json.dumps(torch_worker(args) if args.worker == "torch" else worker(args)))
         return 0
+    torch_exe = None
+    if "torch" in args.variants.split(","):
+        torch_exe = bu.torch_python(p, args)
+        if torch_exe is None:
+            p.error("the torch variant needs PyTorch: `pip install torch`, or `--torch-python` naming a Python that has it")
     rows, results = [], {}
     for variant in args.variants.split(","):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bu.REPO_ROOT), str(bu.BENCH_DIR)]),
                "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off",
                "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={args.devices}").strip()}
-        cmd = [sys.executable, __file__, "--worker", variant, "--config", args.config, "--steps", str(args.steps),
+        cmd = [torch_exe if variant == "torch" else sys.executable, __file__, "--worker", variant, "--config", args.config, "--steps", str(args.steps),
                "--clients", str(args.clients), "--placement", args.placement]
         if args.second_round:
             cmd.append("--second-round")
@@ -162,7 +170,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"the {variant} worker failed (exit {out.returncode})")
         res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
         results[variant] = res
-        rows.append([{"off": "JAX, release off", "on": "JAX, release on", "torch": f"PyTorch port {res.get('torch')}"}[
+        rows.append([{"off": "JAX, release off", "on": "JAX, release on", "torch": f"PyTorch port {res.get('torch')} (Python {res.get('python')})"}[
             variant], f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
                      f"{res['first_round_s']:.1f}",
                      f"{res['second_round_s']:.1f}" if "second_round_s" in res else "-", res["local_steps"],

@@ -79,6 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--no-write", action="store_true", help="print only; do not write to RESULTS.md")
     bu.add_output_args(p, "config q (C=4, 1 cell of 1 node, B=8) for every part, 1 step x 1 run, rounds by `map` and "
                        "the Python loop; without torch installed the PyTorch rows are skipped")
+    bu.add_torch_python_arg(p)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json-out", help=argparse.SUPPRESS)
     args = bu.parse_with_quick(p, argv, QUICK)
@@ -91,6 +92,8 @@ def parse_args(argv=None):
     for pl in args.placements.split(","):
         if pl not in PLACEMENTS:
             p.error(f"unknown placement {pl!r}; choose from {PLACEMENTS}")
+    wants_torch = not args.worker and {"torch", "memory"} & set(args.parts.split(","))
+    args.torch_exe = bu.torch_python(p, args) if wants_torch else None
     return args
 
 
@@ -370,25 +373,18 @@ def worker_env() -> dict:
     return env
 
 
-def spawn(kind: str) -> dict:
-    return bu.run_worker([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", kind],
+def spawn(kind: str, python: str = sys.executable) -> dict:
+    """Run one worker in a fresh process of ``python`` (the PyTorch worker's may be another
+    interpreter: ``--torch-python``)."""
+    return bu.run_worker([python, os.path.abspath(__file__), *sys.argv[1:], "--worker", kind],
                          worker_env(), {"kind": kind})
 
 
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except Exception:  # not installed, or a broken install
-        return False
-    return True
-
-
-def check_param_counts(configs) -> dict:
-    """Weights of our supernet vs the PyTorch one, per config; asserts they are equal."""
+def jax_param_counts(configs) -> dict:
+    """Weights of our supernet per config (the PyTorch worker reports its own: they must agree)."""
     bu.ensure_repo_on_path()
     import jax
 
-    import torch_darts as td
     from jaxfednas.search_spaces.darts import DartsSearchNetwork
     from jaxfednas.cost import count_params
 
@@ -398,10 +394,7 @@ def check_param_counts(configs) -> dict:
         n = NODES.get(c, 4)
         net = DartsSearchNetwork(C, 10, layers, steps=n, multiplier=n)
         v = jax.eval_shape(lambda net=net: net.init(jax.random.PRNGKey(0), jax.numpy.zeros((2, 32, 32, 3)), train=False))
-        theirs = td.count_weights(td.DartsSearchNetwork(C, 10, layers, steps=n, multiplier=n))
-        ours = count_params(v["params"])
-        assert ours == theirs, f"config {c}: JAX supernet has {ours} weights, the PyTorch one {theirs}"
-        out[c] = ours
+        out[c] = count_params(v["params"])
     return out
 
 
@@ -481,7 +474,7 @@ def report(args, res: dict, params: dict, notes: list[str]) -> str:
                              f"{r['steps']} x {r['repeats']}", f"{r['lower_s']:.1f} + {r['compile_s']:.1f}",
                              ms(s_step(r)), ms(r["first_s"] / r["steps"]), gib(r["peak_rss_mib"]), ratio])
             if tr is not None:
-                name = f"PyTorch {tr.get('torch', '')} (this repo's torch_darts.py)"
+                name = f"PyTorch {tr.get('torch', '')} on Python {tr.get('python', '?')} (this repo's torch_darts.py)"
                 if "error" in tr:
                     rows.append([config_label(c), name, "", "", "", "", "", "", tr["error"]])
                 else:
@@ -616,16 +609,15 @@ def main(argv=None):
         return
     configs, parts = args.configs.split(","), args.parts.split(",")
     notes, params = [], {}
-    have_torch = torch_available()
+    have_torch = args.torch_exe is not None
     if "torch" in parts:
         if not have_torch:
-            msg = "PyTorch is not importable here (`pip install torch`): the PyTorch rows are skipped."
+            msg = ("PyTorch is not importable here (`pip install torch`, or `--torch-python` naming a Python that has "
+                   "it): the PyTorch rows are skipped.")
             print("[fednas_search] " + msg, flush=True)
             notes.append(msg)
         else:
-            params = check_param_counts(configs)
-            print("[fednas_search] weights " + ", ".join(f"({c}) {n:,} (JAX = PyTorch)" for c, n in params.items()),
-                  flush=True)
+            params = jax_param_counts(configs)
     kinds = []
     if "step" in parts:
         for c in configs:
@@ -646,8 +638,15 @@ def main(argv=None):
     res = {}
     for kind in kinds:
         print(f"[fednas_search] {kind} ...", flush=True)
-        r = spawn(kind)
+        r = spawn(kind, args.torch_exe if kind.startswith("torch:") else sys.executable)
         res[kind] = r
+        c = kind.split(":")[1]
+        if kind.startswith("torch:") and "error" not in r and c in params:
+            if r["params"] != params[c]:
+                raise SystemExit(f"config {c}: the JAX supernet has {params[c]:,} weights, the PyTorch one "
+                                 f"{r['params']:,}: not the same network")
+            print(f"  weights ({c}) {params[c]:,} (JAX = PyTorch); torch {r['torch']} on Python {r['python']}",
+                  flush=True)
         if "error" in r:
             print(f"  FAILED: {r['error']}", flush=True)
             continue
