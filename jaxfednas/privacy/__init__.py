@@ -2,7 +2,8 @@
 
 * :mod:`jaxfednas.privacy.accounting` — Gaussian-DP (the CLT of Bu et al.), μ-GDP ↔
   (ε, δ), PLD and RDP epsilons through dp-accounting, calibration, Poisson-batch
-  overflow; NumPy/SciPy only.
+  overflow; NumPy/SciPy only. Its argument checks live in :mod:`jaxfednas.privacy.checks`
+  and the sizing of the PLD grid in :mod:`jaxfednas.privacy.pld_grid`.
 * :mod:`jaxfednas.privacy.dp_fnas` — DP-FNAS's two mechanisms per party (Theorem 3.1),
   the per-round accountant and the iteration budget of a target ε; host-side.
 * :mod:`jaxfednas.privacy.mechanism` — per-example clipping, Gaussian noise, Poisson

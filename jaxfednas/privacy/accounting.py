@@ -85,7 +85,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import numbers
 import sys
 
 from scipy import optimize, special
@@ -105,179 +104,34 @@ __all__ = [
     "rdp_epsilon",
 ]
 
-ACCOUNTANTS = ("pld", "rdp", "clt")
-DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4  # dp-accounting's own PLDAccountant default
-# With value_discretization_interval=None the PLD's grid is kept under this many points:
-# building it costs ~7 us a point on one core (a Poisson-subsampled Gaussian), so ~7 s.
-PLD_MAX_POINTS = 1_000_000
-PLD_MAX_INTERVAL = 100.0  # dp-accounting overflows (expm1 of the interval) far above this
+from jaxfednas.privacy.checks import (  # noqa: F401  (ACCOUNTANTS, MAX_NOISE_MULTIPLIER re-exported)
+    ACCOUNTANTS,
+    MAX_NOISE_MULTIPLIER,
+    _check_accountant,
+    _check_delta,
+    _check_epsilon,
+    _check_mu,
+    _check_noise_multiplier,
+    _check_sampling_prob,
+    _check_steps,
+    _real,
+)
+from jaxfednas.privacy.pld_grid import (  # noqa: F401  (the grid's constants re-exported)
+    DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    PLD_MAX_EXPLICIT_POINTS,
+    PLD_MAX_INTERVAL,
+    PLD_MAX_POINTS,
+    _check_interval,
+    pld_interval,
+)
+
 PLD_MAX_STEPS = 100_000_000  # PLD composes 1e8 steps in ~25 s (measured); far beyond, minutes to hours
-PLD_MAX_EXPLICIT_POINTS = 2e7  # an explicit interval finer than this grid takes GiBs and minutes: refused
-MAX_NOISE_MULTIPLIER = 1e150  # sigma^2 overflows a float near 1e154; epsilon is 0 to float precision long before
-_PLD_LOG_TAIL = -50.0  # dp-accounting's log_mass_truncation_bound of the Gaussian
 # Calibration searches sigma in this range.  Below ~0.05 a subsampled-Gaussian
 # PLD has privacy losses in the thousands and gets slow and memory hungry.
 _SIGMA_MIN = 0.05
 _SIGMA_MAX = 1e6
 _STEPS_MAX = 10**12
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
-
-
-# --------------------------------------------------------------------------
-# argument checks (STYLE item 7: fail early, name the argument and the range)
-# --------------------------------------------------------------------------
-def _real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{name} must be a number, got nan")
-    return value
-
-
-def _check_sampling_prob(value) -> float:
-    p = _real("sampling_prob", value)
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"sampling_prob must be in (0, 1], got {p!r}")
-    return p
-
-
-def _check_noise_multiplier(value) -> float:
-    sigma = _real("noise_multiplier", value)
-    if sigma == 0.0:
-        raise ValueError(
-            "noise_multiplier must be in (0, inf); 0 means no noise and no privacy "
-            "(epsilon = inf), which no accountant can report")
-    if not 0.0 < sigma < math.inf:
-        raise ValueError(f"noise_multiplier must be in (0, inf), got {sigma!r}")
-    if sigma > MAX_NOISE_MULTIPLIER:
-        raise ValueError(f"noise_multiplier {sigma:g} is above {MAX_NOISE_MULTIPLIER:g}, where sigma^2 overflows the "
-                         "accountants' floats; any such noise gives epsilon 0 to float precision")
-    return sigma
-
-
-def _check_steps(value, name: str = "steps") -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if isinstance(value, numbers.Integral):
-        steps = int(value)
-    else:
-        as_float = float(value)
-        if not math.isfinite(as_float) or as_float != math.floor(as_float):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r} "
-                             "(round it explicitly, e.g. epochs / sampling_prob)")
-        steps = int(as_float)
-    if steps < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return steps
-
-
-def _check_delta(value) -> float:
-    delta = _real("delta", value)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    return delta
-
-
-def _check_epsilon(value, name: str = "epsilon") -> float:
-    eps = _real(name, value)
-    if not 0.0 <= eps < math.inf:
-        raise ValueError(f"{name} must be in [0, inf), got {eps!r}")
-    return eps
-
-
-def _check_mu(value) -> float:
-    mu = _real("mu", value)
-    if not mu > 0.0:  # +inf is allowed: "no privacy", delta = 1, epsilon = inf
-        raise ValueError(f"mu must be in (0, inf], got {mu!r}")
-    return mu
-
-
-def _check_accountant(value) -> str:
-    if value not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {value!r}")
-    return value
-
-
-def pld_interval(noise_multiplier: float, *, max_points: int = PLD_MAX_POINTS) -> float:
-    r"""The PLD value discretisation interval used when none is given.
-
-    dp-accounting's 1e-4, or coarser where the noise is small: a Gaussian step of
-    sensitivity 1 and noise sigma has privacy losses ``(1/2 - x)/sigma^2`` over the
-    ``x`` it keeps, ``|x| <= k sigma (+1)`` with ``k = 9.75`` (tail mass
-    ``e^-50``), a range of about ``(2 k sigma + 1)/sigma^2``; the interval is that
-    range over ``max_points``.  A coarser interval gives a larger epsilon that is
-    still an upper bound (pessimistic discretisation), so the guarantee holds;
-    above sigma ~0.35 nothing changes.  Without it sigma = 0.03 takes minutes
-    per epsilon and smaller sigmas run out of memory.  Below sigma ~1e-3 (losses
-    over ~1e6: epsilon is of that order) the interval would exceed 1 and this
-    raises ``ValueError``; an explicit interval up to ``PLD_MAX_INTERVAL`` is
-    still accepted by :func:`pld_epsilon`.
-
-    >>> pld_interval(1.0)
-    0.0001
-    >>> round(pld_interval(0.01), 4)
-    0.0119
-    """
-    sigma = _check_noise_multiplier(noise_multiplier)
-    if isinstance(max_points, bool) or not isinstance(max_points, numbers.Integral) or max_points < 1:
-        raise ValueError(f"max_points must be a positive integer, got {max_points!r}")
-    loss_range = _loss_range(sigma)  # (2 k sigma + 1)/sigma^2 without underflow
-    v = max(DEFAULT_VALUE_DISCRETIZATION_INTERVAL, loss_range / int(max_points))
-    _refuse_beyond_any_interval(sigma)
-    if v > 1.0:
-        raise ValueError(
-            f"noise_multiplier={sigma:g} is too small for the PLD accountant: the privacy losses of one step "
-            f"span ~{loss_range:.3g} (epsilon is of that order), a grid of {int(max_points):,} points of "
-            f"width {v:.3g}; a larger noise multiplier, an explicit value_discretization_interval "
-            f"(`jaxfednas privacy --pld-interval`) up to {PLD_MAX_INTERVAL:g}, or the RDP accountant")
-    return v
-
-
-def _check_interval(value, noise_multiplier: float) -> float:
-    if value is None:
-        return pld_interval(noise_multiplier)
-    v = _real("value_discretization_interval", value)
-    if not 0.0 < v <= PLD_MAX_INTERVAL:
-        raise ValueError(f"value_discretization_interval must be in (0, {PLD_MAX_INTERVAL:g}], got {v!r}")
-    sigma = _check_noise_multiplier(noise_multiplier)
-    _refuse_beyond_any_interval(sigma)
-    points = _loss_range(sigma) / v  # (estimated before any table is built)
-    if points > PLD_MAX_EXPLICIT_POINTS:
-        raise ValueError(f"value_discretization_interval={v:g} needs a grid of ~{points:.2g} points per PLD table at "
-                         f"noise_multiplier={noise_multiplier:g} (several GiB, minutes); at most "
-                         f"{PLD_MAX_EXPLICIT_POINTS:.0e} points: an interval of at least "
-                         f"{_loss_range(noise_multiplier) / PLD_MAX_EXPLICIT_POINTS * 1.001:.3g}")
-    return v
-
-
-def _smallest_pld_noise() -> float:
-    """The noise multiplier whose loss range the coarsest interval allowed covers in the largest grid
-    allowed (``PLD_MAX_INTERVAL`` x ``PLD_MAX_EXPLICIT_POINTS``): the root of ``R s^2 - 2 k s - 1``."""
-    k = -float(special.ndtri(0.5 * math.exp(_PLD_LOG_TAIL)))
-    r = PLD_MAX_INTERVAL * PLD_MAX_EXPLICIT_POINTS
-    return (k + math.sqrt(k * k + r)) / r
-
-
-def _refuse_beyond_any_interval(sigma: float) -> None:
-    """A noise so small that no interval the accountant allows gives a grid it can build: one line
-    naming what works (a larger noise or the RDP accountant), instead of advising an interval."""
-    smallest = _smallest_pld_noise()
-    if sigma < smallest:
-        span = _loss_range(sigma)
-        span_text = f"~{span:.3g}" if math.isfinite(span) else "beyond floating point"
-        raise ValueError(
-            f"noise_multiplier={sigma:g} is too small for the PLD accountant at any interval it allows: the privacy "
-            f"losses of one step span {span_text} (epsilon is of that order, i.e. no meaningful privacy); a noise "
-            f"multiplier of at least {smallest * 1.001:.3g}, or the RDP accountant (`jaxfednas privacy --accountant "
-            "rdp`)")
-
-
-def _loss_range(sigma: float) -> float:
-    """The span of one Gaussian step's privacy losses that the PLD grid covers, ``(2 k sigma + 1)/sigma^2``
-    (:func:`pld_interval`)."""
-    k = -float(special.ndtri(0.5 * math.exp(_PLD_LOG_TAIL)))
-    return (2.0 * k + 1.0 / sigma) / sigma
 
 
 # --------------------------------------------------------------------------

@@ -27,11 +27,6 @@ import numpy as np
 
 from jaxfednas.privacy.accounting import (
     AccountingReport,
-    _check_delta,
-    _check_noise_multiplier,
-    _check_sampling_prob,
-    _check_steps,
-    _real,
     compare_accountants,
     gdp_epsilon,
     gdp_mu_poisson,
@@ -40,6 +35,7 @@ from jaxfednas.privacy.accounting import (
     pld_epsilon,
     rdp_epsilon,
 )
+from jaxfednas.privacy.checks import _check_delta, _check_noise_multiplier, _check_sampling_prob, _check_steps, _real
 
 __all__ = ["Accountant", "DPFNASReport", "MechanismSpec", "NO_BUDGET", "dpfnas_report", "max_iterations"]
 
