@@ -75,7 +75,8 @@ def torch_python(p: Any, args: Any) -> str | None:
     if proc is not None and proc.returncode == 0:
         return exe
     if args.torch_python:
-        why = why if proc is None else (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]
+        if proc is not None:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         p.error(f"--torch-python {args.torch_python} cannot import torch ({why})")
     return None
 

@@ -125,7 +125,8 @@ def versus_torch(results: dict) -> str:
     ours, theirs = results["on"], results["torch"]
     key = "second_round_s" if "second_round_s" in ours and "second_round_s" in theirs else "first_round_s"
     what = "second round" if key == "second_round_s" else "first round (ours includes its compilation)"
-    return (f"\n\nAgainst the PyTorch port of the authors' step in this run (torch {theirs['torch']} on Python {theirs['python']}, 2 threads, "
+    return (f"\n\nAgainst the PyTorch port of the authors' step in this run (torch {theirs['torch']} on Python "
+            f"{theirs['python']}, 2 threads, "
             f"clients one after another): {what} {ours[key]:.1f} vs {theirs[key]:.1f} s = "
             f"**{theirs[key] / ours[key]:.2f}x** its speed; peak RSS {ours['peak_rss_mib'] / 1024:.2f} vs "
             f"{theirs['peak_rss_mib'] / 1024:.2f} GiB = **{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}x**.")
@@ -160,7 +161,8 @@ def main(argv=None) -> int:
                "JAXFEDNAS_RELEASE_MEMORY": "0" if variant == "off" else "1", "JAXFEDNAS_CACHE": "off",
                "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={args.devices}").strip()}
-        cmd = [torch_exe if variant == "torch" else sys.executable, __file__, "--worker", variant, "--config", args.config, "--steps", str(args.steps),
+        cmd = [torch_exe if variant == "torch" else sys.executable, __file__, "--worker", variant,
+               "--config", args.config, "--steps", str(args.steps),
                "--clients", str(args.clients), "--placement", args.placement]
         if args.second_round:
             cmd.append("--second-round")
@@ -170,8 +172,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"the {variant} worker failed (exit {out.returncode})")
         res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
         results[variant] = res
-        rows.append([{"off": "JAX, release off", "on": "JAX, release on", "torch": f"PyTorch port {res.get('torch')} (Python {res.get('python')})"}[
-            variant], f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
+        names = {"off": "JAX, release off", "on": "JAX, release on",
+                 "torch": f"PyTorch port {res.get('torch')} (Python {res.get('python')})"}
+        rows.append([names[variant], f"{res['peak_rss_mib'] / 1024:.2f}", f"{res['rss_after_mib'] / 1024:.2f}",
                      f"{res['first_round_s']:.1f}",
                      f"{res['second_round_s']:.1f}" if "second_round_s" in res else "-", res["local_steps"],
                      f"{res['devices']} x {res['placement']}"])

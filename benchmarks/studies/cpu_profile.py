@@ -109,13 +109,106 @@ def _self_times(events: list[dict]) -> list[tuple[str, float]]:
     return [(e["name"], t) for e, t in out]
 
 
-def analyse(events: list[dict]) -> dict:
-    """Per-kind operation time and the worker threads' concurrency over the run."""
+_INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(")
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_MOVES = ("copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "bitcast",
+          "reshape", "broadcast", "reverse", "gather", "scatter", "tuple", "get-tuple-element", "parameter", "constant")
+
+
+def _shape(type_text):
+    m = re.search(r"\[([\d,]*)\]", type_text)
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
+
+
+def _conv_label(window, out_dims, op_name, library):
+    size = re.search(r"size=(\d+)x(\d+)", window)
+    k = int(size.group(1)) if size else 1
+    dilated = re.search(r"rhs_dilate=2", window) is not None
+    strided = re.search(r"stride=2", window) is not None or re.search(r"lhs_dilate=2", window) is not None
+    if k >= 8:  # the window spans the image: a kernel gradient (activations * output gradient), whose
+        k = out_dims[1] if len(out_dims) == 4 else k  # window strides are the forward's dilation and
+        dilated, strided = strided, dilated  # window dilation the forward's stride
+        direction = "kernel gradient"
+    else:
+        direction = "input gradient" if "transpose(" in op_name else "forward"
+    kind = f"{k}x{k}" + (" dilated" if dilated else "") + (" stride 2" if strided else "")
+    return f"conv {kind}, {direction} [{library}]"
+
+
+def hlo_classes(hlo: str) -> dict:
+    """The operation class of every instruction of an optimised HLO module's text, by name (the
+    names its trace events carry): a convolution by kernel, dilation, stride, direction (forward,
+    input gradient, kernel gradient: the backward pass's ops carry ``transpose(`` in their
+    ``op_name``) and library (YNNPACK fusion, oneDNN custom call, XLA's own); pooling; reductions
+    (BatchNorm statistics and sums); elementwise loops (BatchNorm, ReLU, the mixed-op sums, the
+    optimiser updates); data movement; control flow."""
+    comps, cur = {}, None
+    instrs = {}
+    for line in hlo.splitlines():
+        h = _HEADER.match(line)
+        if h and not line.startswith(" "):
+            cur = h.group(1)
+            comps[cur] = []
+            continue
+        m = _INSTR.match(line)
+        if m and cur is not None:
+            comps[cur].append(line)
+            instrs[m.group(1)] = (m.group(2), m.group(3), line)
+    out = {}
+    for name, (type_text, op, line) in instrs.items():
+        op_name = (re.search(r'op_name="([^"]*)"', line) or [None, ""])[1]
+        back = "transpose(" in op_name
+        phase = "backward" if back else "forward"
+        body = []
+        calls = re.search(r"calls=%?([\w.\-]+)", line)
+        if op == "fusion" and calls:
+            body = comps.get(calls.group(1), [])
+        text = "\n".join(body)
+        library = "YNNPACK" if name.startswith("ynn_fusion") else "XLA"
+        conv = line if op == "convolution" else next((l for l in body if " convolution(" in l), None)
+        if op == "custom-call" and "__onednn$convolution" in line:
+            cfg = json.loads(re.search(r"backend_config=(\{.*\})\s*$", line).group(1))["onednn_conv_config"]
+            shp = [int(s) for s in cfg["kernel"]["filter"]["shape"]]
+            w = cfg["window"]
+            window = (f"size={shp[0]}x{shp[1]}" + (" rhs_dilate=2" if "2" in w["window_dilations"] else "")
+                      + (" stride=2" if "2" in w["strides"] else ""))
+            outs = re.findall(r"f32\[([\d,]*)\]", type_text)
+            out_dims = [int(d) for d in outs[0].split(",")] if outs else []
+            out[name] = _conv_label(window, out_dims, op_name, "oneDNN")
+        elif conv is not None:
+            window = (re.search(r"window=\{([^}]*)\}", conv) or [None, ""])[1]
+            cm = _INSTR.match(conv)
+            out[name] = _conv_label(window, _shape(cm.group(2)) if cm else [], op_name, library)
+        elif op == "dot" or " dot(" in text:
+            out[name] = f"matmul, {phase}"
+        elif op == "reduce-window" or " reduce-window(" in text or op == "select-and-scatter" or " select-and-scatter(" in text:
+            out[name] = f"pooling, {phase}"
+        elif op in ("reduce",) or " reduce(" in text:
+            out[name] = f"reductions (BatchNorm statistics, sums), {phase}"
+        elif op in ("while", "conditional", "call"):
+            out[name] = "control flow (while, cond)"
+        elif op in _MOVES or (op == "fusion" and all(_INSTR.match(l).group(3) in _MOVES for l in body if _INSTR.match(l))):
+            out[name] = "data movement (copy, slice, pad, concatenate)"
+        else:
+            out[name] = f"elementwise (BatchNorm, ReLU, mixed-op sums), {phase}"
+    # a custom call's trace event carries its target after its name
+    out.update({n + "__onednn$convolution": c for n, c in list(out.items()) if c.endswith("[oneDNN]")})
+    return out
+
+
+def analyse(events: list[dict], classes: dict | None = None) -> dict:
+    """Per-kind and per-class (:func:`hlo_classes`) operation time and the worker threads'
+    concurrency over the run."""
     kinds, counts = collections.Counter(), collections.Counter()
+    by_class, class_counts = collections.Counter(), collections.Counter()
+    classes = classes or {}
     for name, t in _self_times(events):
         kind = re.sub(r"\.\d+.*$", "", name)
         kinds[kind] += t
         counts[kind] += 1
+        c = classes.get(name) or f"not in the HLO: {kind}"
+        by_class[c] += t
+        class_counts[c] += 1
     per_thread = collections.Counter(e["tid"] for e in events)
     workers = [t for t, n in per_thread.most_common() if n >= 0.01 * len(events)]
     edges = []
@@ -130,7 +223,8 @@ def analyse(events: list[dict]) -> dict:
         span[level] += t - last
         level, last = level + d, t
     total = edges[-1][0] - edges[0][0]
-    return {"kinds": {k: (v / 1e3, counts[k]) for k, v in kinds.items()}, "threads": len(workers),
+    return {"kinds": {k: (v / 1e3, counts[k]) for k, v in kinds.items()},
+            "classes": {k: (v / 1e3, class_counts[k]) for k, v in by_class.items()}, "threads": len(workers),
             "span_ms": total / 1e3, "busy_ms": [v / 1e3 for v in busy.values()],
             "concurrency_ms": {k: v / 1e3 for k, v in sorted(span.items())}, "events": len(events)}
 
@@ -155,7 +249,7 @@ def worker_step(config: str, steps: int) -> dict:
         jax.profiler.start_trace(d, create_perfetto_trace=True)
         traced, _ = bu.timed(lambda: compiled(variables, train, val, jax.random.PRNGKey(3)))
         jax.profiler.stop_trace()
-        res = analyse(_events(d))
+        res = analyse(_events(d), hlo_classes(compiled.as_text()))
     # the same step with XLA's Eigen convolutions (multi-threaded) instead of YNNPACK's, alternated
     options = {**(compiler_options(cpu_scheduler(cfg)) or {}), "xla_cpu_experimental_ynn_fusion_type": ""}
     eigen = jax.jit(local.__wrapped__, compiler_options=options).lower(
@@ -207,6 +301,34 @@ def run_worker(args) -> dict:
 # --- report -----------------------------------------------------------------------------
 
 
+def class_tables(classes: dict, top: int) -> list[str]:
+    """Two tables of the time by operation class (:func:`hlo_classes`): the classes grouped
+    (convolutions by direction, the rest as they are), then the ``top`` largest classes."""
+    if not classes:
+        return []
+    total = sum(ms for ms, _ in classes.values())
+    groups, libs = collections.Counter(), collections.defaultdict(collections.Counter)
+    for k, (ms, _) in classes.items():
+        if k.startswith("conv "):
+            direction, lib = k.split(", ", 1)[1].rstrip("]").split(" [")
+            groups[f"convolutions, {direction}"] += ms
+            libs[f"convolutions, {direction}"][lib] += ms
+        else:
+            groups[k] += ms
+    runtime = sum(ms for g, ms in groups.items() if g.startswith("not in the HLO"))  # the runtime's own events
+    groups = collections.Counter({g: ms for g, ms in groups.items() if not g.startswith("not in the HLO")})
+    rows = [[g, f"{ms:.0f}", f"{100 * ms / total:.1f}%",
+             ", ".join(f"{lib} {100 * v / ms:.0f}%" for lib, v in libs[g].most_common()) if g in libs else ""]
+            for g, ms in groups.most_common()]
+    rows.append(["the runtime's own events (not in the HLO)", f"{runtime:.0f}", f"{100 * runtime / total:.1f}%", ""])
+    detail = sorted(classes.items(), key=lambda kv: -kv[1][0])[:top]
+    rows2 = [[k, n, f"{ms:.0f}", f"{100 * ms / total:.1f}%"] for k, (ms, n) in detail]
+    return ["By operation class (from the compiled HLO: a convolution's direction from its window and "
+            "`op_name`, its library from the thunk):", "",
+            bu.markdown_table(["class", "ms (summed over threads)", "share", "by library"], rows), "",
+            bu.markdown_table(["class (largest)", "events", "ms", "share"], rows2), ""]
+
+
 def report(args, steps: dict, convs: list) -> str:
     import fednas_search as fs
 
@@ -225,6 +347,7 @@ def report(args, steps: dict, convs: list) -> str:
                   "Time with 0 / 1 / 2 threads inside an operation: "
                   + " / ".join(f"{conc.get(str(k), 0.0):.0f} ms ({100 * conc.get(str(k), 0.0) / span:.0f}%)"
                                for k in range(3)) + ".", ""]
+        lines += class_tables(r.get("classes", {}), args.top)
     rows = [[fs.config_label(c), f"{r['ab']['default']:.2f}", f"{r['ab']['eigen']:.2f}",
              f"{r['ab']['default'] / r['ab']['eigen']:.2f}x", f"{r['ab_max_diff']:.1e}"] for c, r in steps.items()]
     lines += ["**The whole step with Eigen's convolutions** (compiler option `xla_cpu_experimental_ynn_fusion_type`"
