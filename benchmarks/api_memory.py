@@ -132,29 +132,21 @@ def versus_torch(results: dict) -> str:
             f"{theirs['peak_rss_mib'] / 1024:.2f} GiB = **{ours['peak_rss_mib'] / theirs['peak_rss_mib']:.2f}x**.")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="a", choices=sorted(CONFIGS))
-    p.add_argument("--steps", type=int, default=10, help="local minibatches per client")
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--placement", default="map", help="run.placement of the round (auto, vmap, map, shard_map)")
-    p.add_argument("--devices", type=int, default=1, help="host CPU devices (XLA_FLAGS device count) of each worker")
-    p.add_argument("--variants", default="off,on", help=f"comma list from {VARIANTS}: the round with the memory "
-                   "release off / on, and the PyTorch port of the authors' step (needs torch)")
-    p.add_argument("--second-round", action="store_true", help="also time a second round (no compile)")
-    bu.add_torch_python_arg(p)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    bu.add_output_args(p, "config q (C=4, one cell of one node), 2 clients x 2 steps")
-    args = bu.parse_with_quick(p, argv, QUICK)
-    bu.check_choices(p, args.variants, VARIANTS, "variant")
-    if args.worker:
-        print("RESULT " + json.dumps(torch_worker(args) if args.worker == "torch" else worker(args)))
-        return 0
-    torch_exe = None
-    if "torch" in args.variants.split(","):
-        torch_exe = bu.torch_python(p, args)
-        if torch_exe is None:
-            p.error("the torch variant needs PyTorch: `pip install torch`, or `--torch-python` naming a Python that has it")
+def per_config(p, text: str, configs: list[str], what: str) -> list[int]:
+    """``--steps`` / ``--clients``: one positive integer for every config, or one per config."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        p.error(f"--{what} must be an integer or a comma list of integers, got {text!r}")
+    if len(values) == 1:
+        values *= len(configs)
+    if len(values) != len(configs) or min(values) < 1:
+        p.error(f"--{what} needs one positive integer, or one per config ({len(configs)}), got {text!r}")
+    return values
+
+
+def measure(args, config: str, steps: int, clients: int, torch_exe: str | None) -> str:
+    """Every variant of one config, each in a fresh process; the section's text."""
     rows, results = [], {}
     for variant in args.variants.split(","):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bu.REPO_ROOT), str(bu.BENCH_DIR)]),
@@ -162,14 +154,14 @@ def main(argv=None) -> int:
                "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={args.devices}").strip()}
         cmd = [torch_exe if variant == "torch" else sys.executable, __file__, "--worker", variant,
-               "--config", args.config, "--steps", str(args.steps),
-               "--clients", str(args.clients), "--placement", args.placement]
+               "--config", config, "--steps", str(steps), "--clients", str(clients), "--placement", args.placement]
         if args.second_round:
             cmd.append("--second-round")
+        print(f"[api_memory] config {config}: {variant} ...", flush=True)
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if out.returncode != 0:
             print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"the {variant} worker failed (exit {out.returncode})")
+            raise SystemExit(f"the {variant} worker of config {config} failed (exit {out.returncode})")
         res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
         results[variant] = res
         names = {"off": "JAX, release off", "on": "JAX, release on",
@@ -180,20 +172,50 @@ def main(argv=None) -> int:
                      f"{res['devices']} x {res['placement']}"])
     if "on" in results and "off" in results and results["on"]["train_loss"] != results["off"]["train_loss"]:
         raise SystemExit("the release changed the round's result")
-    C, layers, batch, nodes = CONFIGS[args.config]
-    body = (f"FedNAS config ({args.config}): C={C}, {layers} cells, {nodes} nodes, batch {batch}; {args.clients} "
-            f"synthetic 32x32x3 clients x {args.steps} local steps, Placement({args.placement!r}) on "
+    C, layers, batch, nodes = CONFIGS[config]
+    both = {"on", "off"} <= set(results)
+    body = (f"FedNAS config ({config}): C={C}, {layers} cells, {nodes} nodes, batch {batch}; {clients} "
+            f"synthetic 32x32x3 clients x {steps} local steps, Placement({args.placement!r}) on "
             f"{args.devices} host device(s), the plain Python API "
             "(`fednas(cfg, info).init` then one `round`), each variant in a fresh process, no compilation cache. "
-            + ("Same train loss with the release on and off (checked).\n\n" if {"on", "off"} <= set(results)
-               else "\n\n")
-            + bu.markdown_table(["variant (memory release after compiles)", "peak RSS (GiB)", "RSS after the round (GiB)",
-                                 "first round incl. compile (s)", "second round (s)", "local steps",
-                                 "devices x placement"], rows)
+            + ("Same train loss with the release on and off (checked).\n\n" if both else "\n\n")
+            + bu.markdown_table(["variant (memory release after compiles)", "peak RSS (GiB)",
+                                 "RSS after the round (GiB)", "first round incl. compile (s)", "second round (s)",
+                                 "local steps", "devices x placement"], rows)
             + (f"\n\nPeak with the release / without: "
-               f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x." if {"on", "off"} <= set(results)
-               else ""))
-    body += versus_torch(results)
+               f"{results['on']['peak_rss_mib'] / results['off']['peak_rss_mib']:.2f}x." if both else ""))
+    return body + versus_torch(results)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="a", help=f"a config from {sorted(CONFIGS)}, or a comma list of them "
+                   "(one section per config, in one run)")
+    p.add_argument("--steps", default="10", help="local minibatches per client (one value, or one per config)")
+    p.add_argument("--clients", default="4", help="clients of the round (one value, or one per config)")
+    p.add_argument("--placement", default="map", help="run.placement of the round (auto, vmap, map, shard_map)")
+    p.add_argument("--devices", type=int, default=1, help="host CPU devices (XLA_FLAGS device count) of each worker")
+    p.add_argument("--variants", default="off,on", help=f"comma list from {VARIANTS}: the round with the memory "
+                   "release off / on, and the PyTorch port of the authors' step (needs torch)")
+    p.add_argument("--second-round", action="store_true", help="also time a second round (no compile)")
+    bu.add_torch_python_arg(p)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    bu.add_output_args(p, "config q (C=4, one cell of one node), 2 clients x 2 steps")
+    args = bu.parse_with_quick(p, argv, QUICK)
+    bu.check_choices(p, args.variants, VARIANTS, "variant")
+    configs = bu.check_choices(p, args.config, sorted(CONFIGS), "config")
+    steps, clients = per_config(p, str(args.steps), configs, "steps"), per_config(p, str(args.clients), configs,
+                                                                                "clients")
+    if args.worker:
+        args.steps, args.clients = steps[0], clients[0]
+        print("RESULT " + json.dumps(torch_worker(args) if args.worker == "torch" else worker(args)))
+        return 0
+    torch_exe = None
+    if "torch" in args.variants.split(","):
+        torch_exe = bu.torch_python(p, args)
+        if torch_exe is None:
+            p.error("the torch variant needs PyTorch: `pip install torch`, or `--torch-python` naming a Python that has it")
+    body = "\n\n".join(measure(args, c, n, k, torch_exe) for c, n, k in zip(configs, steps, clients))
     bu.publish("FedNAS round memory through the plain API", "api_memory.py", body,
                write=True, path=bu.results_path(args))
     return 0
