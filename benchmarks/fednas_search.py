@@ -640,8 +640,8 @@ def main(argv=None):
         print(f"[fednas_search] {kind} ...", flush=True)
         r = spawn(kind, args.torch_exe if kind.startswith("torch:") else sys.executable)
         res[kind] = r
-        c = kind.split(":")[1]
-        if kind.startswith("torch:") and "error" not in r and c in params:
+        c = kind.split(":")[1] if kind.startswith("torch:") else None
+        if c in params and "error" not in r:
             if r["params"] != params[c]:
                 raise SystemExit(f"config {c}: the JAX supernet has {params[c]:,} weights, the PyTorch one "
                                  f"{r['params']:,}: not the same network")
