@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 
 import _bench_util as bu
-import fednas_search as fs  # its synthetic client, worker environment and torch check
+import fednas_search as fs  # its synthetic client and worker environment
 
 PARTS = ("floors", "torch", "ops", "step", "round", "presets")
 CONFIGS = {"paper": (16, 8, 64), "q": (4, 1, 8)}  # C, cells, batch
@@ -128,6 +128,7 @@ def parse_args(argv=None):
                    "second run on the same machine then reads its programs: its compile times are cache reads)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; do not write the results file")
+    bu.add_torch_python_arg(p)
     bu.add_output_args(p, "config q (C=4, 1 cell of 1 node, B=8), 1 step x 1 call, 2 clients, every preset's "
                        "smoke configuration, no time budget")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -137,7 +138,8 @@ def parse_args(argv=None):
                    "`--parts round,presets` after the step part's")
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)  # the precompile worker's variant
     args = bu.parse_with_quick(p, argv, QUICK)
-    bu.check_choices(p, args.parts, PARTS, "part")
+    parts = bu.check_choices(p, args.parts, PARTS, "part")
+    args.torch_exe = bu.torch_python(p, args) if "torch" in parts and not args.worker else None
     bu.check_choices(p, args.formulations, tuple(FORMULATIONS), "formulation")
     if args.config not in CONFIGS:
         p.error(f"unknown config {args.config!r}; choose from {sorted(CONFIGS)}")
@@ -798,7 +800,8 @@ def read_log(path: Path) -> list[dict]:
 def spawn(args, part: str, log: Path, timeout: float | None, best: str = "") -> str:
     """Run one part in a fresh process; ``""`` on success, else why it stopped."""
     env = fs.worker_env()
-    cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", part, "--log", str(log)]
+    exe = args.torch_exe if part == "torch" else sys.executable
+    cmd = [exe, os.path.abspath(__file__), *sys.argv[1:], "--worker", part, "--log", str(log)]
     if best:
         cmd += ["--round-formulation", best]
     try:
@@ -1012,7 +1015,7 @@ def main(argv=None) -> int:
             continue
         last = part == [q for q in PARTS if q in parts][-1]
         cap = left if left is None or last else min(left, max(60.0, BUDGET_SHARE[part] * args.budget_s))
-        if part == "torch" and not fs.torch_available():
+        if part == "torch" and not args.torch_exe:
             skipped[part] = "skipped: torch is not installed"
             continue
         t0 = time.monotonic()
