@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -47,9 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--python", action="append", default=[], metavar="[NAME=VALUE ...] PATH",
                    help="an interpreter with jaxfednas installed, optionally after environment settings for "
                         "its workers (repeatable; default: this one)")
-    p.add_argument("--torch-python", metavar="PATH",
-                   help="an interpreter with torch installed (default: this one; the PyTorch rows are "
-                        "skipped where it has no torch)")
+    bu.add_torch_python_arg(p)
     p.add_argument("--configs", default="a,b", help="comma list of a, b (fednas_search.py's configs)")
     p.add_argument("--steps", type=int, default=3, help="MiLeNAS steps per timed run (one scan)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up (median reported)")
@@ -61,14 +58,13 @@ def parse_args(argv=None):
     for c in args.configs.split(","):
         if c not in CONFIG_LABEL:
             p.error(f"unknown config {c!r}; choose from {sorted(CONFIG_LABEL)}")
-    for py in args.python + ([args.torch_python] if args.torch_python else []):
+    for py in args.python:
         path = interpreter(py)[1]
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             p.error(f"{path} is not an executable interpreter")
     if not args.python:
         args.python = [sys.executable]
-    if args.quick and not args.torch_python:
-        args.torch_python = sys.executable
+    args.torch_exe = bu.torch_python(p, args)  # None: the PyTorch rows are skipped
     return args
 
 
@@ -89,10 +85,6 @@ def worker(py: str, kind: str, args) -> dict:
     return bu.run_worker(cmd, {**worker_env(), **settings}, {"kind": kind})
 
 
-def has_torch(py: str) -> bool:
-    return subprocess.run([interpreter(py)[1], "-c", "import torch"], capture_output=True).returncode == 0
-
-
 def s_step(r: dict) -> float:
     return bu.median([t / r["steps"] for t in r["times"]])
 
@@ -100,8 +92,8 @@ def s_step(r: dict) -> float:
 def main(argv=None):
     args = parse_args(argv)
     configs = args.configs.split(",")
-    torch_py = args.torch_python or sys.executable
-    with_torch = has_torch(torch_py)
+    torch_py = args.torch_exe
+    with_torch = torch_py is not None
     jobs = []  # (label, interpreter, kind)
     for c in configs:
         if with_torch:
@@ -166,7 +158,7 @@ def main(argv=None):
         "and after the JAX rows of its config; throughput = the mean of its two s/step / the row's s/step. Every row "
         "ran on this machine in this run, one process at a time.")
     if not with_torch:
-        caption += f" {torch_py} has no torch: the PyTorch rows are skipped."
+        caption += " This interpreter has no torch (and no --torch-python): the PyTorch rows are skipped."
     loads = "; ".join(f"{k} {r['load_start']} / {r['load_end']}" for k, r in res.items() if "error" not in r)
     body = "\n".join([caption, "", bu.markdown_table(header, rows), "",
                       f"Load average (1/5/15 min) at start / end of each worker: {loads}.", "",
