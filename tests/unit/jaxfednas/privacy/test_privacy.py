@@ -563,22 +563,38 @@ def test_a_step_count_beyond_the_pld_accountant_is_one_line_or_left_out(capsys):
         P.pld_epsilon(sampling_prob=0.01, noise_multiplier=1.0, steps=10**9, delta=1e-5)
 
 
-def test_a_noise_below_any_pld_grid_gets_advice_that_works(capsys):
-    """noise 1e-300: PLD advised "an interval of at least inf" and RDP raised ZeroDivisionError from
-    dp-accounting; now PLD names the smallest noise it can take (which then works), RDP gives inf,
-    and `--accountant rdp` prints no dp-accounting warnings."""
+def _smallest_pld_noise_advised(P) -> float:
+    """The noise multiplier PLD's refusal of noise 1e-300 names (sampling 0.5, 10 steps, interval 100)."""
     import re
-
-    from jaxfednas import privacy as P
 
     for interval in (None, 1e-2, 100.0):
         with pytest.raises(ValueError, match="at any interval it allows") as e:
             P.pld_epsilon(sampling_prob=0.5, noise_multiplier=1e-300, steps=10, delta=1e-5,
                           value_discretization_interval=interval)
         assert "inf" not in str(e.value).split("losses", 1)[1], str(e.value)
-    smallest = float(re.search(r"a noise multiplier of at least ([0-9.e+-]+)", str(e.value)).group(1))
+    return float(re.search(r"a noise multiplier of at least ([0-9.e+-]+)", str(e.value)).group(1))
+
+
+@pytest.mark.slow  # the advised noise fills the largest PLD grid allowed: ~100 s on one core
+def test_the_smallest_noise_pld_advises_then_works():
+    from jaxfednas import privacy as P
+
+    smallest = _smallest_pld_noise_advised(P)
     assert math.isfinite(P.pld_epsilon(sampling_prob=0.5, noise_multiplier=smallest, steps=10, delta=1e-5,
                                        value_discretization_interval=100.0))
+
+
+def test_a_noise_below_any_pld_grid_gets_advice_that_works(capsys):
+    """noise 1e-300: PLD advised "an interval of at least inf" and RDP raised ZeroDivisionError from
+    dp-accounting; now PLD names the smallest noise it can take (finite and positive here; that it
+    then works is the slow test above), RDP gives inf, and `--accountant rdp` prints no
+    dp-accounting warnings."""
+    import re
+
+    from jaxfednas import privacy as P
+
+    smallest = _smallest_pld_noise_advised(P)
+    assert 0 < smallest < 1e-3, smallest
     assert P.rdp_epsilon(sampling_prob=0.5, noise_multiplier=1e-300, steps=10, delta=1e-5) == math.inf
     rc = cli.main(["privacy", "--sampling-prob", "0.5", "--noise-multiplier", "1e-300", "--steps", "10",
                    "--delta", "1e-5", "--accountant", "rdp", "--target-epsilon", "1"])
